@@ -1,0 +1,8 @@
+//! tsl3 actors: one module per actor, each owning its state and logic, plus the pure logic
+//! beside the actor that owns it. Actors talk only through `messages` types; only the
+//! binary wires them together.
+
+pub mod clock;
+pub mod host;
+pub mod l3;
+pub mod names;

@@ -1,0 +1,24 @@
+//! tsl3 vocabulary: every type that crosses a mailbox or a socket, its codec and its
+//! validation. This crate owns no state and does no I/O; actors depend on it and never on
+//! each other (the dependency picture is a star around `messages`).
+//!
+//! Nouns follow seed 000: StorageQueryOp / StorageGetOp / StoragePutOp / StorageCancelOp,
+//! StorageDone, PressureSnapshot, HealthState, OperationId.
+
+pub mod codec;
+pub mod identity;
+pub mod ids;
+pub mod ops;
+pub mod pressure;
+pub mod settings;
+
+pub use codec::{decode, encode, CodecError, FORMAT_VERSION};
+pub use identity::{DeploymentIdentity, Namespace, RUNTIME_COMPAT};
+pub use ids::{OperationId, OperationIdAllocator, RequestId};
+pub use ops::{
+    HostRange, ObjectFailure, ProtocolError, Rejection, StorageCancelOp, StorageDone, StorageGetOp,
+    StorageKey, StorageOp, StorageOpKind, StoragePutOp, StorageQueryOp,
+};
+pub use pressure::{
+    HealthState, HealthStatus, KindPressure, PressureObservation, PressureSnapshot,
+};
