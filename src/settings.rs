@@ -1,0 +1,364 @@
+//! Settings loading: config/default.toml (compiled in), then an optional file, then
+//! `TSL3_*` environment variables (`TSL3_STORAGE__BACKEND=memory`: "__" separates levels),
+//! then command-line flags. Every failure is one line naming the field and the rule. This
+//! module never starts anything; the startup factory consumes the validated `Settings`.
+
+use anyhow::Result;
+use config::{Config, Environment, File, FileFormat};
+use messages::settings::{
+    LocalStoreSettings, MooncakeStoreSettings, SettingsError, StorageConfig, StorageRuntimeConfig,
+    StoreKind,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+/// The compiled-in defaults (the same file a newcomer reads).
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// The model profiles the synthetic backend ships.
+pub const MODEL_PROFILES: &[&str] = &["tiny", "llama-8b-like", "hybrid-swa", "hybrid-state"];
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSettings {
+    pub profile: String,
+    pub checkpoint: String,
+    pub weight_version: u64,
+    /// -1: no draft model.
+    pub draft_weight_version: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    pub listen: String,
+    pub admin_token: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostCacheSettings {
+    pub size_bytes: u64,
+    pub ratio: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSettings {
+    pub backend: StoreKind,
+    pub contract: StorageConfig,
+    pub runtime: StorageRuntimeConfig,
+    pub local: LocalStoreSettings,
+    pub mooncake: MooncakeStoreSettings,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpSettings {
+    pub rank: u32,
+    pub world: u32,
+    pub peers: Vec<String>,
+    pub secret: String,
+    pub connect_deadline_ms: u64,
+    pub round_deadline_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    pub otlp_endpoint: String,
+    pub otlp_protocol: String,
+    pub metrics_labels_model: String,
+    pub role: String,
+    pub dp_rank: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub model: ModelSettings,
+    pub server: ServerSettings,
+    pub host_cache: HostCacheSettings,
+    pub storage: StorageSettings,
+    pub tp: TpSettings,
+    pub telemetry: TelemetrySettings,
+}
+
+fn bad(field: &str, rule: impl Into<String>) -> SettingsError {
+    SettingsError {
+        field: field.into(),
+        rule: rule.into(),
+    }
+}
+
+impl Settings {
+    /// Every rule of every section; the first violation, as one line.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        if !MODEL_PROFILES.contains(&self.model.profile.as_str()) {
+            return Err(bad(
+                "model.profile",
+                format!("must be one of {}", MODEL_PROFILES.join(", ")),
+            ));
+        }
+        if self.model.draft_weight_version < -1 {
+            return Err(bad(
+                "model.draft_weight_version",
+                "must be -1 (no draft) or a version >= 0",
+            ));
+        }
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            return Err(bad(
+                "server.listen",
+                "must be an address such as 127.0.0.1:8000",
+            ));
+        }
+        if self.host_cache.size_bytes == 0
+            && (!self.host_cache.ratio.is_finite() || self.host_cache.ratio <= 0.0)
+        {
+            return Err(bad(
+                "host_cache.ratio",
+                "must be a positive number when host_cache.size_bytes is 0",
+            ));
+        }
+        self.storage.contract.validate("storage.contract")?;
+        self.storage
+            .runtime
+            .validate("storage.runtime", &self.storage.contract)?;
+        if self.storage.backend == StoreKind::Local {
+            self.storage.local.validate("storage.local")?;
+        }
+        if self.storage.backend == StoreKind::Mooncake {
+            self.storage.mooncake.validate("storage.mooncake")?;
+        }
+        let tp = &self.tp;
+        if tp.world == 0 {
+            return Err(bad("tp.world", "must be greater than 0"));
+        }
+        if tp.world > 64 {
+            return Err(bad("tp.world", "must be at most 64"));
+        }
+        if tp.rank >= tp.world {
+            return Err(bad(
+                "tp.rank",
+                format!("must be below tp.world ({})", tp.world),
+            ));
+        }
+        if tp.world > 1 {
+            if tp.peers.len() != tp.world as usize {
+                return Err(bad(
+                    "tp.peers",
+                    format!(
+                        "must list one host:port per rank ({} given, world {})",
+                        tp.peers.len(),
+                        tp.world
+                    ),
+                ));
+            }
+            if let Some(p) = tp.peers.iter().find(|p| p.rsplit_once(':').is_none()) {
+                return Err(bad("tp.peers", format!("{p:?} is not host:port")));
+            }
+            if tp.secret.is_empty() {
+                return Err(bad(
+                    "tp.secret",
+                    "must be set when tp.world > 1 (mesh authentication)",
+                ));
+            }
+        }
+        if tp.connect_deadline_ms == 0 {
+            return Err(bad("tp.connect_deadline_ms", "must be greater than 0"));
+        }
+        if tp.round_deadline_ms == 0 {
+            return Err(bad("tp.round_deadline_ms", "must be greater than 0"));
+        }
+        if !matches!(self.telemetry.otlp_protocol.as_str(), "grpc" | "http") {
+            return Err(bad("telemetry.otlp_protocol", "must be grpc or http"));
+        }
+        if self.telemetry.role.is_empty() {
+            return Err(bad("telemetry.role", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// Flags that override settings (the last layer).
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub store: Option<String>,
+    pub store_dir: Option<String>,
+    pub model_profile: Option<String>,
+    pub rank: Option<u32>,
+    pub world: Option<u32>,
+    pub peers: Option<Vec<String>>,
+}
+
+/// `TSL3_A__B=v` -> `a.b = v`. Only variables with a "__" level separator are settings,
+/// so unrelated `TSL3_*` variables never fail startup.
+fn env_source(vars: &HashMap<String, String>) -> HashMap<String, String> {
+    vars.iter()
+        .filter_map(|(k, v)| {
+            let rest = k.strip_prefix("TSL3_")?;
+            rest.contains("__")
+                .then(|| (format!("tsl3_{rest}"), v.clone()))
+        })
+        .collect()
+}
+
+/// Loads and validates settings from the layers. `env` is the process environment (a
+/// parameter so tests need not mutate the real one).
+pub fn load(
+    file: Option<&str>,
+    env: &HashMap<String, String>,
+    overrides: &Overrides,
+) -> Result<Settings, String> {
+    let one_line = |e: String| e.replace('\n', " ");
+    let mut b = Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml));
+    if let Some(f) = file {
+        if !std::path::Path::new(f).is_file() {
+            return Err(format!("settings file {f} does not exist"));
+        }
+        b = b.add_source(File::new(f, FileFormat::Toml));
+    }
+    b = b.add_source(
+        Environment::with_prefix("tsl3")
+            .separator("__")
+            .prefix_separator("_")
+            .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("tp.peers")
+            .source(Some(env_source(env))),
+    );
+    let set =
+        |b: config::ConfigBuilder<config::builder::DefaultState>, k: &str, v: config::Value| {
+            b.set_override(k, v).map_err(|e| one_line(e.to_string()))
+        };
+    if let Some(v) = &overrides.listen {
+        b = set(b, "server.listen", v.clone().into())?;
+    }
+    if let Some(v) = &overrides.store {
+        b = set(b, "storage.backend", v.clone().into())?;
+    }
+    if let Some(v) = &overrides.store_dir {
+        b = set(b, "storage.local.dir", v.clone().into())?;
+    }
+    if let Some(v) = &overrides.model_profile {
+        b = set(b, "model.profile", v.clone().into())?;
+    }
+    if let Some(v) = overrides.rank {
+        b = set(b, "tp.rank", (v as u64).into())?;
+    }
+    if let Some(v) = overrides.world {
+        b = set(b, "tp.world", (v as u64).into())?;
+    }
+    if let Some(v) = &overrides.peers {
+        b = set(b, "tp.peers", v.clone().into())?;
+    }
+    let cfg = b
+        .build()
+        .map_err(|e| one_line(format!("invalid settings: {e}")))?;
+    let s: Settings = cfg
+        .try_deserialize()
+        .map_err(|e| one_line(format!("invalid settings: {e}")))?;
+    s.validate().map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+/// The resolved settings as TOML (what `check-config` prints).
+pub fn to_toml(s: &Settings) -> String {
+    toml::to_string_pretty(s).unwrap_or_else(|e| format!("# could not render settings: {e}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let s = load(None, &env(&[]), &Overrides::default()).unwrap();
+        assert_eq!(s.storage.backend, StoreKind::Local);
+        assert_eq!(s.tp.world, 1);
+        assert_eq!(s.model.profile, "tiny");
+    }
+
+    #[test]
+    fn layers_apply_in_order_env_then_flags() {
+        let e = env(&[
+            ("TSL3_STORAGE__BACKEND", "memory"),
+            ("TSL3_STORAGE__CONTRACT__OPERATION_CREDITS", "32"),
+            ("TSL3_UNRELATED", "x"),
+        ]);
+        let s = load(None, &e, &Overrides::default()).unwrap();
+        assert_eq!(s.storage.backend, StoreKind::Memory);
+        assert_eq!(s.storage.contract.operation_credits, 32);
+        let o = Overrides {
+            store: Some("none".into()),
+            listen: Some("127.0.0.1:9999".into()),
+            ..Default::default()
+        };
+        let s = load(None, &e, &o).unwrap();
+        assert_eq!(s.storage.backend, StoreKind::None);
+        assert_eq!(s.server.listen, "127.0.0.1:9999");
+    }
+
+    #[test]
+    fn bad_values_fail_with_one_line_naming_the_field() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[("TSL3_STORAGE__RUNTIME__GET_WORKERS", "0")],
+                "storage.runtime.get_workers",
+            ),
+            (
+                &[(
+                    "TSL3_STORAGE__CONTRACT__PRESSURE_LOW__OLDEST_AGE_MS",
+                    "999999",
+                )],
+                "storage.contract.pressure_low.oldest_age_ms",
+            ),
+            (&[("TSL3_TP__RANK", "3")], "tp.rank"),
+            (&[("TSL3_MODEL__PROFILE", "gpt-5")], "model.profile"),
+            (&[("TSL3_SERVER__LISTEN", "nowhere")], "server.listen"),
+            (&[("TSL3_STORAGE__BACKEND", "floppy")], "backend"),
+        ];
+        for (vars, field) in cases {
+            let e = load(None, &env(vars), &Overrides::default()).unwrap_err();
+            assert!(!e.contains('\n'), "one line: {e}");
+            assert!(e.contains(field), "{vars:?}: {e} should name {field}");
+        }
+    }
+
+    #[test]
+    fn unknown_field_in_a_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.toml");
+        std::fs::write(&p, "[storage.contract]\noperation_credit = 3\n").unwrap();
+        let e = load(p.to_str(), &env(&[]), &Overrides::default()).unwrap_err();
+        assert!(e.contains("operation_credit"), "{e}");
+    }
+
+    #[test]
+    fn world_above_one_needs_peers_and_secret() {
+        let o = Overrides {
+            world: Some(2),
+            ..Default::default()
+        };
+        let e = load(None, &env(&[]), &o).unwrap_err();
+        assert!(e.contains("tp.peers"), "{e}");
+        let o = Overrides {
+            world: Some(2),
+            peers: Some(vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()]),
+            ..Default::default()
+        };
+        let e = load(None, &env(&[]), &o).unwrap_err();
+        assert!(e.contains("tp.secret"), "{e}");
+        let s = load(None, &env(&[("TSL3_TP__SECRET", "s3cret")]), &o).unwrap();
+        assert_eq!(s.tp.peers.len(), 2);
+    }
+}

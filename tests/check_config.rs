@@ -1,0 +1,68 @@
+//! `engine-host check-config` as a user runs it: the default and example files resolve; each
+//! bad example fails with exit code 2 and one line naming its field (named in the file's
+//! first line, `# expect: <field>`).
+
+use std::process::Command;
+
+fn check(file: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["check-config", file])
+        .env_remove("TSL3_STORAGE__BACKEND")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn default_and_examples_resolve() {
+    for f in [
+        "config/default.toml",
+        "config/examples/single-rank.toml",
+        "config/examples/tp2.toml",
+        "config/examples/mooncake.toml",
+    ] {
+        let out = check(f);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{f}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("[storage.contract]"),
+            "{f} printed: {stdout}"
+        );
+    }
+    let out = check("config/examples/tp2.toml");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("world = 2"));
+}
+
+#[test]
+fn every_bad_example_fails_naming_its_field() {
+    let mut n = 0;
+    for entry in std::fs::read_dir("config/examples/bad").unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let field = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# expect: "))
+            .unwrap_or_else(|| panic!("{path:?} lacks '# expect: <field>'"));
+        let out = check(path.to_str().unwrap());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{path:?} should fail: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.contains(field.trim()),
+            "{path:?}: {stderr} should name {field}"
+        );
+        n += 1;
+    }
+    assert!(n >= 8, "expected the bad examples, found {n}");
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    let out = check("config/examples/no-such-file.toml");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+}
