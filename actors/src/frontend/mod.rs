@@ -1,0 +1,13 @@
+//! Frontend (leader rank): the HTTP API. It owns request parsing, validation and response
+//! rendering, and hands each accepted request to the round loop through a bounded inbox;
+//! its messages then ride the leader's report so every rank sees them in the same round.
+//! It never touches the cache, storage or the device, and never blocks the round loop.
+
+pub mod api;
+pub mod server;
+
+pub use api::{CompletionRequest, FallbackReason, PrefixUsage, RequestLimits};
+pub use server::{
+    configure, inbox, AdminCommandKind, AdminSubmission, FrontendInbox, FrontendState, Submission,
+    TokenEvent,
+};
