@@ -287,13 +287,13 @@ async fn metrics(state: web::Data<FrontendState>) -> HttpResponse {
         .body((state.metrics)())
 }
 
-fn authorized(state: &FrontendState, req: &HttpRequest) -> Result<(), HttpResponse> {
+fn authorized(state: &FrontendState, req: &HttpRequest) -> Result<(), Box<HttpResponse>> {
     if state.admin_token.is_empty() {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::FORBIDDEN,
             "admin_disabled",
             "admin endpoints are disabled (server.admin_token is empty)",
-        ));
+        )));
     }
     let expected = format!("Bearer {}", state.admin_token);
     let given = req
@@ -311,11 +311,11 @@ fn authorized(state: &FrontendState, req: &HttpRequest) -> Result<(), HttpRespon
     if same {
         Ok(())
     } else {
-        Err(error(
+        Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "a valid bearer token is required",
-        ))
+        )))
     }
 }
 
@@ -345,7 +345,7 @@ async fn admin(state: &FrontendState, command: AdminCommandKind) -> HttpResponse
 
 async fn admin_clear(state: web::Data<FrontendState>, req: HttpRequest) -> HttpResponse {
     if let Err(r) = authorized(&state, &req) {
-        return r;
+        return *r;
     }
     admin(&state, AdminCommandKind::ClearCache).await
 }
@@ -363,7 +363,7 @@ async fn admin_weights(
     body: web::Bytes,
 ) -> HttpResponse {
     if let Err(r) = authorized(&state, &req) {
-        return r;
+        return *r;
     }
     let w: WeightBody = match serde_json::from_slice(&body) {
         Ok(w) => w,
