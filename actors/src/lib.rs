@@ -6,4 +6,5 @@ pub mod clock;
 pub mod frontend;
 pub mod host;
 pub mod l3;
+pub mod metrics;
 pub mod names;

@@ -18,7 +18,43 @@ pub mod env {
     pub const OTEL_EXPORTER_OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 }
 
-/// Metric names (Prometheus conventions: `_total` on counters, unit suffixes).
+/// Metric names (Prometheus conventions: `_total` on counters, unit suffixes). Labels are
+/// only model, role, dp_rank, tp_rank (constant) plus the fixed enumerations named beside
+/// each metric; never request IDs or object keys.
 pub mod metric {
     pub const PREFIX: &str = "tsl3";
+    // L3 executor (rank-local I/O). Label: kind = query|get|put.
+    pub const L3_OPERATIONS: &str = "tsl3_l3_operations_total"; // + outcome
+    pub const L3_QUEUE_SECONDS: &str = "tsl3_l3_queue_seconds_total";
+    pub const L3_BACKEND_SECONDS: &str = "tsl3_l3_backend_seconds_total";
+    pub const L3_JOBS: &str = "tsl3_l3_jobs"; // + state = queued|running
+    pub const L3_COMPLETED_JOBS: &str = "tsl3_l3_completed_jobs_total";
+    pub const L3_PAYLOAD_BYTES: &str = "tsl3_l3_payload_bytes_total";
+    pub const L3_QUEUED_PAYLOAD_BYTES: &str = "tsl3_l3_queued_payload_bytes";
+    pub const L3_OLDEST_JOB_AGE_SECONDS: &str = "tsl3_l3_oldest_job_age_seconds";
+    pub const L3_BACKEND_CALLS: &str = "tsl3_l3_backend_calls_total";
+    pub const L3_PUT_NEW_WRITES: &str = "tsl3_l3_put_new_writes_total";
+    pub const L3_HEALTH_STATE: &str = "tsl3_l3_health_state";
+    pub const L3_HEALTH_EPOCH: &str = "tsl3_l3_health_epoch";
+    pub const L3_UNPROVEN_RETIREMENT: &str = "tsl3_l3_unproven_retirement";
+    // StorageTransferManager (scheduler mirrors: do not sum across TP owners).
+    pub const L3_READY_HOLDS: &str = "tsl3_l3_ready_holds";
+    pub const L3_QUARANTINED_REFERENCES: &str = "tsl3_l3_quarantined_references";
+    pub const L3_SOFT_TIMEOUTS: &str = "tsl3_l3_soft_timeouts_total";
+    pub const L3_READY_EXPIRATIONS: &str = "tsl3_l3_ready_expirations_total";
+    pub const L3_PRESSURE_BYPASSES: &str = "tsl3_l3_pressure_bypasses_total";
+    pub const L3_DROPPED_BACKUP_KEYS: &str = "tsl3_l3_dropped_backup_keys_total"; // + reason
+    pub const L3_ADMISSION_GATE_OPEN: &str = "tsl3_l3_admission_gate_open";
+    pub const L3_CREDITS_IN_USE: &str = "tsl3_l3_credits_in_use"; // + credit = operation|host
+                                                                  // DFS -> MEMORY promotion (local store).
+    pub const PROMOTION_ATTEMPTED: &str = "tsl3_promotion_attempted_total";
+    pub const PROMOTION_COMMITTED: &str = "tsl3_promotion_committed_total";
+    pub const PROMOTION_FAILED: &str = "tsl3_promotion_failed_total"; // + reason
+    pub const PROMOTION_IN_FLIGHT: &str = "tsl3_promotion_in_flight";
+    pub const PROMOTION_STAGING_BYTES: &str = "tsl3_promotion_staging_bytes";
+    // Serving.
+    pub const TTFT_SECONDS: &str = "tsl3_ttft_seconds";
+    pub const PREFIX_TOKENS: &str = "tsl3_prefix_tokens_total"; // + tier = device|host|l3|computed
+    pub const REQUESTS: &str = "tsl3_requests_total"; // + fallback_reason
+    pub const ROUNDS: &str = "tsl3_rounds_total";
 }
