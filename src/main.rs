@@ -1,7 +1,7 @@
 //! engine-host: the tsl3 binary. It parses the CLI, loads layered settings, and runs one
 //! subcommand. Only this crate knows every actor and wires them.
 
-mod settings;
+use engine_host::settings;
 
 use clap::{Parser, Subcommand};
 use std::collections::HashMap;

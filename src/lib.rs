@@ -1,0 +1,5 @@
+//! engine-host as a library: what the binary and the cross-crate tests share. Only this crate
+//! knows every actor and wires them.
+
+pub mod settings;
+pub mod telemetry;
