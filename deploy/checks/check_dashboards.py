@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -98,6 +99,22 @@ def structure(dash: dict, out: list[str]) -> None:
             out.append(f"{where}: {e}")
 
 
+def provisioning(files: list[pathlib.Path]) -> int:
+    """The provisioned datasource uid is the one every dashboard's `datasource` variable
+    defaults to. Returns the number of failures."""
+    prov = dashlib.ROOT / "deploy/observability/grafana/provisioning/datasources/tsl3.yml"
+    uids = re.findall(r"^\s*uid:\s*(\S+)\s*$", prov.read_text(encoding="utf-8"), re.M)
+    bad = 0
+    for f in files:
+        var = next((v for v in dashlib.load(f)["templating"]["list"] if v.get("name") == "datasource"), {})
+        if var.get("current", {}).get("value") not in uids:
+            print(f"FAIL {f.name}: datasource variable default is not a uid in {prov.name} ({uids})")
+            bad += 1
+    if not bad:
+        print(f"ok   dashboards default to the provisioned datasource {uids}")
+    return bad
+
+
 def main(argv: list[str]) -> int:
     files = dashlib.dashboard_files(argv)
     if not files:
@@ -142,6 +159,7 @@ def main(argv: list[str]) -> int:
             failed += 1
         else:
             print("ok   dashboards/ equals gen_dashboards.py output")
+        failed += provisioning(files)
     return 1 if failed else 0
 
 
