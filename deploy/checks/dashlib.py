@@ -75,6 +75,8 @@ def concrete(expr: str, variables: set[str]) -> str:
 
     def sub(m: re.Match) -> str:
         name = m.group(1) or m.group(2) or m.group(3)
+        if name.isdigit():
+            return m.group(0)  # a regex group reference ($1) of label_replace
         if name in BUILTINS:
             return BUILTINS[name]
         if name in variables:

@@ -153,6 +153,21 @@ def main() -> int:
         case("summing a mirrored gauge over TP fails", run("test_panel_semantics.py", sem), 1,
              'role="fused"} 6E+00')  # 3 Ready holds seen on 2 TP owners, shown as 6
 
+        # A hand edit of a generated dashboard is caught.
+        drift = tmp / "drift"
+        drift.mkdir()
+        for name, d in REAL.items():
+            d = copy.deepcopy(d)
+            if name == "tsl3-l3.json":
+                panel(d, "Health epoch")["title"] = "Health epochs"
+            (drift / name).write_text(json.dumps(d, indent=2) + "\n", encoding="utf-8")
+        gen = dashlib.ROOT / "deploy" / "observability" / "gen_dashboards.py"
+        res = subprocess.run([sys.executable, str(gen), "--check", str(drift)], capture_output=True, text=True)
+        case("hand-edited dashboard differs from generator", (res.returncode, res.stdout + res.stderr), 1,
+             "differ from deploy/observability/gen_dashboards.py output: tsl3-l3.json")
+        res = subprocess.run([sys.executable, str(gen), "--check"], capture_output=True, text=True)
+        case("checked-in dashboards equal generator", (res.returncode, res.stdout + res.stderr), 0, "")
+
         # The live hook, against a local HTTP server serving the fixture, then a broken text.
         case("check_live_metrics passes on a served exposition", live(FIXTURE), 0, "promtool check metrics clean")
         case("check_live_metrics fails on a served broken exposition", live(bad_text), 1, "tsl3_bad")

@@ -99,8 +99,7 @@ def cases(d: dict) -> tuple[list[dict], list[dict]]:
     expect("TTFT mean per replica", "A", [(replica("0"), 0.03125), (replica("1"), 0.03125)])
     # Health is per rank: no summing of states.
     inputs += series("tsl3_l3_health_state", gauge(lambda dp, tp: 3 if (dp, tp) == ("1", "1") else 0))
-    expect("Health state", "A", [('{dp_rank="0", tp_rank="0"}', 0), ('{dp_rank="0", tp_rank="1"}', 0),
-                                 ('{dp_rank="1", tp_rank="0"}', 0), ('{dp_rank="1", tp_rank="1"}', 3)])
+    expect("Health state", "A", [(labels(dp, tp), 3 if (dp, tp) == ("1", "1") else 0) for dp, tp in RANKS])
     return inputs, tests
 
 

@@ -13,7 +13,8 @@ Aggregation rules (seed 000, Observability):
   `max by (model, role, dp_rank)` over TP first, never sum across TP owners; then sum over
   DP replicas where a fleet total is wanted.
 
-Usage: gen_dashboards.py [--check]   (--check: exit 1 if dashboards/ differ from output)
+Usage: gen_dashboards.py [--check] [DIR]   (DIR defaults to dashboards/; --check: exit 1
+if the dashboards in DIR differ from this script's output, writing nothing)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ OUT = ROOT / "dashboards"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'model=~"$model", role=~"$role", dp_rank=~"$dp_rank", tp_rank=~"$tp_rank"'
 REPLICA = "model, role, dp_rank"  # a DP replica: mirrored values are max'ed over TP here
+RANK_KEYS = "model, role, dp_rank, tp_rank"  # one engine host
 RATE = "$__rate_interval"
 
 
@@ -223,12 +225,11 @@ RETIREMENT = [{"type": "value", "options": {
     "1": {"text": "unproven: restart required", "color": "red", "index": 1},
 }}]
 GREEN_RED = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
-RANK = "dp{{dp_rank}} tp{{tp_rank}}"
+RANK = "{{role}} dp{{dp_rank}} tp{{tp_rank}}"
 REPL = "{{model}} {{role}} dp{{dp_rank}}"
 
 
 def l3() -> dict:
-    kinds = "kind"
     ops = [
         panel("timeseries", "L3 operations by kind and outcome",
               "Completed query/GET/PUT operations per second, summed over the selected ranks "
@@ -268,21 +269,21 @@ def l3() -> dict:
               [(f"sum by (kind) (tsl3_l3_queued_payload_bytes{sel()})", "{{kind}}")], unit="bytes"),
         panel("timeseries", "Oldest job age",
               "Age of the oldest queued or running L3 job on each rank.",
-              [(f"max by (dp_rank, tp_rank) (tsl3_l3_oldest_job_age_seconds{sel()})", RANK)], unit="s"),
+              [(f"max by ({RANK_KEYS}) (tsl3_l3_oldest_job_age_seconds{sel()})", RANK)], unit="s"),
     ]
     health = [
         panel("state-timeline", "Health state",
               "L3 backend health per rank: 0 healthy, 1 cooldown, 2 probing, 3 quarantined. "
               "Reading health never consumes a recovery probe.",
-              [(f"max by (dp_rank, tp_rank) (tsl3_l3_health_state{sel()})", RANK)],
+              [(f"max by ({RANK_KEYS}) (tsl3_l3_health_state{sel()})", RANK)],
               mappings=HEALTH, w=8),
         panel("timeseries", "Health epoch",
               "L3 backend health epoch per rank; a step marks a health transition.",
-              [(f"max by (dp_rank, tp_rank) (tsl3_l3_health_epoch{sel()})", RANK)], w=8),
+              [(f"max by ({RANK_KEYS}) (tsl3_l3_health_epoch{sel()})", RANK)], w=8),
         panel("stat", "Unproven retirement",
               "1 when native I/O retirement is unproven on a rank: that rank accepts no new L3 "
               "work and needs a process restart to reclaim its storage.",
-              [(f"max by (dp_rank, tp_rank) (tsl3_l3_unproven_retirement{sel()})", RANK)],
+              [(f"max by ({RANK_KEYS}) (tsl3_l3_unproven_retirement{sel()})", RANK)],
               mappings=RETIREMENT, thresholds=GREEN_RED, w=8, instant=True),
     ]
     sched = [
@@ -326,10 +327,9 @@ def l3() -> dict:
               unit="ops"),
         panel("timeseries", "Promotions in flight and staging",
               "Promotions in flight and bytes of promotion staging in use, per rank.",
-              [(f"max by (dp_rank, tp_rank) (tsl3_promotion_in_flight{sel()})", "in flight " + RANK),
-               (f"max by (dp_rank, tp_rank) (tsl3_promotion_staging_bytes{sel()})", "staging bytes " + RANK)]),
+              [(f"max by ({RANK_KEYS}) (tsl3_promotion_in_flight{sel()})", "in flight " + RANK),
+               (f"max by ({RANK_KEYS}) (tsl3_promotion_staging_bytes{sel()})", "staging bytes " + RANK)]),
     ]
-    del kinds
     return dashboard(
         "tsl3-l3", "tsl3 / L3 tier",
         "L3 executor (rank-local I/O) and StorageTransferManager (mirrored per DP replica) of tsl3 "
@@ -387,19 +387,22 @@ def render() -> dict[str, str]:
 
 
 def main() -> int:
-    check = "--check" in sys.argv[1:]
+    args = sys.argv[1:]
+    check = "--check" in args
+    dirs = [a for a in args if a != "--check"]
+    out = pathlib.Path(dirs[0]).resolve() if dirs else OUT
     stale = []
     for name, text in render().items():
-        path = OUT / name
+        path = out / name
         if check:
             if not path.exists() or path.read_text(encoding="utf-8") != text:
                 stale.append(name)
         else:
-            OUT.mkdir(exist_ok=True)
+            out.mkdir(exist_ok=True)
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(ROOT)}")
+            print(f"wrote {path}")
     if stale:
-        print("dashboards differ from deploy/observability/gen_dashboards.py output: "
+        print(f"dashboards in {out} differ from deploy/observability/gen_dashboards.py output: "
               + ", ".join(stale) + " (run it and commit)", file=sys.stderr)
         return 1
     return 0
