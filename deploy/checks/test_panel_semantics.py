@@ -88,6 +88,7 @@ def cases(d: dict) -> tuple[list[dict], list[dict]]:
     inputs += series("tsl3_prefix_tokens_total", counter(lambda dp, tp: 1), tier="l3")
     inputs += series("tsl3_prefix_tokens_total", counter(lambda dp, tp: 3), tier="computed")
     expect("Prefix tokens by tier", "A", [('{tier="l3"}', 2), ('{tier="computed"}', 6)])
+    expect("Prefix token share by tier (time range)", "A", [('{tier="l3"}', 0.25), ('{tier="computed"}', 0.75)])
     inputs += series("tsl3_requests_total", counter(lambda dp, tp: 1), fallback_reason="none")
     expect("Requests by fallback reason", "A", [('{fallback_reason="none"}', 2)])
     # TTFT: every observation in the (0.01, 0.025] bucket -> p50 inside it, mean from sum/count.
@@ -97,6 +98,11 @@ def cases(d: dict) -> tuple[list[dict], list[dict]]:
     inputs += series("tsl3_ttft_seconds_count", counter(lambda dp, tp: 4))
     expect("TTFT quantiles", "A", [("{}", 0.0175)])
     expect("TTFT mean per replica", "A", [(replica("0"), 0.03125), (replica("1"), 0.03125)])
+    # Promotion is rank-local: the funnel sums ranks (1+1+1+1 attempted per second, half commit).
+    inputs += series("tsl3_promotion_attempted_total", counter(lambda dp, tp: 1))
+    inputs += series("tsl3_promotion_committed_total", counter(lambda dp, tp: 0.5))
+    expect("Promotion rates and failures by reason", "A", [("{}", 4)])
+    expect("Promotion rates and failures by reason", "B", [("{}", 2)])
     # Health is per rank: no summing of states.
     inputs += series("tsl3_l3_health_state", gauge(lambda dp, tp: 3 if (dp, tp) == ("1", "1") else 0))
     expect("Health state", "A", [(labels(dp, tp), 3 if (dp, tp) == ("1", "1") else 0) for dp, tp in RANKS])

@@ -319,7 +319,7 @@ def l3() -> dict:
                (f"sum(increase(tsl3_promotion_committed_total{sel()}[$__range]))", "committed"),
                (f"sum(increase(tsl3_promotion_failed_total{sel()}[$__range]))", "failed")],
               instant=True),
-        panel("timeseries", "Promotions failed by reason",
+        panel("timeseries", "Promotion rates and failures by reason",
               "DFS to MEMORY promotions per second: admitted, committed, and failures by reason.",
               [(f"sum({rate('tsl3_promotion_attempted_total')})", "attempted"),
                (f"sum({rate('tsl3_promotion_committed_total')})", "committed"),
