@@ -15,3 +15,16 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace --no-fail-fast 2>&1 | tee /tmp/tsl3-cargo-test.log
+
+# --- observability checks (dashboards) ---
+# Offline checks of dashboards/ and deploy/observability/ (deploy/checks/run.sh; it installs
+# promtool and the grafana-foundation-sdk venv deploy/.venv-checks on first use and starts no
+# service): SDK round trip, promtool check rules on every query, metric names against
+# names.rs and a fixture exposition, panel semantics, and self-tests on broken inputs.
+# Hook for a running engine host (after a short workload):
+#   check_live_metrics http://127.0.0.1:8000/metrics
+echo "== observability checks (dashboards)"
+# shellcheck source=deploy/checks/live.sh
+source "$ROOT/deploy/checks/live.sh"
+bash "$ROOT/deploy/checks/run.sh"
+# --- end observability checks ---
