@@ -6,3 +6,5 @@ pub mod clock;
 pub mod host;
 pub mod l3;
 pub mod names;
+pub mod device;
+pub mod model;
