@@ -3,8 +3,8 @@
 //! binary wires them together.
 
 pub mod clock;
+pub mod device;
 pub mod host;
 pub mod l3;
-pub mod names;
-pub mod device;
 pub mod model;
+pub mod names;

@@ -32,7 +32,8 @@ impl CostModel {
         }
         let n = new_tokens as f64;
         let ctx = context_tokens as f64 + n / 2.0;
-        let us = self.fixed_us + self.per_token_us * n + self.per_token_context_ns / 1000.0 * n * ctx;
+        let us =
+            self.fixed_us + self.per_token_us * n + self.per_token_context_ns / 1000.0 * n * ctx;
         us.max(0.0).round() as u64
     }
 

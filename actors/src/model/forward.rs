@@ -129,11 +129,13 @@ impl SyntheticModel {
         let mut scratch = vec![0u8; row];
         let mut sum = 0u64;
         let hash_at = |p: u64| {
-            chain.after(p as usize).ok_or(ModelError::BlockBeyondPrefix {
-                group: g,
-                block: p,
-                tokens: end,
-            })
+            chain
+                .after(p as usize)
+                .ok_or(ModelError::BlockBeyondPrefix {
+                    group: g,
+                    block: p,
+                    tokens: end,
+                })
         };
         let mut expected_digest = |h: u64, pos: u64, head: u32, state: bool| {
             fill_prng(row_seed(h, head, state), &mut scratch);
@@ -202,11 +204,13 @@ impl SyntheticModel {
         let mut value = 0u64;
         for p in parts {
             if p.shard.count != count || p.tokens != first.tokens {
-                return Err(ModelError::Reduce("ranks disagree on shards or tokens".into()));
+                return Err(ModelError::Reduce(
+                    "ranks disagree on shards or tokens".into(),
+                ));
             }
-            let slot = seen
-                .get_mut(p.shard.index as usize)
-                .ok_or_else(|| ModelError::Reduce(format!("shard {} out of range", p.shard.index)))?;
+            let slot = seen.get_mut(p.shard.index as usize).ok_or_else(|| {
+                ModelError::Reduce(format!("shard {} out of range", p.shard.index))
+            })?;
             if *slot {
                 return Err(ModelError::Reduce(format!(
                     "shard {} reported twice",
@@ -253,7 +257,11 @@ impl SyntheticModel {
     }
 
     /// Recomputation from scratch on one rank: `max_tokens` output tokens of `tokens`.
-    pub fn recompute_output(&self, tokens: &[u32], max_tokens: usize) -> Result<Vec<u32>, ModelError> {
+    pub fn recompute_output(
+        &self,
+        tokens: &[u32],
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, ModelError> {
         let empty = vec![GroupContext::default(); self.profile().groups.len()];
         let (mut tok, mut state) = self.prefill(tokens, 0, &empty)?;
         let mut out = Vec::with_capacity(max_tokens);
@@ -279,7 +287,10 @@ mod tests {
             .map(|g| {
                 m.required_blocks(g, c)
                     .unwrap()
-                    .map(|b| m.kv_block_bytes(g, &tokens[..c as usize], b, shard).unwrap())
+                    .map(|b| {
+                        m.kv_block_bytes(g, &tokens[..c as usize], b, shard)
+                            .unwrap()
+                    })
                     .collect()
             })
             .collect()

@@ -33,9 +33,17 @@ pub enum ModelError {
     #[error("no cache group {0}")]
     NoSuchGroup(usize),
     #[error("shard {index} of {count} does not divide {kv_heads} KV heads")]
-    BadShard { index: u32, count: u32, kv_heads: u32 },
+    BadShard {
+        index: u32,
+        count: u32,
+        kv_heads: u32,
+    },
     #[error("group {group} block {block} lies beyond a prefix of {tokens} tokens")]
-    BlockBeyondPrefix { group: usize, block: u64, tokens: u64 },
+    BlockBeyondPrefix {
+        group: usize,
+        block: u64,
+        tokens: u64,
+    },
     #[error("buffer of {got} bytes where {expected} are needed")]
     BufferLength { expected: u64, got: u64 },
     #[error("group {group}: boundary {boundary} is not a multiple of the checkpoint interval {interval}")]

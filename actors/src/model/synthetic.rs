@@ -65,11 +65,13 @@ impl SyntheticModel {
         shard: Shard,
     ) -> Result<(GroupSpec, u32), ModelError> {
         let spec = *self.profile.group(group)?;
-        let heads = spec.local_heads(shard.count).map_err(|_| ModelError::BadShard {
-            index: shard.index,
-            count: shard.count,
-            kv_heads: spec.kv_heads,
-        })?;
+        let heads = spec
+            .local_heads(shard.count)
+            .map_err(|_| ModelError::BadShard {
+                index: shard.index,
+                count: shard.count,
+                kv_heads: spec.kv_heads,
+            })?;
         if shard.index >= shard.count {
             return Err(ModelError::BadShard {
                 index: shard.index,
@@ -186,11 +188,13 @@ impl SyntheticModel {
         let (start, ntok) = Self::block_extent(&spec, group, block, tokens)?;
         match spec.kind {
             GroupKind::State { .. } => {
-                let h = chain.after(start as usize).ok_or(ModelError::BlockBeyondPrefix {
-                    group,
-                    block,
-                    tokens,
-                })?;
+                let h = chain
+                    .after(start as usize)
+                    .ok_or(ModelError::BlockBeyondPrefix {
+                        group,
+                        block,
+                        tokens,
+                    })?;
                 for (k, r) in out.chunks_exact_mut(row).enumerate() {
                     fill_prng(row_seed(h, first_head + k as u32, true), r);
                 }
@@ -286,7 +290,10 @@ mod tests {
         assert_eq!(b0.len(), 4 * 16);
         assert_eq!(b0, m.kv_block_bytes(0, &a, 0, Shard::SINGLE).unwrap());
         // a longer sequence does not change an earlier block
-        assert_eq!(b0, m.kv_block_bytes(0, &toks(20, 1), 0, Shard::SINGLE).unwrap());
+        assert_eq!(
+            b0,
+            m.kv_block_bytes(0, &toks(20, 1), 0, Shard::SINGLE).unwrap()
+        );
         for changed in 0..16usize {
             let mut b = a.clone();
             b[changed] += 1;
@@ -343,9 +350,7 @@ mod tests {
             m.kv_block_bytes(5, &a, 0, Shard::SINGLE),
             Err(ModelError::NoSuchGroup(5))
         ));
-        assert!(m
-            .kv_block_bytes(0, &a, u64::MAX, Shard::SINGLE)
-            .is_err());
+        assert!(m.kv_block_bytes(0, &a, u64::MAX, Shard::SINGLE).is_err());
     }
 
     #[test]
