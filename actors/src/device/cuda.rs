@@ -282,6 +282,7 @@ mod tests {
         let geometry = DeviceGeometry::new(4, 256).unwrap();
         match detect() {
             CudaAvailability::NoDevice(reason) => {
+                eprintln!("cuda detection: no device: {reason}");
                 assert!(!reason.is_empty());
                 assert!(matches!(
                     CudaDeviceMemory::new(host, geometry, 0),

@@ -214,11 +214,12 @@ fn address_table_is_bound_for_every_slot_at_construction() {
     assert_eq!(e.backend(), "emulated");
 }
 
+#[cfg(not(feature = "cuda"))]
 #[test]
-fn cuda_absent_without_the_feature_or_device() {
-    // Without the feature this is always NoDevice; with it, this machine has no libcuda.
-    if cfg!(not(feature = "cuda")) {
-        assert!(matches!(detect_cuda(), CudaAvailability::NoDevice(_)));
+fn cuda_is_never_present_without_the_feature() {
+    match detect_cuda() {
+        CudaAvailability::NoDevice(reason) => assert!(reason.contains("`cuda` feature")),
+        other => panic!("unexpected {other:?}"),
     }
 }
 
@@ -304,6 +305,42 @@ fn forward_over_device_blocks_matches_recomputation() {
             Err(DeviceError::SlotOutOfRange { .. })
         ));
     }
+}
+
+#[test]
+fn a_partial_context_block_is_extended_in_place() {
+    let model = SyntheticModel::by_name("tiny").unwrap();
+    let (_, mut e) = engine(4096, 8, 64);
+    let tokens: Vec<u32> = (0..14).map(|i| i * 3 + 1).collect();
+    // context of 10 tokens: blocks 0, 1 and the first 2 tokens of block 2
+    for b in 0..3u64 {
+        let bytes = model
+            .kv_block_bytes(0, &tokens[..10], b, Shard::SINGLE)
+            .unwrap();
+        e.write_slot(DeviceSlot(b as u32 + 4), 0, &bytes).unwrap();
+    }
+    let step = ForwardStep {
+        shard: Shard::SINGLE,
+        tokens: tokens.clone(),
+        context_len: 10,
+        groups: vec![GroupBlockTable {
+            context: vec![DeviceSlot(4), DeviceSlot(5), DeviceSlot(6)],
+            written: vec![DeviceSlot(6), DeviceSlot(1)],
+        }],
+    };
+    let out = e.forward(&model, &step).unwrap();
+    let first = model
+        .first_token(model.reduce_ranks(&[out.digest]).unwrap())
+        .0;
+    assert_eq!(first, model.recompute_output(&tokens, 1).unwrap()[0]);
+    assert_eq!(
+        e.read_slot(DeviceSlot(6), 0, 64).unwrap(),
+        model.kv_block_bytes(0, &tokens, 2, Shard::SINGLE).unwrap()
+    );
+    assert_eq!(
+        e.read_slot(DeviceSlot(1), 0, 32).unwrap(),
+        model.kv_block_bytes(0, &tokens, 3, Shard::SINGLE).unwrap()
+    );
 }
 
 #[test]

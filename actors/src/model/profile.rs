@@ -40,7 +40,7 @@ impl GroupSpec {
 
     /// Heads one shard holds.
     pub fn local_heads(&self, shards: u32) -> Result<u32, ModelError> {
-        if shards == 0 || self.kv_heads % shards != 0 {
+        if shards == 0 || !self.kv_heads.is_multiple_of(shards) {
             return Err(ModelError::BadShard {
                 index: 0,
                 count: shards,

@@ -239,7 +239,8 @@ impl SyntheticModel {
             } => {
                 if boundary == 0 {
                     0..0
-                } else if checkpoint_interval == 0 || boundary % checkpoint_interval != 0 {
+                } else if checkpoint_interval == 0 || !boundary.is_multiple_of(checkpoint_interval)
+                {
                     return Err(ModelError::UnalignedStateBoundary {
                         group,
                         boundary,
