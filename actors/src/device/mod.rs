@@ -10,6 +10,7 @@
 
 pub mod actor;
 pub mod availability;
+pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod emulated;
