@@ -12,14 +12,14 @@ use crate::model::{GroupContext, RankDigest, Shard, SyntheticModel};
 /// One group's block table for a step: the slots of `required_blocks(group, context_len)`
 /// in order, and the slots of `written_blocks(group, context_len, tokens.len())` in order
 /// (a partially filled last context block appears in both).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GroupBlockTable {
     pub context: Vec<DeviceSlot>,
     pub written: Vec<DeviceSlot>,
 }
 
 /// A prefill step of one request on one rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ForwardStep {
     pub shard: Shard,
     /// The whole prompt.
@@ -30,7 +30,7 @@ pub struct ForwardStep {
     pub groups: Vec<GroupBlockTable>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ForwardOutcome {
     /// This rank's partial digest, for the all-reduce.
     pub digest: RankDigest,

@@ -19,6 +19,7 @@ pub mod forward;
 pub mod geometry;
 pub mod memory;
 pub mod ops;
+pub mod select;
 
 #[cfg(test)]
 mod tests;
@@ -33,3 +34,4 @@ pub use forward::{ForwardOutcome, ForwardStep, GroupBlockTable};
 pub use geometry::{AddressTable, DeviceGeometry};
 pub use memory::{DeviceMemory, ResolvedCopy};
 pub use ops::{CopyDirection, DeviceCopy, DeviceCopyBatch, DeviceError, DeviceSlot, FenceId};
+pub use select::{device_memory, DeviceBackendChoice};

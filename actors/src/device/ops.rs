@@ -8,14 +8,18 @@ use messages::HostRange;
 
 /// Completion fence of one submitted batch. Fences increase by one per batch, from 1, and
 /// complete in submission order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct FenceId(pub u64);
 
 /// A device block slot: a fixed-size region of device memory holding one block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct DeviceSlot(pub u32);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum CopyDirection {
     /// Device block -> Host range (backup source, L2 publication).
     D2H,
@@ -24,7 +28,7 @@ pub enum CopyDirection {
 }
 
 /// One copy: `host.len` bytes between `slot` at `slot_offset` and the Host range `host`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct DeviceCopy {
     pub direction: CopyDirection,
     pub slot: DeviceSlot,
@@ -53,7 +57,7 @@ impl DeviceCopy {
 }
 
 /// A batch of copies executed in order, completing with one fence.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceCopyBatch {
     pub copies: Vec<DeviceCopy>,
 }

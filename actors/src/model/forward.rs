@@ -30,7 +30,7 @@ pub struct GroupContext<'a> {
 }
 
 /// One rank's partial digest of a prefill.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct RankDigest {
     pub shard: Shard,
     pub tokens: u64,
@@ -38,14 +38,14 @@ pub struct RankDigest {
 }
 
 /// The all-reduced digest of a prefill (every shard's rows).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ReducedDigest {
     pub tokens: u64,
     pub value: u64,
 }
 
 /// What a decode step carries forward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct DecodeState {
     pub digest: u64,
 }

@@ -10,7 +10,7 @@
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Which part of the KV heads a rank holds: shard `index` of `count` (TP rank of TP size).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Shard {
     pub index: u32,
     pub count: u32,
