@@ -8,6 +8,10 @@
 //! never reports storage facts. A storage completion (a GET landing in Host memory) never
 //! substitutes for an H2D fence: the engine host waits on this engine's fence before the
 //! forward reads a device block, and keeps the Host source referenced until then.
+//!
+//! A backend error while enqueuing (the CUDA stream refused a copy) may leave part of a
+//! batch enqueued without a fence: the engine host treats any `DeviceError::Backend` as
+//! fatal for the rank (collective error), never as a per-request failure.
 
 use super::geometry::{AddressTable, DeviceGeometry};
 use super::memory::{DeviceMemory, ResolvedCopy};
