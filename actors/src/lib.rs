@@ -3,8 +3,10 @@
 //! binary wires them together.
 
 pub mod clock;
+pub mod device;
 pub mod frontend;
 pub mod host;
 pub mod l3;
 pub mod metrics;
+pub mod model;
 pub mod names;

@@ -1,0 +1,67 @@
+//! The DeviceCopyEngine actor: a thin actix shell around `DeviceCopyEngineCore` over any
+//! backend. It handles copy batches, fence polls (the head feedback point) and forward
+//! steps, one at a time in mailbox order, so submission order is execution order. It holds
+//! no other actor's type.
+
+use super::engine::DeviceCopyEngineCore;
+use super::forward::{ForwardOutcome, ForwardStep};
+use super::memory::DeviceMemory;
+use super::ops::{DeviceCopyBatch, DeviceError, FenceId};
+use crate::model::SyntheticModel;
+use actix::prelude::*;
+use std::sync::Arc;
+
+pub struct DeviceCopyEngine {
+    core: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
+    model: Arc<SyntheticModel>,
+}
+
+impl DeviceCopyEngine {
+    pub fn new(memory: Box<dyn DeviceMemory>, model: Arc<SyntheticModel>) -> Self {
+        Self {
+            core: DeviceCopyEngineCore::new(memory),
+            model,
+        }
+    }
+}
+
+impl Actor for DeviceCopyEngine {
+    type Context = Context<Self>;
+}
+
+/// Submit one batch of the plan's Device subset; answers its fence.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<FenceId, DeviceError>")]
+pub struct SubmitDeviceCopies(pub DeviceCopyBatch);
+
+/// Poll completed fences (in order).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Result<Vec<FenceId>, DeviceError>")]
+pub struct PollFences;
+
+/// Run a forward step over device blocks.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<ForwardOutcome, DeviceError>")]
+pub struct RunForward(pub ForwardStep);
+
+impl Handler<SubmitDeviceCopies> for DeviceCopyEngine {
+    type Result = Result<FenceId, DeviceError>;
+    fn handle(&mut self, msg: SubmitDeviceCopies, _: &mut Self::Context) -> Self::Result {
+        self.core.submit(&msg.0)
+    }
+}
+
+impl Handler<PollFences> for DeviceCopyEngine {
+    type Result = Result<Vec<FenceId>, DeviceError>;
+    fn handle(&mut self, _: PollFences, _: &mut Self::Context) -> Self::Result {
+        self.core.poll_fences()
+    }
+}
+
+impl Handler<RunForward> for DeviceCopyEngine {
+    type Result = Result<ForwardOutcome, DeviceError>;
+    fn handle(&mut self, msg: RunForward, _: &mut Self::Context) -> Self::Result {
+        let model = self.model.clone();
+        self.core.forward(&model, &msg.0)
+    }
+}

@@ -1,0 +1,167 @@
+//! Host-emulated device memory (the default backend, and what CI runs): a separate Vec<u8>
+//! arena of N device slots and an in-order queue standing in for a stream. Copies execute
+//! when fences are polled (like asynchronous DMA that reads its Host source late), so a
+//! Host range must stay owned until its fence completes. An optional per-poll step limit
+//! lets tests observe fences that have not completed yet. It never sleeps.
+
+use super::geometry::DeviceGeometry;
+use super::memory::{DeviceMemory, ResolvedCopy};
+use super::ops::{CopyDirection, DeviceError, FenceId};
+use crate::host::HostCacheStorage;
+use messages::HostRange;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+#[derive(Debug)]
+enum Pending {
+    Copy(ResolvedCopy),
+    Fence(FenceId),
+}
+
+#[derive(Debug)]
+pub struct EmulatedDeviceMemory {
+    host: Arc<HostCacheStorage>,
+    geometry: DeviceGeometry,
+    arena: Vec<u8>,
+    queue: VecDeque<Pending>,
+    done: Vec<FenceId>,
+    step_limit: Option<usize>,
+}
+
+impl EmulatedDeviceMemory {
+    /// A zeroed arena of `geometry.slots` slots bound to `host`.
+    pub fn new(host: Arc<HostCacheStorage>, geometry: DeviceGeometry) -> Result<Self, DeviceError> {
+        let total = geometry.total_bytes()?;
+        Ok(Self {
+            host,
+            geometry,
+            arena: vec![0u8; total],
+            queue: VecDeque::new(),
+            done: Vec::new(),
+            step_limit: None,
+        })
+    }
+
+    /// At most `limit` copies execute per poll (`None`: all queued work). Tests use it to
+    /// hold fences incomplete without sleeping.
+    pub fn set_step_limit(&mut self, limit: Option<usize>) {
+        self.step_limit = limit;
+    }
+
+    /// The whole arena (test and verification helper).
+    pub fn arena(&self) -> &[u8] {
+        &self.arena
+    }
+
+    fn execute(&mut self, c: ResolvedCopy) -> Result<(), DeviceError> {
+        let fail = |m: String| DeviceError::Backend {
+            backend: "emulated",
+            message: m,
+        };
+        let start = usize::try_from(c.device_addr).map_err(|_| fail("address".into()))?;
+        let end = start
+            .checked_add(c.len as usize)
+            .filter(|e| *e <= self.arena.len())
+            .ok_or_else(|| fail(format!("device range {}+{} outside arena", start, c.len)))?;
+        let dev = &mut self.arena[start..end];
+        let range = HostRange::new(c.host_offset, c.len);
+        match c.direction {
+            CopyDirection::D2H => {
+                // SAFETY: the engine owns this destination range until the batch's fence
+                // completes (the scheduler's destination reference); the range was
+                // bounds-checked by the engine and again by `range_mut`. Tested: bytes
+                // outside copied ranges stay untouched.
+                let dst = unsafe { self.host.range_mut(range) }.map_err(|e| fail(e.to_string()))?;
+                dst.copy_from_slice(dev);
+            }
+            CopyDirection::H2D => {
+                // SAFETY: the source range is held (source reference) until the fence
+                // completes, so no one writes it while this copy reads it.
+                let src = unsafe { self.host.range(range) }.map_err(|e| fail(e.to_string()))?;
+                dev.copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs queued work; `limit` bounds the copies executed. Completed fences go to `done`.
+    fn progress(&mut self, limit: Option<usize>) -> Result<(), DeviceError> {
+        let mut copies = 0usize;
+        while let Some(front) = self.queue.front() {
+            match front {
+                Pending::Fence(f) => {
+                    self.done.push(*f);
+                    self.queue.pop_front();
+                }
+                Pending::Copy(c) => {
+                    if limit.is_some_and(|l| copies >= l) {
+                        break;
+                    }
+                    let c = *c;
+                    self.queue.pop_front();
+                    self.execute(c)?;
+                    copies += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn arena_range(&self, addr: u64, len: usize) -> Result<std::ops::Range<usize>, DeviceError> {
+        let start = usize::try_from(addr).ok();
+        start
+            .and_then(|s| s.checked_add(len).map(|e| s..e))
+            .filter(|r| r.end <= self.arena.len())
+            .ok_or(DeviceError::Backend {
+                backend: "emulated",
+                message: format!("device range {addr}+{len} outside arena"),
+            })
+    }
+}
+
+impl DeviceMemory for EmulatedDeviceMemory {
+    fn backend(&self) -> &'static str {
+        "emulated"
+    }
+
+    fn geometry(&self) -> DeviceGeometry {
+        self.geometry
+    }
+
+    fn slot_address(&self, slot: u32) -> u64 {
+        slot as u64 * self.geometry.slot_bytes
+    }
+
+    fn host(&self) -> &Arc<HostCacheStorage> {
+        &self.host
+    }
+
+    fn enqueue(&mut self, copies: &[ResolvedCopy]) -> Result<(), DeviceError> {
+        self.queue.extend(copies.iter().copied().map(Pending::Copy));
+        Ok(())
+    }
+
+    fn record_fence(&mut self, fence: FenceId) -> Result<(), DeviceError> {
+        self.queue.push_back(Pending::Fence(fence));
+        Ok(())
+    }
+
+    fn completed(&mut self) -> Result<Vec<FenceId>, DeviceError> {
+        self.progress(self.step_limit)?;
+        Ok(std::mem::take(&mut self.done))
+    }
+
+    fn read(&mut self, device_addr: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        self.progress(None)?;
+        let r = self.arena_range(device_addr, out.len())?;
+        out.copy_from_slice(&self.arena[r]);
+        Ok(())
+    }
+
+    fn write(&mut self, device_addr: u64, data: &[u8]) -> Result<(), DeviceError> {
+        self.progress(None)?;
+        let r = self.arena_range(device_addr, data.len())?;
+        self.arena[r].copy_from_slice(data);
+        Ok(())
+    }
+}

@@ -1,0 +1,178 @@
+//! DeviceCopyEngineCore: the DeviceCopyEngine's logic without a runtime. It executes the
+//! Device subset of plan.cache in order: each batch is validated whole (slots, slot ranges,
+//! Host ranges) against the immutable geometry and the address table built in `new`, then
+//! enqueued on the backend's one ordered stream, then fenced. `poll_fences` returns
+//! completed fences in submission order.
+//!
+//! It never decides what to copy, never touches a Host range outside a submitted copy, and
+//! never reports storage facts. A storage completion (a GET landing in Host memory) never
+//! substitutes for an H2D fence: the engine host waits on this engine's fence before the
+//! forward reads a device block, and keeps the Host source referenced until then.
+//!
+//! A backend error while enqueuing (the CUDA stream refused a copy) may leave part of a
+//! batch enqueued without a fence: the engine host treats any `DeviceError::Backend` as
+//! fatal for the rank (collective error), never as a per-request failure.
+
+use super::geometry::{AddressTable, DeviceGeometry};
+use super::memory::{DeviceMemory, ResolvedCopy};
+use super::ops::{DeviceCopyBatch, DeviceError, DeviceSlot, FenceId};
+use std::collections::VecDeque;
+
+pub struct DeviceCopyEngineCore<M: DeviceMemory> {
+    memory: M,
+    geometry: DeviceGeometry,
+    addresses: AddressTable,
+    next_fence: u64,
+    outstanding: VecDeque<FenceId>,
+}
+
+impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
+    /// Binds the geometry and the address table of every slot now: no first-use setup
+    /// happens on a serving submission.
+    pub fn new(memory: M) -> Self {
+        let geometry = memory.geometry();
+        let addresses = AddressTable::build(geometry, |s| memory.slot_address(s));
+        Self {
+            memory,
+            geometry,
+            addresses,
+            next_fence: 1,
+            outstanding: VecDeque::new(),
+        }
+    }
+
+    pub fn geometry(&self) -> DeviceGeometry {
+        self.geometry
+    }
+
+    pub fn backend(&self) -> &'static str {
+        self.memory.backend()
+    }
+
+    pub fn memory(&self) -> &M {
+        &self.memory
+    }
+
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.memory
+    }
+
+    /// Fences submitted and not yet reported complete.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    fn slot_address(
+        &self,
+        index: usize,
+        slot: DeviceSlot,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64, DeviceError> {
+        let base = self
+            .addresses
+            .get(slot.0)
+            .ok_or(DeviceError::SlotOutOfRange {
+                index,
+                slot: slot.0,
+                slots: self.geometry.slots,
+            })?;
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.geometry.slot_bytes)
+        {
+            return Err(DeviceError::SlotRangeOutOfBounds {
+                index,
+                offset,
+                len,
+                slot_bytes: self.geometry.slot_bytes,
+            });
+        }
+        Ok(base + offset)
+    }
+
+    /// Validates and resolves a whole batch (the per-operation block table); nothing is
+    /// enqueued if any copy is invalid.
+    pub fn resolve(&self, batch: &DeviceCopyBatch) -> Result<Vec<ResolvedCopy>, DeviceError> {
+        let host = self.memory.host();
+        batch
+            .copies
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                if c.host.len == 0 {
+                    return Err(DeviceError::EmptyCopy { index });
+                }
+                host.check(c.host)
+                    .map_err(|_| DeviceError::HostRangeOutOfBounds {
+                        index,
+                        offset: c.host.offset,
+                        len: c.host.len,
+                        size: host.len(),
+                    })?;
+                let device_addr = self.slot_address(index, c.slot, c.slot_offset, c.host.len)?;
+                Ok(ResolvedCopy {
+                    direction: c.direction,
+                    device_addr,
+                    host_offset: c.host.offset,
+                    len: c.host.len,
+                })
+            })
+            .collect()
+    }
+
+    /// Submits a batch in order after all earlier batches; returns its fence.
+    pub fn submit(&mut self, batch: &DeviceCopyBatch) -> Result<FenceId, DeviceError> {
+        let resolved = self.resolve(batch)?;
+        self.memory.enqueue(&resolved)?;
+        let fence = FenceId(self.next_fence);
+        self.memory.record_fence(fence)?;
+        self.next_fence += 1;
+        self.outstanding.push_back(fence);
+        Ok(fence)
+    }
+
+    /// Fences completed since the last poll, in submission order. Never blocks.
+    pub fn poll_fences(&mut self) -> Result<Vec<FenceId>, DeviceError> {
+        let done = self.memory.completed()?;
+        for f in &done {
+            if self.outstanding.front() != Some(f) {
+                return Err(DeviceError::Backend {
+                    backend: self.memory.backend(),
+                    message: format!("fence {} completed out of order", f.0),
+                });
+            }
+            self.outstanding.pop_front();
+        }
+        Ok(done)
+    }
+
+    /// Whether a slot exists.
+    pub fn check_slot(&self, slot: DeviceSlot) -> Result<(), DeviceError> {
+        self.slot_address(0, slot, 0, 0).map(|_| ())
+    }
+
+    /// Reads `len` bytes of a slot from `offset`, after all submitted work.
+    pub fn read_slot(
+        &mut self,
+        slot: DeviceSlot,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, DeviceError> {
+        let addr = self.slot_address(0, slot, offset, len)?;
+        let mut out = vec![0u8; len as usize];
+        self.memory.read(addr, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes bytes into a slot from `offset`, after all submitted work.
+    pub fn write_slot(
+        &mut self,
+        slot: DeviceSlot,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), DeviceError> {
+        let addr = self.slot_address(0, slot, offset, data.len() as u64)?;
+        self.memory.write(addr, data)
+    }
+}

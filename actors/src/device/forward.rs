@@ -1,0 +1,122 @@
+//! The forward step hook: runs the synthetic model over a request's device blocks. It
+//! gathers the context blocks' bytes from their slots in context order (whatever tier they
+//! were restored from), computes this rank's digest, writes the new tokens' KV rows into
+//! the written slots, and returns the emulated device time from the cost model as a
+//! number. It never sleeps; the engine host decides what to do with the time.
+
+use super::engine::DeviceCopyEngineCore;
+use super::memory::DeviceMemory;
+use super::ops::{DeviceError, DeviceSlot};
+use crate::model::{GroupContext, RankDigest, Shard, SyntheticModel};
+
+/// One group's block table for a step: the slots of `required_blocks(group, context_len)`
+/// in order, and the slots of `written_blocks(group, context_len, tokens.len())` in order
+/// (a partially filled last context block appears in both).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupBlockTable {
+    pub context: Vec<DeviceSlot>,
+    pub written: Vec<DeviceSlot>,
+}
+
+/// A prefill step of one request on one rank.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ForwardStep {
+    pub shard: Shard,
+    /// The whole prompt.
+    pub tokens: Vec<u32>,
+    /// Tokens whose KV is already in the context slots.
+    pub context_len: u64,
+    /// One table per group, in group order.
+    pub groups: Vec<GroupBlockTable>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ForwardOutcome {
+    /// This rank's partial digest, for the all-reduce.
+    pub digest: RankDigest,
+    pub new_tokens: u64,
+    /// Emulated device time of the step (cost model), microseconds.
+    pub device_time_us: u64,
+}
+
+impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
+    /// Runs the forward of `step` over device blocks. Ordered after every submitted copy.
+    pub fn forward(
+        &mut self,
+        model: &SyntheticModel,
+        step: &ForwardStep,
+    ) -> Result<ForwardOutcome, DeviceError> {
+        let groups = model.profile().groups.len();
+        if step.groups.len() != groups {
+            return Err(DeviceError::Forward(format!(
+                "{} block tables for {} groups",
+                step.groups.len(),
+                groups
+            )));
+        }
+        let c = step.context_len;
+        let end = step.tokens.len() as u64;
+        // validate every table before touching anything
+        let mut writes = Vec::new();
+        for (g, table) in step.groups.iter().enumerate() {
+            let req = model.required_blocks(g, c)?;
+            let wr = model.written_blocks(g, c, end)?;
+            if table.context.len() as u64 != req.end - req.start
+                || table.written.len() as u64 != wr.end - wr.start
+            {
+                return Err(DeviceError::Forward(format!(
+                    "group {g}: {} context / {} written slots, need {} / {}",
+                    table.context.len(),
+                    table.written.len(),
+                    req.end - req.start,
+                    wr.end - wr.start
+                )));
+            }
+            for slot in &table.context {
+                self.check_slot(*slot)?;
+            }
+            for (k, slot) in table.written.iter().enumerate() {
+                let b = wr.start + k as u64;
+                let len = model.block_len(g, b, end, step.shard)?;
+                self.check_slot(*slot)?;
+                if len > self.geometry().slot_bytes {
+                    return Err(DeviceError::Forward(format!(
+                        "group {g} block {b}: {len} bytes exceed the slot"
+                    )));
+                }
+                writes.push((g, b, *slot, len));
+            }
+        }
+        let mut gathered: Vec<Vec<Vec<u8>>> = Vec::with_capacity(groups);
+        for (g, table) in step.groups.iter().enumerate() {
+            let req = model.required_blocks(g, c)?;
+            let mut blocks = Vec::with_capacity(table.context.len());
+            for (k, slot) in table.context.iter().enumerate() {
+                let len = model.block_len(g, req.start + k as u64, c, step.shard)?;
+                blocks.push(self.read_slot(*slot, 0, len)?);
+            }
+            gathered.push(blocks);
+        }
+        let context: Vec<GroupContext<'_>> = gathered
+            .iter()
+            .map(|g| GroupContext {
+                blocks: g.iter().map(|b| b.as_slice()).collect(),
+            })
+            .collect();
+        let digest = model.prefill_rank(step.shard, &step.tokens, c, &context)?;
+        let mut chains = Vec::with_capacity(groups);
+        for g in 0..groups {
+            chains.push(model.chain(g, &step.tokens)?);
+        }
+        for (g, b, slot, len) in writes {
+            let mut buf = self.read_slot(slot, 0, len)?;
+            model.fill_block_from(g, &chains[g], b, step.shard, c, &mut buf)?;
+            self.write_slot(slot, 0, &buf)?;
+        }
+        Ok(ForwardOutcome {
+            digest,
+            new_tokens: end - c,
+            device_time_us: model.profile().device_time_us(end - c, c),
+        })
+    }
+}

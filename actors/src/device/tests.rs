@@ -1,0 +1,389 @@
+//! DeviceCopyEngine tests on the host-emulated backend.
+
+use super::*;
+use crate::host::HostCacheStorage;
+use crate::model::{Shard, SyntheticModel};
+use messages::HostRange;
+use std::sync::Arc;
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+        .collect()
+}
+
+fn engine(
+    host_len: u64,
+    slots: u32,
+    slot_bytes: u64,
+) -> (
+    Arc<HostCacheStorage>,
+    DeviceCopyEngineCore<EmulatedDeviceMemory>,
+) {
+    let host = HostCacheStorage::new(host_len).unwrap();
+    let mem = EmulatedDeviceMemory::new(
+        host.clone(),
+        DeviceGeometry::new(slots, slot_bytes).unwrap(),
+    )
+    .unwrap();
+    (host, DeviceCopyEngineCore::new(mem))
+}
+
+#[test]
+fn d2h_then_h2d_into_another_slot_is_exact_and_touches_nothing_else() {
+    let (host, mut e) = engine(16384, 4, 512);
+    // fill the Host allocation and every device slot with sentinels
+    let host_before = pattern(16384, 0xA5);
+    host.write(0, &host_before).unwrap();
+    for s in 0..4 {
+        e.write_slot(DeviceSlot(s), 0, &vec![0x10 + s as u8; 512])
+            .unwrap();
+    }
+    let block = pattern(300, 7);
+    e.write_slot(DeviceSlot(1), 100, &block).unwrap();
+    // D2H slot 1 [100, 400) -> Host [5000, 5300)
+    let f1 = e
+        .submit(&DeviceCopyBatch::new(vec![DeviceCopy::d2h(
+            DeviceSlot(1),
+            100,
+            HostRange::new(5000, 300),
+        )]))
+        .unwrap();
+    // H2D Host [5000, 5300) -> slot 3 [12, 312)
+    let f2 = e
+        .submit(&DeviceCopyBatch::new(vec![DeviceCopy::h2d(
+            HostRange::new(5000, 300),
+            DeviceSlot(3),
+            12,
+        )]))
+        .unwrap();
+    assert_eq!(e.poll_fences().unwrap(), vec![f1, f2]);
+    assert_eq!(e.outstanding(), 0);
+    assert_eq!(e.read_slot(DeviceSlot(3), 12, 300).unwrap(), block);
+    // Host: only [5000, 5300) changed
+    let host_after = host.read(HostRange::new(0, 16384)).unwrap();
+    assert_eq!(&host_after[5000..5300], &block[..]);
+    assert_eq!(&host_after[..5000], &host_before[..5000]);
+    assert_eq!(&host_after[5300..], &host_before[5300..]);
+    // device: slot 3 outside [12, 312) untouched, other slots untouched
+    let s3 = e.read_slot(DeviceSlot(3), 0, 512).unwrap();
+    assert!(s3[..12].iter().chain(&s3[312..]).all(|b| *b == 0x13));
+    assert!(e
+        .read_slot(DeviceSlot(0), 0, 512)
+        .unwrap()
+        .iter()
+        .all(|b| *b == 0x10));
+    assert!(e
+        .read_slot(DeviceSlot(2), 0, 512)
+        .unwrap()
+        .iter()
+        .all(|b| *b == 0x12));
+    let arena = e.memory().arena();
+    assert_eq!(&arena[512 + 100..512 + 400], &block[..]);
+}
+
+#[test]
+fn fences_complete_in_order_and_copies_wait_for_them() {
+    let (host, mut e) = engine(8192, 4, 256);
+    e.memory_mut().set_step_limit(Some(1));
+    host.write(0, &pattern(256, 1)).unwrap();
+    host.write(256, &pattern(256, 2)).unwrap();
+    let f1 = e
+        .submit(&DeviceCopyBatch::new(vec![
+            DeviceCopy::h2d(HostRange::new(0, 256), DeviceSlot(0), 0),
+            DeviceCopy::h2d(HostRange::new(256, 256), DeviceSlot(1), 0),
+        ]))
+        .unwrap();
+    let f2 = e
+        .submit(&DeviceCopyBatch::new(vec![DeviceCopy::d2h(
+            DeviceSlot(1),
+            0,
+            HostRange::new(4096, 256),
+        )]))
+        .unwrap();
+    let f3 = e.submit(&DeviceCopyBatch::default()).unwrap();
+    assert_eq!((f1.0, f2.0, f3.0), (1, 2, 3));
+    assert_eq!(e.outstanding(), 3);
+    // one copy per poll: the first batch's fence waits for both of its copies
+    assert_eq!(e.poll_fences().unwrap(), vec![]);
+    assert_eq!(
+        host.read(HostRange::new(4096, 4)).unwrap(),
+        vec![0; 4],
+        "D2H not run yet"
+    );
+    assert_eq!(e.poll_fences().unwrap(), vec![f1]);
+    assert_eq!(e.poll_fences().unwrap(), vec![f2, f3]);
+    assert_eq!(e.poll_fences().unwrap(), vec![]);
+    // the D2H ran after the H2D into the same slot (stream order)
+    assert_eq!(
+        host.read(HostRange::new(4096, 256)).unwrap(),
+        pattern(256, 2)
+    );
+    let f4 = e.submit(&DeviceCopyBatch::default()).unwrap();
+    assert_eq!(f4, FenceId(4), "fences increase monotonically");
+}
+
+#[test]
+fn invalid_copies_are_errors_and_reject_the_whole_batch() {
+    let (host, mut e) = engine(4096, 2, 128);
+    host.write(0, &pattern(4096, 9)).unwrap();
+    let good = DeviceCopy::h2d(HostRange::new(0, 64), DeviceSlot(0), 0);
+    let cases = [
+        (
+            DeviceCopy::h2d(HostRange::new(0, 64), DeviceSlot(2), 0),
+            "slot",
+        ),
+        (
+            DeviceCopy::h2d(HostRange::new(0, 64), DeviceSlot(1), 100),
+            "slot range",
+        ),
+        (
+            DeviceCopy::d2h(DeviceSlot(1), u64::MAX, HostRange::new(0, 8)),
+            "offset overflow",
+        ),
+        (
+            DeviceCopy::h2d(HostRange::new(4090, 64), DeviceSlot(1), 0),
+            "host range",
+        ),
+        (
+            DeviceCopy::h2d(HostRange::new(u64::MAX, 2), DeviceSlot(1), 0),
+            "host overflow",
+        ),
+        (
+            DeviceCopy::h2d(HostRange::new(0, 0), DeviceSlot(1), 0),
+            "empty",
+        ),
+    ];
+    for (bad, what) in cases {
+        let err = e
+            .submit(&DeviceCopyBatch::new(vec![good, bad]))
+            .unwrap_err();
+        match (what, &err) {
+            (
+                "slot",
+                DeviceError::SlotOutOfRange {
+                    index: 1,
+                    slot: 2,
+                    slots: 2,
+                },
+            ) => {}
+            (
+                "slot range" | "offset overflow",
+                DeviceError::SlotRangeOutOfBounds { index: 1, .. },
+            ) => {}
+            (
+                "host range" | "host overflow",
+                DeviceError::HostRangeOutOfBounds { index: 1, .. },
+            ) => {}
+            ("empty", DeviceError::EmptyCopy { index: 1 }) => {}
+            _ => panic!("{what}: unexpected {err:?}"),
+        }
+    }
+    // nothing of the rejected batches ran and no fence was taken
+    assert_eq!(e.outstanding(), 0);
+    assert_eq!(e.poll_fences().unwrap(), vec![]);
+    assert!(e
+        .read_slot(DeviceSlot(0), 0, 128)
+        .unwrap()
+        .iter()
+        .all(|b| *b == 0));
+    assert!(e.read_slot(DeviceSlot(5), 0, 1).is_err());
+    assert!(e.write_slot(DeviceSlot(0), 100, &[0; 29]).is_err());
+    assert_eq!(
+        e.submit(&DeviceCopyBatch::new(vec![good])).unwrap(),
+        FenceId(1)
+    );
+    assert!(DeviceGeometry::new(0, 1).is_err());
+    assert!(DeviceGeometry::new(u32::MAX, u64::MAX).is_err());
+}
+
+#[test]
+fn address_table_is_bound_for_every_slot_at_construction() {
+    let (_, e) = engine(4096, 7, 96);
+    assert_eq!(
+        e.geometry(),
+        DeviceGeometry {
+            slots: 7,
+            slot_bytes: 96
+        }
+    );
+    let t = AddressTable::build(e.geometry(), |s| e.memory().slot_address(s));
+    assert_eq!(t.len(), 7);
+    assert_eq!(t.get(6), Some(6 * 96));
+    assert_eq!(t.get(7), None);
+    assert_eq!(e.backend(), "emulated");
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_is_never_present_without_the_feature() {
+    match detect_cuda() {
+        CudaAvailability::NoDevice(reason) => assert!(reason.contains("`cuda` feature")),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Places a request's context blocks in device slots, runs the forward hook, and checks it
+/// against recomputation; then flips one device byte of the context.
+#[test]
+fn forward_over_device_blocks_matches_recomputation() {
+    for name in ["tiny", "hybrid-swa", "hybrid-state"] {
+        let model = SyntheticModel::by_name(name).unwrap();
+        let slot_bytes = model.profile().max_shard_block_bytes(1).unwrap();
+        let (_, mut e) = engine(4096, 64, slot_bytes);
+        let tokens: Vec<u32> = (0..27).map(|i| (i * 13 + 5) % 1000).collect();
+        let c = 16u64;
+        let mut next_slot = 0u32;
+        let mut groups = Vec::new();
+        for g in 0..model.profile().groups.len() {
+            let mut table = GroupBlockTable::default();
+            for b in model.required_blocks(g, c).unwrap() {
+                let bytes = model
+                    .kv_block_bytes(g, &tokens[..c as usize], b, Shard::SINGLE)
+                    .unwrap();
+                let slot = DeviceSlot(next_slot + 3); // deliberately not block order
+                next_slot += 1;
+                e.write_slot(slot, 0, &bytes).unwrap();
+                table.context.push(slot);
+            }
+            for _ in model.written_blocks(g, c, tokens.len() as u64).unwrap() {
+                table.written.push(DeviceSlot(next_slot + 3));
+                next_slot += 1;
+            }
+            groups.push(table);
+        }
+        let step = ForwardStep {
+            shard: Shard::SINGLE,
+            tokens: tokens.clone(),
+            context_len: c,
+            groups,
+        };
+        let out = e.forward(&model, &step).unwrap();
+        let reduced = model.reduce_ranks(&[out.digest]).unwrap();
+        let want = model.recompute_output(&tokens, 1).unwrap()[0];
+        assert_eq!(model.first_token(reduced).0, want, "{name}");
+        assert_eq!(out.new_tokens, 11);
+        assert_eq!(out.device_time_us, model.profile().device_time_us(11, 16));
+        // the written blocks now hold exactly the KV of the whole prompt
+        for (g, table) in step.groups.iter().enumerate() {
+            let wr = model.written_blocks(g, c, 27).unwrap();
+            for (k, slot) in table.written.iter().enumerate() {
+                let want = model
+                    .kv_block_bytes(g, &tokens, wr.start + k as u64, Shard::SINGLE)
+                    .unwrap();
+                assert_eq!(
+                    e.read_slot(*slot, 0, want.len() as u64).unwrap(),
+                    want,
+                    "{name} g{g}"
+                );
+            }
+        }
+        // one wrong restored byte in a context slot changes the output
+        let first = step.groups[0].context[0];
+        let mut b = e.read_slot(first, 0, 1).unwrap();
+        b[0] ^= 0x80;
+        e.write_slot(first, 0, &b).unwrap();
+        let bad = e.forward(&model, &step).unwrap();
+        assert_ne!(
+            model
+                .first_token(model.reduce_ranks(&[bad.digest]).unwrap())
+                .0,
+            want,
+            "{name}"
+        );
+        // malformed tables are errors
+        let mut short = step.clone();
+        short.groups[0].context.pop();
+        assert!(matches!(
+            e.forward(&model, &short),
+            Err(DeviceError::Forward(_))
+        ));
+        let mut oob = step.clone();
+        oob.groups[0].written[0] = DeviceSlot(10_000);
+        assert!(matches!(
+            e.forward(&model, &oob),
+            Err(DeviceError::SlotOutOfRange { .. })
+        ));
+    }
+}
+
+#[test]
+fn a_partial_context_block_is_extended_in_place() {
+    let model = SyntheticModel::by_name("tiny").unwrap();
+    let (_, mut e) = engine(4096, 8, 64);
+    let tokens: Vec<u32> = (0..14).map(|i| i * 3 + 1).collect();
+    // context of 10 tokens: blocks 0, 1 and the first 2 tokens of block 2
+    for b in 0..3u64 {
+        let bytes = model
+            .kv_block_bytes(0, &tokens[..10], b, Shard::SINGLE)
+            .unwrap();
+        e.write_slot(DeviceSlot(b as u32 + 4), 0, &bytes).unwrap();
+    }
+    let step = ForwardStep {
+        shard: Shard::SINGLE,
+        tokens: tokens.clone(),
+        context_len: 10,
+        groups: vec![GroupBlockTable {
+            context: vec![DeviceSlot(4), DeviceSlot(5), DeviceSlot(6)],
+            written: vec![DeviceSlot(6), DeviceSlot(1)],
+        }],
+    };
+    let out = e.forward(&model, &step).unwrap();
+    let first = model
+        .first_token(model.reduce_ranks(&[out.digest]).unwrap())
+        .0;
+    assert_eq!(first, model.recompute_output(&tokens, 1).unwrap()[0]);
+    assert_eq!(
+        e.read_slot(DeviceSlot(6), 0, 64).unwrap(),
+        model.kv_block_bytes(0, &tokens, 2, Shard::SINGLE).unwrap()
+    );
+    assert_eq!(
+        e.read_slot(DeviceSlot(1), 0, 32).unwrap(),
+        model.kv_block_bytes(0, &tokens, 3, Shard::SINGLE).unwrap()
+    );
+}
+
+#[test]
+fn actor_submits_polls_and_runs_forward_in_order() {
+    let sys = actix::System::new();
+    sys.block_on(async {
+        use actix::Actor;
+        let host = HostCacheStorage::new(4096).unwrap();
+        let model = Arc::new(SyntheticModel::by_name("tiny").unwrap());
+        let mem =
+            EmulatedDeviceMemory::new(host.clone(), DeviceGeometry::new(8, 64).unwrap()).unwrap();
+        let addr = DeviceCopyEngine::new(Box::new(mem), model.clone()).start();
+        let tokens: Vec<u32> = (0..8).collect();
+        let kv = model.kv_block_bytes(0, &tokens, 0, Shard::SINGLE).unwrap();
+        host.write(0, &kv).unwrap();
+        let f1 = addr
+            .send(SubmitDeviceCopies(DeviceCopyBatch::new(vec![
+                DeviceCopy::h2d(HostRange::new(0, kv.len() as u64), DeviceSlot(5), 0),
+            ])))
+            .await
+            .unwrap()
+            .unwrap();
+        let bad = addr
+            .send(SubmitDeviceCopies(DeviceCopyBatch::new(vec![
+                DeviceCopy::h2d(HostRange::new(0, 8), DeviceSlot(8), 0),
+            ])))
+            .await
+            .unwrap();
+        assert!(matches!(bad, Err(DeviceError::SlotOutOfRange { .. })));
+        assert_eq!(addr.send(PollFences).await.unwrap().unwrap(), vec![f1]);
+        let step = ForwardStep {
+            shard: Shard::SINGLE,
+            tokens: tokens.clone(),
+            context_len: 4,
+            groups: vec![GroupBlockTable {
+                context: vec![DeviceSlot(5)],
+                written: vec![DeviceSlot(6)],
+            }],
+        };
+        let out = addr.send(RunForward(step)).await.unwrap().unwrap();
+        let first = model
+            .first_token(model.reduce_ranks(&[out.digest]).unwrap())
+            .0;
+        assert_eq!(first, model.recompute_output(&tokens, 1).unwrap()[0]);
+    });
+}
