@@ -34,7 +34,26 @@ enum Command {
 }
 
 #[derive(Subcommand, Debug)]
-enum BenchCommand {}
+enum BenchCommand {
+    /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
+    /// cost model's recomputation time.
+    FlatKv {
+        #[arg(long, default_value = "llama-8b-like")]
+        profile: String,
+        #[arg(long, default_value_t = 512)]
+        tokens: u64,
+    },
+}
+
+fn run_bench(which: BenchCommand) -> Result<(), String> {
+    match which {
+        BenchCommand::FlatKv { profile, tokens } => {
+            let r = actors::device::bench::flat_kv(&profile, tokens).map_err(|e| e.to_string())?;
+            print!("{r}");
+            Ok(())
+        }
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -52,6 +71,12 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Bench { which } => match which {},
+        Command::Bench { which } => match run_bench(which) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
