@@ -54,7 +54,8 @@ fn drive(exec: &L3Executor, ops: Vec<StorageOp>) -> Result<(), BenchError> {
                     ops.next();
                 }
                 // Queue full: settle what is done, then retry.
-                _ => break,
+                Some(super::Submitted::Rejected(messages::Rejection::QueueFull)) => break,
+                other => return Err(BenchError::Run(format!("submit: {other:?}"))),
             }
         }
         exec.wait_undelivered(1, Duration::from_secs(30));

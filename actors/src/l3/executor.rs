@@ -10,6 +10,14 @@
 //! of its own. The outstanding limit counts tracked jobs (queued, running, and finished but
 //! unretired) plus undelivered completions, rejections included.
 //!
+//! A cancelled queue item is inert but keeps its slot in the kind's bounded flume queue
+//! until a worker discards it, so queue memory stays bounded even while workers are busy;
+//! the pressure snapshot and the outstanding count exclude it as soon as it is settled.
+//!
+//! Time: every observable timestamp (queue/backend time, pressure age, cooldown) reads
+//! the injected Clock. Only two waits use real time, because no manual clock can end a
+//! blocking wait: `close`'s worker-join deadline and `wait_undelivered`'s safety timeout.
+//!
 //! It never calls the scheduler, a device API or a collective; workers receive immutable
 //! keys and Host byte ranges only. `poll` and `health` never call storage.
 
@@ -427,6 +435,7 @@ impl L3Executor {
                 if job.try_cancel() {
                     st.jobs.remove(&job.op);
                     self.settle_inert(&mut st, &job, Rejection::Shutdown);
+                    add(&self.shared.counters.kind(job.kind).cancelled, 1);
                 }
             }
         }
@@ -477,6 +486,9 @@ impl L3Executor {
         let (mut store_closed, mut store_error) = (false, None);
         if restart_required {
             self.shared.host.retain_for_process();
+            // Keep the store client for the process: dropping the last reference could
+            // release the client (and deregister the Host buffer) under unretired I/O.
+            std::mem::forget(Arc::clone(&self.shared.store));
             tracing::error!(
                 quarantined,
                 unjoined_workers = unjoined,

@@ -366,7 +366,7 @@ fn bytes_round_trip_through_the_store_into_the_shared_host_buffer() {
 fn an_unretired_result_quarantines_and_close_requires_restart() {
     let store = faulty(false);
     store.inject(Call::Put, Some(1), Fault::Unretired);
-    let r = rig(store, runtime());
+    let r = rig(store.clone(), runtime());
     r.exec.submit(put(1, &[("a", 0, 8), ("b", 8, 8)]));
     let d = settle(&r.exec, 1).remove(&1).unwrap();
     assert!(!d.retired);
@@ -395,6 +395,10 @@ fn an_unretired_result_quarantines_and_close_requires_restart() {
     assert!(report.restart_required && report.quarantined);
     assert!(!report.store_closed);
     assert!(r.host.is_retained_for_process());
+    assert!(
+        Arc::strong_count(&store) >= 2,
+        "the store client is kept for the process"
+    );
 }
 
 #[test]
