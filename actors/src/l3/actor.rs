@@ -19,7 +19,8 @@ pub struct Submit(pub Vec<StorageOp>);
 #[rtype(result = "(Vec<StorageDone>, PressureSnapshot)")]
 pub struct Poll;
 
-/// Closes the executor; None when it was already closed.
+/// Closes the executor; None when it was already closed. The report's completions are
+/// moved to the actor and delivered by the next Poll, so every ticket settles through Poll.
 #[derive(Debug, Message)]
 #[rtype(result = "Option<CloseReport>")]
 pub struct Close;
