@@ -1,0 +1,161 @@
+//! An L3 worker thread: takes immutable jobs from its kind's queue, skips inert
+//! (cancelled) items, calls the store with the job's Host byte ranges, and settles the job
+//! under the executor's lock. It never calls the scheduler, a device API or a collective,
+//! and it never decides retirement beyond what the store's results state.
+
+use super::executor::{Phase, Shared};
+use super::job::Job;
+use super::outcome::{settle_get, settle_put, settle_query, Settled};
+use super::stats::add;
+use crate::l3::store::{KeyResult, StoreError};
+use messages::StorageOpKind;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use tracing::info_span;
+
+/// Signals the executor's close when the worker exits (also on unwinding).
+pub(crate) struct ExitGuard(flume::Sender<usize>, usize);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        let _ = self.0.send(self.1);
+    }
+}
+
+pub(crate) fn run(
+    shared: &Arc<Shared>,
+    rx: &flume::Receiver<Arc<Job>>,
+    exit: flume::Sender<usize>,
+    index: usize,
+) {
+    let _guard = ExitGuard(exit, index);
+    while let Ok(job) = rx.recv() {
+        if !job.try_start() {
+            continue; // inert: cancelled while queued, already settled
+        }
+        let started = shared.clock.now_us();
+        {
+            let mut st = shared.state.lock();
+            if let Some(t) = st.jobs.get_mut(&job.op) {
+                t.phase = Phase::Running;
+            }
+        }
+        tracing::debug!(parent: &job.span, "started");
+        let settled = {
+            let call = info_span!(parent: &job.span, "l3_backend_call", call = job.kind.as_str());
+            let _e = call.enter();
+            execute(shared, &job)
+        };
+        let finished = shared.clock.now_us();
+        finish(shared, &job, settled, started, finished);
+    }
+}
+
+fn panicked(store: &'static str) -> StoreError {
+    StoreError::new(store, "store call panicked")
+}
+
+fn execute(shared: &Shared, job: &Job) -> Settled {
+    let store = &shared.store;
+    let c = shared.counters.kind(job.kind);
+    let name = store.name();
+    match job.kind {
+        StorageOpKind::Query => {
+            add(&c.backend_calls, 1);
+            let r = catch_unwind(AssertUnwindSafe(|| store.query(&job.keys)))
+                .unwrap_or_else(|_| Err(panicked(name)));
+            settle_query(job.op, job.keys.len(), r)
+        }
+        StorageOpKind::Get => {
+            if shared.promotion {
+                add(&c.backend_calls, 1);
+                let r = catch_unwind(AssertUnwindSafe(|| store.prefetch_to_memory(&job.keys)));
+                let readable = match r {
+                    Ok(Ok(v)) => v.iter().filter(|p| p.readable()).count(),
+                    _ => 0,
+                };
+                tracing::debug!(parent: &job.span, readable, "promotion");
+            }
+            add(&c.backend_calls, 1);
+            let r = catch_unwind(AssertUnwindSafe(|| get(shared, job)))
+                .unwrap_or_else(|_| Err(panicked(name)));
+            settle_get(job.op, &job.expected_lengths(), r, shared.failures_retire)
+        }
+        StorageOpKind::Put => {
+            add(&c.backend_calls, 1);
+            let r = catch_unwind(AssertUnwindSafe(|| put(shared, job)))
+                .unwrap_or_else(|_| Err(panicked(name)));
+            settle_put(job.op, &job.expected_lengths(), r, shared.failures_retire)
+        }
+    }
+}
+
+fn get(shared: &Shared, job: &Job) -> Result<Vec<KeyResult>, StoreError> {
+    let mut dests = Vec::with_capacity(job.ranges.len());
+    for r in &job.ranges {
+        // SAFETY: the range was bounds-checked at submission and the job's destinations
+        // are pairwise disjoint (JobSpec::check, tested); the StorageTransferManager holds
+        // exclusive destination references on them until this job retires, so nothing
+        // else reads or writes these bytes while the slices live.
+        let d = unsafe { shared.host.range_mut(*r) }
+            .map_err(|e| StoreError::new("executor", e.to_string()))?;
+        dests.push(d);
+    }
+    shared.store.get(&job.keys, &mut dests)
+}
+
+fn put(shared: &Shared, job: &Job) -> Result<Vec<KeyResult>, StoreError> {
+    let mut srcs = Vec::with_capacity(job.ranges.len());
+    for r in &job.ranges {
+        // SAFETY: bounds-checked at submission; the StorageTransferManager holds source
+        // references on these bytes until the job retires, so no writer touches them.
+        let s = unsafe { shared.host.range(*r) }
+            .map_err(|e| StoreError::new("executor", e.to_string()))?;
+        srcs.push(s);
+    }
+    shared.store.put(&job.keys, &srcs)
+}
+
+fn finish(shared: &Shared, job: &Job, settled: Settled, started: u64, finished: u64) {
+    let c = shared.counters.kind(job.kind);
+    let done = settled.done;
+    add(&c.completed, 1);
+    add(
+        &c.queue_time_us_total,
+        started.saturating_sub(job.queued_us),
+    );
+    add(&c.backend_time_us_total, finished.saturating_sub(started));
+    let ok_bytes: u64 = done
+        .bytes
+        .iter()
+        .zip(&done.success)
+        .filter(|(_, s)| **s)
+        .map(|(b, _)| *b)
+        .sum();
+    add(&c.payload_bytes, ok_bytes);
+    add(&c.new_writes, done.new_writes as u64);
+    let outcome = if !done.retired {
+        "quarantined"
+    } else if done.error.is_some() {
+        "failed"
+    } else if done.success.iter().all(|s| *s) {
+        "ok"
+    } else {
+        "partial"
+    };
+    job.span.record("outcome", outcome);
+    let mut st = shared.state.lock();
+    if done.retired {
+        st.jobs.remove(&job.op);
+    } else {
+        add(&c.quarantined_refs, job.keys.len() as u64);
+        st.health.quarantine();
+        if let Some(t) = st.jobs.get_mut(&job.op) {
+            t.phase = Phase::Unretired;
+        }
+        tracing::error!(parent: &job.span, outcome, "quarantined: unretired result");
+    }
+    st.health.record(job.admission, settled.outage, finished);
+    tracing::info!(parent: &job.span, outcome, outage = settled.outage, "completed");
+    shared.push(&mut st, done);
+}
