@@ -35,6 +35,16 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// GET and PUT throughput of 64 KiB objects through the L3 executor on MemoryStore,
+    /// beside a plain memcpy of the same bytes.
+    Executor {
+        #[arg(long, default_value_t = 2048)]
+        objects: usize,
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        #[arg(long, default_value_t = 8)]
+        rounds: usize,
+    },
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.
     FlatKv {
@@ -47,6 +57,13 @@ enum BenchCommand {
 
 fn run_bench(which: BenchCommand) -> Result<(), String> {
     match which {
+        BenchCommand::Executor {
+            objects,
+            batch,
+            rounds,
+        } => actors::l3::bench::bench_executor(objects, batch, rounds)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
         BenchCommand::FlatKv { profile, tokens } => {
             let r = actors::device::bench::flat_kv(&profile, tokens).map_err(|e| e.to_string())?;
             print!("{r}");
