@@ -1,0 +1,11 @@
+//! The CacheCoordinator's pure logic (owned by the Scheduler actor): cache geometry, prefix
+//! identity and keys, tails, the Device and Host block pools, the group matcher, query-credit
+//! packing, and the coordinator that drives read/write transactions over them.
+//!
+//! Nothing here runs an actor, touches Host bytes, or talks to a store. Results never
+//! depend on hash-map iteration order: maps are used for lookups only, outputs are ordered.
+
+pub mod geometry;
+pub mod keys;
+pub mod pool;
+pub mod tail;
