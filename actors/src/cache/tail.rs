@@ -32,13 +32,30 @@ impl TailCandidate {
     }
 }
 
-/// One recorded hint: under `parent` (LCM chain at the aligned boundary), a tail of
-/// `extra` tokens with identity `hash`.
+/// One recordable hint: under `parent` (LCM chain at the aligned boundary below the tail),
+/// a tail of `extra` tokens with identity `hash`. Carries no prompt, so a reservation can
+/// keep it until its GET publishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Hint {
+pub struct TailHint {
     parent: ContentHash,
     extra: u32,
     hash: ContentHash,
+}
+
+impl TailHint {
+    /// The hint of a tail of an indexed prompt; None when the boundary is aligned.
+    pub fn of(index: &PromptIndex, tail: TailCandidate) -> Option<Self> {
+        let l = index.parent_tokens();
+        if tail.boundary % l == 0 || tail.boundary > index.len() {
+            return None;
+        }
+        let k = tail.boundary / l;
+        Some(Self {
+            parent: index.parent_hash(k),
+            extra: tail.boundary - k * l,
+            hash: tail.hash,
+        })
+    }
 }
 
 /// The bounded local table of tail hints (FIFO: the oldest hint goes first).
@@ -46,7 +63,7 @@ struct Hint {
 pub struct TailTable {
     capacity: usize,
     by_parent: HashMap<ContentHash, Vec<(u32, ContentHash)>, BuildContentHasher>,
-    order: VecDeque<Hint>,
+    order: VecDeque<TailHint>,
 }
 
 impl TailTable {
@@ -69,16 +86,17 @@ impl TailTable {
     /// Records a tail hint of an indexed prompt (after Host data was published under it).
     /// Returns false when the boundary is aligned or the table has no capacity.
     pub fn record(&mut self, index: &PromptIndex, tail: TailCandidate) -> bool {
-        let l = index.parent_tokens();
-        if self.capacity == 0 || tail.boundary % l == 0 || tail.boundary > index.len() {
+        match TailHint::of(index, tail) {
+            Some(hint) => self.record_hint(hint),
+            None => false,
+        }
+    }
+
+    /// Records a hint; false when the table has no capacity.
+    pub fn record_hint(&mut self, hint: TailHint) -> bool {
+        if self.capacity == 0 {
             return false;
         }
-        let k = tail.boundary / l;
-        let hint = Hint {
-            parent: index.parent_hash(k),
-            extra: tail.boundary - k * l,
-            hash: tail.hash,
-        };
         let entry = self.by_parent.entry(hint.parent).or_default();
         if entry.contains(&(hint.extra, hint.hash)) {
             return true;
@@ -93,7 +111,7 @@ impl TailTable {
         true
     }
 
-    fn forget(&mut self, old: Hint) {
+    fn forget(&mut self, old: TailHint) {
         if let Some(v) = self.by_parent.get_mut(&old.parent) {
             v.retain(|x| *x != (old.extra, old.hash));
             if v.is_empty() {
