@@ -54,10 +54,7 @@ impl Included {
     fn new(table: &MatchTable) -> Self {
         let n = table.group_count();
         let bits = (0..n)
-            .map(|g| {
-                let (_, e, _) = table.requirement(g, table.hi());
-                vec![false; e as usize]
-            })
+            .map(|g| vec![false; table.blocks(g) as usize])
             .collect();
         Self {
             bits,

@@ -180,7 +180,7 @@ impl CacheGeometry {
                 return Err(bad(f("page_bytes"), "must be positive"));
             }
             match g.kind {
-                GroupKind::SlidingWindow { window_tokens } if window_tokens == 0 => {
+                GroupKind::SlidingWindow { window_tokens: 0 } => {
                     return Err(bad(f("window_tokens"), "must be positive"));
                 }
                 GroupKind::State if g.pages_per_block != STATE_CHECKPOINT_SLOTS => {
@@ -194,7 +194,7 @@ impl CacheGeometry {
             if g.shard_count == 0 {
                 return Err(bad(f("shard_count"), "must be positive"));
             }
-            if attention_tp_size % g.shard_count != 0 {
+            if !attention_tp_size.is_multiple_of(g.shard_count) {
                 return Err(bad(f("shard_count"), "must divide attention_tp_size"));
             }
             if g.is_page_sharded() {

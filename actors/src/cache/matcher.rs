@@ -95,7 +95,7 @@ impl GroupTable {
     /// The complete-block range [start, end) and whether a tail block is needed at `b`.
     fn requirement(&self, b: u32) -> (u32, u32, bool) {
         let bt = self.block_tokens;
-        let partial = b % bt != 0;
+        let partial = !b.is_multiple_of(bt);
         match self.kind {
             GroupKind::Full => (0, b / bt, partial),
             GroupKind::SlidingWindow { window_tokens } => {
@@ -321,6 +321,11 @@ impl MatchTable {
     /// The level of complete block `k` of group `g`.
     pub fn have(&self, g: usize, k: u32) -> Have {
         self.groups[g].have[k as usize]
+    }
+
+    /// Complete blocks of group `g` the table classifies.
+    pub fn blocks(&self, g: usize) -> u32 {
+        self.groups[g].have.len() as u32
     }
 
     pub fn pages(&self, g: usize) -> u32 {

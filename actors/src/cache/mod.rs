@@ -22,3 +22,6 @@ pub use geometry::{CacheGeometry, GeometryError, GroupKind, GroupSpec};
 pub use keys::{BlockAddr, ContentHash};
 pub use pool::{BlockPool, Device, Host};
 pub use tail::{TailCandidate, TailTable};
+
+#[cfg(test)]
+mod tests;

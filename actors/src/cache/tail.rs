@@ -21,7 +21,8 @@ impl TailCandidate {
     /// The tail candidate at `boundary` of an indexed prompt; None when aligned or out of
     /// the index.
     pub fn at(index: &PromptIndex, tokens: &[u32], boundary: u32) -> Option<Self> {
-        if boundary == 0 || boundary > index.len() || boundary % index.parent_tokens() == 0 {
+        if boundary == 0 || boundary > index.len() || boundary.is_multiple_of(index.parent_tokens())
+        {
             return None;
         }
         let mut scratch = Vec::new();
@@ -46,7 +47,7 @@ impl TailHint {
     /// The hint of a tail of an indexed prompt; None when the boundary is aligned.
     pub fn of(index: &PromptIndex, tail: TailCandidate) -> Option<Self> {
         let l = index.parent_tokens();
-        if tail.boundary % l == 0 || tail.boundary > index.len() {
+        if tail.boundary.is_multiple_of(l) || tail.boundary > index.len() {
             return None;
         }
         let k = tail.boundary / l;
