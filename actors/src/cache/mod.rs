@@ -23,5 +23,6 @@ pub use keys::{BlockAddr, ContentHash};
 pub use pool::{BlockPool, Device, Host};
 pub use tail::{TailCandidate, TailTable};
 
+pub mod bench;
 #[cfg(test)]
 mod tests;
