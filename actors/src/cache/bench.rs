@@ -145,7 +145,8 @@ pub fn bench_matcher(cfg: &MatcherBenchConfig) -> MatcherBenchReport {
     let len = cfg.prompt_tokens;
     let per_prompt = c.computed_blocks(&prompt(0, len), len).len().max(1) as u64;
     let host_prompts = (cfg.host_blocks as u64).div_ceil(per_prompt) as u32;
-    let device_prompts = (cfg.device_blocks as u64).div_ceil(per_prompt) as u32;
+    // Device prompts hold their first quarter only.
+    let device_prompts = (cfg.device_blocks as u64 * 4).div_ceil(per_prompt) as u32;
 
     let start = Instant::now();
     for s in 0..host_prompts {

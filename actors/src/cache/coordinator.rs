@@ -256,16 +256,6 @@ impl CacheCoordinator {
         self.host.region_bytes()
     }
 
-    fn local_have(&self, addr: BlockAddr) -> Have {
-        if self.device.contains(addr) {
-            Have::Device
-        } else if self.host.contains(addr) {
-            Have::Host
-        } else {
-            Have::Missing
-        }
-    }
-
     /// Tail candidates of a prompt in (lo, bound]: local hints plus the exact request bound.
     fn tail_candidates(
         &self,
@@ -294,24 +284,22 @@ impl CacheCoordinator {
         bound: u32,
         tails: &[TailCandidate],
         hints: Option<&BTreeSet<BlockAddr>>,
+        clamp: Option<Have>,
     ) -> MatchTable {
-        MatchTable::build(
-            &self.geometry,
-            index,
-            tokens,
-            bound,
-            tails,
-            |a| match self.local_have(a) {
-                Have::Missing => {
-                    let in_flight = self.host.state(a) == Some(EntryState::Unpublished);
-                    match hints {
-                        Some(h) if !in_flight && h.contains(&a) => Have::Assumed,
-                        _ => Have::Missing,
-                    }
-                }
-                h => h,
-            },
-        )
+        MatchTable::build(&self.geometry, index, tokens, bound, tails, clamp, |a| {
+            if self.device.contains(a) {
+                return Have::Device;
+            }
+            match self.host.state(a) {
+                Some(EntryState::Published) => Have::Host,
+                // In flight for another GET: neither visible nor reservable.
+                Some(EntryState::Unpublished) => Have::Missing,
+                None => match hints {
+                    Some(h) if h.contains(&a) => Have::Assumed,
+                    _ => Have::Missing,
+                },
+            }
+        })
     }
 
     fn bound(tokens: &[u32], reusable: u32) -> u32 {
@@ -324,7 +312,7 @@ impl CacheCoordinator {
         let bound = Self::bound(tokens, reusable);
         let index = PromptIndex::new(&self.geometry, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
-        let table = self.table(&index, tokens, bound, &tails, None);
+        let table = self.table(&index, tokens, bound, &tails, None, Some(Have::Host));
         let device = table.longest(0, Have::Device);
         let best = table.longest(0, Have::Host);
         let device_tokens = device.map_or(0, |c| c.boundary);
@@ -373,7 +361,7 @@ impl CacheCoordinator {
         let bound = Self::bound(tokens, reusable);
         let index = PromptIndex::new(&self.geometry, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
-        let table = self.table(&index, tokens, bound, &tails, None);
+        let table = self.table(&index, tokens, bound, &tails, None, None);
         let local = table.longest(0, Have::Host).map_or(0, |c| c.boundary);
         let device = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
         let mut plan = QueryPlan {
@@ -446,7 +434,14 @@ impl CacheCoordinator {
         let bound = Self::bound(tokens, reusable);
         let index = PromptIndex::new(&self.geometry, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &hints.tails);
-        let table = self.table(&index, tokens, bound, &tails, Some(&hints.blocks));
+        let table = self.table(
+            &index,
+            tokens,
+            bound,
+            &tails,
+            Some(&hints.blocks),
+            Some(Have::Assumed),
+        );
         let device_tokens = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
         let mut longest_legal = None;
         for c in table.candidates(device_tokens) {
@@ -686,9 +681,15 @@ impl CacheCoordinator {
         let tails: Vec<TailCandidate> = TailCandidate::at(&index, tokens, boundary)
             .into_iter()
             .collect();
-        let table = MatchTable::build(&self.geometry, &index, tokens, boundary, &tails, |_| {
-            Have::Missing
-        });
+        let table = MatchTable::build(
+            &self.geometry,
+            &index,
+            tokens,
+            boundary,
+            &tails,
+            None,
+            |_| Have::Missing,
+        );
         let c = Candidate {
             boundary,
             tail: if tails.is_empty() { None } else { Some(0) },

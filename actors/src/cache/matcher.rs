@@ -131,34 +131,61 @@ pub struct MatchTable {
 
 impl MatchTable {
     /// Classifies every complete block of every group up to `hi` (clamped to the index) and
-    /// each tail candidate's blocks with `avail`.
+    /// each tail candidate's blocks with `avail`. With `clamp`, callers that only ask for
+    /// legality at that level or better let the table stop above the first Full-history
+    /// block below it (no boundary past it can be legal at that level).
     pub fn build(
         geometry: &CacheGeometry,
         index: &PromptIndex,
         tokens: &[u32],
         hi: u32,
         tails: &[TailCandidate],
+        clamp: Option<Have>,
         mut avail: impl FnMut(BlockAddr) -> Have,
     ) -> Self {
-        let hi = hi.min(index.len());
-        let groups = geometry
-            .groups()
+        let mut hi = hi.min(index.len());
+        let specs = geometry.groups();
+        let mut early: Vec<Option<Vec<Have>>> = vec![None; specs.len()];
+        if let Some(min) = clamp {
+            for (g, spec) in specs.iter().enumerate() {
+                if spec.kind != GroupKind::Full {
+                    continue;
+                }
+                let n = hi / spec.block_tokens;
+                let mut have = Vec::with_capacity(n as usize);
+                for k in 0..n {
+                    let h = avail(BlockAddr::new(g, index.block_hash(g, k)));
+                    have.push(h);
+                    if h < min {
+                        hi = hi.min((k + 1) * spec.block_tokens);
+                        break;
+                    }
+                }
+                early[g] = Some(have);
+            }
+        }
+        let groups = specs
             .iter()
             .enumerate()
             .map(|(g, spec)| {
                 let n = hi / spec.block_tokens;
-                let mut have = Vec::with_capacity(n as usize);
+                let have = match early[g].take() {
+                    Some(mut have) => {
+                        have.truncate(n as usize);
+                        have
+                    }
+                    None => (0..n)
+                        .map(|k| avail(BlockAddr::new(g, index.block_hash(g, k))))
+                        .collect(),
+                };
                 let mut counts: [Vec<u32>; 4] = Default::default();
-                for c in counts.iter_mut() {
-                    c.reserve(n as usize + 1);
+                for (level, c) in counts.iter_mut().enumerate() {
+                    c.reserve(have.len() + 1);
+                    let mut run = 0u32;
                     c.push(0);
-                }
-                for k in 0..n {
-                    let h = avail(BlockAddr::new(g, index.block_hash(g, k)));
-                    have.push(h);
-                    for (level, c) in counts.iter_mut().enumerate() {
-                        let last = c[c.len() - 1];
-                        c.push(last + (h as usize == level) as u32);
+                    for h in &have {
+                        run += (*h as usize == level) as u32;
+                        c.push(run);
                     }
                 }
                 GroupTable {

@@ -58,6 +58,12 @@ pub enum EntryState {
 }
 
 const NIL: u32 = u32::MAX;
+/// Index values carry the published bit beside the slot number, so a probe costs one
+/// lookup and no slot read.
+const PUBLISHED: u32 = 1 << 31;
+const SLOT_MASK: u32 = PUBLISHED - 1;
+/// The most slots a group may have (slot numbers must fit under the published bit).
+pub const MAX_GROUP_SLOTS: u32 = SLOT_MASK;
 
 #[derive(Clone, Copy, Debug)]
 struct Slot {
@@ -185,14 +191,15 @@ pub struct BlockPool<T: Tier> {
 }
 
 impl<T: Tier> BlockPool<T> {
-    /// A pool with `capacities[g]` slots of `block_bytes[g]` bytes for each group; group
-    /// regions are laid out one after the other.
+    /// A pool with `capacities[g]` slots of `block_bytes[g]` bytes for each group (at most
+    /// `MAX_GROUP_SLOTS`); group regions are laid out one after the other.
     pub fn new(capacities: &[u32], block_bytes: &[u64]) -> Self {
         let mut base = 0u64;
         let groups = capacities
             .iter()
             .zip(block_bytes)
             .map(|(&capacity, &bytes)| {
+                let capacity = capacity.min(MAX_GROUP_SLOTS);
                 let g = GroupPool {
                     index: HashMap::with_hasher(BuildContentHasher),
                     slots: Vec::new(),
@@ -232,10 +239,13 @@ impl<T: Tier> BlockPool<T> {
 
     fn slot_of(&self, addr: BlockAddr) -> Result<u32, PoolError> {
         let g = self.group(addr.group)?;
-        g.index.get(&addr.hash).copied().ok_or(PoolError::Unknown {
-            tier: T::NAME,
-            group: addr.group,
-        })
+        g.index
+            .get(&addr.hash)
+            .map(|v| v & SLOT_MASK)
+            .ok_or(PoolError::Unknown {
+                tier: T::NAME,
+                group: addr.group,
+            })
     }
 
     /// Total bytes of every group region.
@@ -254,8 +264,12 @@ impl<T: Tier> BlockPool<T> {
     /// The entry's state, published or not.
     pub fn state(&self, addr: BlockAddr) -> Option<EntryState> {
         let g = self.groups.get(addr.group as usize)?;
-        let s = *g.index.get(&addr.hash)?;
-        g.slots[s as usize].state
+        let v = *g.index.get(&addr.hash)?;
+        Some(if v & PUBLISHED != 0 {
+            EntryState::Published
+        } else {
+            EntryState::Unpublished
+        })
     }
 
     /// References held on the entry (0 when absent).
@@ -321,6 +335,9 @@ impl<T: Tier> BlockPool<T> {
             });
         }
         slot.state = Some(EntryState::Published);
+        if let Some(v) = g.index.get_mut(&addr.hash) {
+            *v |= PUBLISHED;
+        }
         g.settle(s);
         Ok(())
     }
