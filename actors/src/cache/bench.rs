@@ -7,6 +7,7 @@
 use super::coordinator::{CacheCoordinator, CoordinatorConfig, ExistenceHints, QueryLimits};
 use super::credits::QueryCredits;
 use super::geometry::{CacheGeometry, GroupSpec};
+use super::keys::PromptIndex;
 use messages::DeploymentIdentity;
 use std::fmt;
 use std::time::Instant;
@@ -203,6 +204,11 @@ pub fn bench_matcher(cfg: &MatcherBenchConfig) -> MatcherBenchReport {
         });
     };
     timed(
+        "prompt hashing (all groups)",
+        &mut |p| PromptIndex::new(&geo, p, len).len(),
+        &warm,
+    );
+    timed(
         "admission match (warm)",
         &mut |p| c.admission_match(p, len).boundary,
         &warm,
@@ -279,15 +285,16 @@ mod tests {
         let r = bench_matcher(&cfg);
         assert!(r.host_blocks_pooled > 5_000 && r.host_blocks_pooled <= 6_000);
         assert!(r.device_blocks_pooled > 0 && r.device_blocks_pooled <= 1_500);
-        assert_eq!(r.phases.len(), 5);
+        assert_eq!(r.phases.len(), 6);
+        assert_eq!(r.phases[0].mean_boundary, 2048.0, "hashed every token");
         // Warm prompts reuse up to their divergence point (3/4 of the prompt); cold ones
         // reuse nothing.
-        assert_eq!(r.phases[0].mean_boundary, 1536.0);
-        assert_eq!(r.phases[1].mean_boundary, 0.0);
+        assert_eq!(r.phases[1].mean_boundary, 1536.0);
+        assert_eq!(r.phases[2].mean_boundary, 0.0);
         // Planning and reservation (every key existing) reach the request bound.
-        assert_eq!(r.phases[2].mean_boundary, 2048.0);
         assert_eq!(r.phases[3].mean_boundary, 2048.0);
         assert_eq!(r.phases[4].mean_boundary, 2048.0);
+        assert_eq!(r.phases[5].mean_boundary, 2048.0);
         assert!(r.bytes_per_pooled_block > 0.0);
         assert!(r.to_string().contains("us/request"));
     }

@@ -207,6 +207,8 @@ impl MatchTable {
             .collect();
         sorted.sort();
         sorted.dedup_by_key(|t| t.boundary);
+        // A candidate must carry this prompt's exact tail identity.
+        sorted.retain(|t| index.tail_identity(&mut scratch, tokens, t.boundary) == t.hash);
         for t in sorted {
             let blocks = groups
                 .iter()

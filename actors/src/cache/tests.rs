@@ -312,6 +312,28 @@ fn tail_hints_never_establish_a_hit() {
 }
 
 #[test]
+fn a_tail_candidate_of_another_prompt_is_ignored() {
+    let p = prompt(17, 200);
+    let q = prompt(18, 200);
+    let mut c = coord(vec![full(16)], 0, 100);
+    let tail_q = c.plan_query(&q, 70, ALL, NO_LIMITS).boundaries[0]
+        .tail
+        .unwrap();
+    let plan_p = c.plan_query(&p, 70, ALL, NO_LIMITS);
+    let mut hints = all_hints(&plan_p);
+    assert_eq!(hints.tails.len(), 1);
+    let own = hints.tails.clone();
+    // With bound 100, 70 is no exact bound: only a carried candidate can propose it.
+    hints.tails = vec![tail_q];
+    let r = c.reserve(&p, 100, &hints, 100).unwrap();
+    assert_eq!(r.boundary, 64);
+    c.abandon(r).unwrap();
+    hints.tails = own;
+    let r = c.reserve(&p, 100, &hints, 100).unwrap();
+    assert_eq!(r.boundary, 70);
+}
+
+#[test]
 fn failed_rows_free_their_blocks_and_shorten_reuse() {
     let p = prompt(9, 200);
     let mut c = coord(vec![GroupSpec::full("attn", 16, 2, 32)], 0, 100);
