@@ -191,6 +191,13 @@ impl Reservation {
     }
 }
 
+/// A block with its position in its group's page sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PlacedBlock {
+    pub addr: BlockAddr,
+    pub block_index: u64,
+}
+
 /// Published blocks protected until admission hands them to an H2D ticket (or expiry).
 #[derive(Debug, PartialEq, Eq)]
 pub struct ReadyHold {
@@ -664,11 +671,23 @@ impl CacheCoordinator {
     /// Every block a prefill of `tokens[..upto]` computes: complete Full and SWA blocks and
     /// the State checkpoint at each complete interval.
     pub fn computed_blocks(&self, tokens: &[u32], upto: u32) -> Vec<BlockAddr> {
+        self.placed_blocks(tokens, upto)
+            .into_iter()
+            .map(|b| b.addr)
+            .collect()
+    }
+
+    /// `computed_blocks` with each block's position (what owner translation needs, e.g. for
+    /// backup candidates).
+    pub fn placed_blocks(&self, tokens: &[u32], upto: u32) -> Vec<PlacedBlock> {
         let index = PromptIndex::new(&self.geometry, tokens, upto);
         let mut out = Vec::new();
         for g in 0..self.geometry.group_count() {
             for k in 0..index.full_blocks(g) {
-                out.push(BlockAddr::new(g, index.block_hash(g, k)));
+                out.push(PlacedBlock {
+                    addr: BlockAddr::new(g, index.block_hash(g, k)),
+                    block_index: k as u64,
+                });
             }
         }
         out
@@ -727,25 +746,24 @@ impl CacheCoordinator {
     /// None (and no reference) when any block is no longer resident.
     pub fn backup_sources(
         &mut self,
-        blocks: &[BlockAddr],
+        blocks: &[PlacedBlock],
     ) -> Result<Option<Vec<TransferRow>>, CacheError> {
-        if !blocks.iter().all(|b| self.host.contains(*b)) {
+        if !blocks.iter().all(|b| self.host.contains(b.addr)) {
             return Ok(None);
         }
-        self.acquire_host_refs(blocks)?;
+        let addrs: Vec<BlockAddr> = blocks.iter().map(|b| b.addr).collect();
+        self.acquire_host_refs(&addrs)?;
         let mut rows = Vec::new();
         for b in blocks {
-            let g = b.group as usize;
+            let g = b.addr.group as usize;
             let spec = self.geometry.group(g);
             for page in 0..spec.pages_per_block {
                 rows.push(TransferRow {
-                    key: page_key(&self.namespace, &self.geometry, *b, page),
-                    block: *b,
+                    key: page_key(&self.namespace, &self.geometry, b.addr, page),
+                    block: b.addr,
                     page,
-                    range: self.host.page_range(*b, page, spec.page_bytes)?,
-                    // Owner translation needs the block's position, which a bare address
-                    // does not carry: every owner reports retirement for every row.
-                    locally_owned: !spec.is_page_sharded(),
+                    range: self.host.page_range(b.addr, page, spec.page_bytes)?,
+                    locally_owned: self.geometry.owns_page(g, b.block_index, page),
                 });
             }
         }

@@ -15,7 +15,8 @@ pub mod tail;
 
 pub use coordinator::{
     AdmissionMatch, Bypass, CacheCoordinator, CacheError, CoordinatorConfig, ExistenceHints,
-    PlannedBoundary, QueryLimits, QueryPlan, QueryRow, ReadyHold, Reservation, TransferRow,
+    PlacedBlock, PlannedBoundary, QueryLimits, QueryPlan, QueryRow, ReadyHold, Reservation,
+    TransferRow,
 };
 pub use credits::QueryCredits;
 pub use geometry::{CacheGeometry, GeometryError, GroupKind, GroupSpec};

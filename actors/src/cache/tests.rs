@@ -534,22 +534,47 @@ fn identical_inputs_give_identical_plans_and_reservations() {
 fn backup_sources_recheck_residency_and_hold_references() {
     let p = prompt(16, 100);
     let mut c = coord(vec![full(16)], 0, 2);
-    let blocks = group_blocks(&c, &p, 0, 32);
+    let placed = c.placed_blocks(&p, 32);
+    let blocks: Vec<BlockAddr> = placed.iter().map(|b| b.addr).collect();
     assert_eq!(c.publish_d2h(&blocks).unwrap(), blocks);
     assert!(
         c.publish_d2h(&blocks).unwrap().is_empty(),
         "already resident"
     );
-    let rows = c.backup_sources(&blocks).unwrap().unwrap();
+    let rows = c.backup_sources(&placed).unwrap().unwrap();
     assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r.locally_owned));
+    assert_eq!(rows[1].range, c.host().host_range(blocks[1]).unwrap());
     // Sources are held: a new D2H cannot evict them.
     let more = group_blocks(&c, &p, 0, 48)[2];
     assert!(c.publish_d2h(&[more]).is_err());
     c.release_host_refs(&blocks).unwrap();
     assert_eq!(c.publish_d2h(&[more]).unwrap(), vec![more]);
     // One source evicted: the PUT is dropped without taking references.
-    assert!(c.backup_sources(&blocks).unwrap().is_none());
+    assert!(c.backup_sources(&placed).unwrap().is_none());
     assert!(blocks.iter().all(|b| c.host().refs(*b) == 0));
+}
+
+#[test]
+fn page_sharded_backup_rows_follow_owner_translation() {
+    let groups = vec![GroupSpec::full("mla", 16, 3, 16).sharded(2)];
+    let g = CacheGeometry::new(groups, 2, 1).unwrap();
+    let ns = namespace(&g);
+    let cfg = CoordinatorConfig {
+        device_blocks: vec![0],
+        host_blocks: vec![8],
+        tail_capacity: 1,
+    };
+    let mut c = CacheCoordinator::new(g, ns, &cfg).unwrap();
+    let p = prompt(19, 64);
+    let placed = c.placed_blocks(&p, 32);
+    let blocks: Vec<BlockAddr> = placed.iter().map(|b| b.addr).collect();
+    c.publish_d2h(&blocks).unwrap();
+    let rows = c.backup_sources(&placed).unwrap().unwrap();
+    // Pages 0..6 of the group's sequence, dealt over ranks 0 and 1: rank 1 owns the odd ones.
+    let owned: Vec<bool> = rows.iter().map(|r| r.locally_owned).collect();
+    assert_eq!(owned, vec![false, true, false, true, false, true]);
+    assert!(rows.iter().all(|r| r.key.as_str().ends_with("-s0")));
 }
 
 // ---------------------------------------------------------------- property tests
