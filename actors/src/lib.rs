@@ -2,6 +2,7 @@
 //! beside the actor that owns it. Actors talk only through `messages` types; only the
 //! binary wires them together.
 
+pub mod cache;
 pub mod clock;
 pub mod device;
 pub mod frontend;

@@ -1,0 +1,782 @@
+//! The CacheCoordinator: geometry, namespace, the Device and Host block pools and the local
+//! TailTable, and the operations the Scheduler drives read and write transactions with:
+//! admission match (probe), query planning, reservation, publication after GET, Ready-hold
+//! release, abandonment, D2H publication, PUT source references and eviction.
+//!
+//! It owns group matching, allocation and pinning; ordinary probes see published Device and
+//! Host data only. It must never establish a hit from a hint (existence hints and tail hints
+//! only stand in for the matcher's masks), never free a referenced or pinned block, and never
+//! let a map's iteration order shape a result.
+
+use super::credits::{pack, QueryCredits};
+use super::geometry::CacheGeometry;
+use super::keys::{page_key, BlockAddr, ContentHash, PromptIndex};
+use super::matcher::{BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
+use super::pool::{BlockPool, Device, EntryState, Host, PoolError};
+use super::tail::{TailCandidate, TailHint, TailTable};
+use messages::{HostRange, Namespace, StorageKey};
+use std::collections::BTreeSet;
+use thiserror::Error;
+
+/// Pool sizes of one rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoordinatorConfig {
+    /// Device slots per group.
+    pub device_blocks: Vec<u32>,
+    /// Host slots per group.
+    pub host_blocks: Vec<u32>,
+    /// Capacity of the local TailTable.
+    pub tail_capacity: usize,
+}
+
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum CacheError {
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error("{what}: expected {expected} entries, got {got}")]
+    Length {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    #[error("coordinator config: {0}")]
+    Config(String),
+}
+
+/// What ordinary admission may reuse now (real Device + published Host).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdmissionMatch {
+    /// The longest legal boundary.
+    pub boundary: u32,
+    /// The longest legal boundary from Device alone.
+    pub device_tokens: u32,
+    /// Tokens above the Device hit that Host supplies (boundary - device_tokens).
+    pub host_tokens: u32,
+    /// The tail when the boundary is nonaligned.
+    pub tail: Option<TailCandidate>,
+    /// Host blocks the H2D copies read (required blocks the Device does not hold).
+    pub host_blocks: Vec<BlockAddr>,
+    /// A partial history block is reused: it follows the tail copy-on-write path.
+    pub copy_on_write: bool,
+}
+
+/// Limits of the bounded extension a QUERY considers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// The extension above the complete local hit (0 = up to the request bound).
+    pub lookahead_tokens: u32,
+    /// An extension shorter than this bypasses L3.
+    pub min_extension_tokens: u32,
+}
+
+/// Why a request skips L3 preparation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bypass {
+    /// The local hit already covers the reusable request bound.
+    LocalCoversBound,
+    /// The longest extension is below the configured minimum.
+    ExtensionBelowMinimum,
+    /// No boundary's complete missing set fits the credits.
+    NoCreditFit,
+}
+
+/// One boundary a QUERY covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannedBoundary {
+    pub boundary: u32,
+    pub tail: Option<TailCandidate>,
+    /// Keys this boundary added (0 when longer boundaries already asked for them).
+    pub new_keys: u32,
+}
+
+/// One key of a QUERY: a page of a missing block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryRow {
+    pub block: BlockAddr,
+    pub page: u32,
+}
+
+/// The QUERY a request needs, or why it needs none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueryPlan {
+    pub local_tokens: u32,
+    pub device_tokens: u32,
+    pub bypass: Option<Bypass>,
+    /// Primary first, then fallbacks longest first.
+    pub boundaries: Vec<PlannedBoundary>,
+    pub keys: Vec<StorageKey>,
+    /// Parallel to `keys`.
+    pub rows: Vec<QueryRow>,
+    /// The primary's Host charge (new destinations + warm Host references).
+    pub host_blocks: u32,
+}
+
+impl QueryPlan {
+    /// Turns the agreed per-key existence into block existence hints: a block exists only
+    /// when every one of its page keys does. Tail candidates ride along.
+    pub fn existence_hints(&self, exists: &[bool]) -> Result<ExistenceHints, CacheError> {
+        if exists.len() != self.rows.len() {
+            return Err(CacheError::Length {
+                what: "existence",
+                expected: self.rows.len(),
+                got: exists.len(),
+            });
+        }
+        let mut missing = BTreeSet::new();
+        let mut blocks = BTreeSet::new();
+        for (row, ok) in self.rows.iter().zip(exists) {
+            if *ok {
+                blocks.insert(row.block);
+            } else {
+                missing.insert(row.block);
+            }
+        }
+        for m in &missing {
+            blocks.remove(m);
+        }
+        Ok(ExistenceHints {
+            blocks,
+            tails: self.boundaries.iter().filter_map(|b| b.tail).collect(),
+        })
+    }
+}
+
+/// Temporary existence hints for reservation: blocks known to exist in L3, and the tail
+/// candidates the query covered. They never establish a hit by themselves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExistenceHints {
+    pub blocks: BTreeSet<BlockAddr>,
+    pub tails: Vec<TailCandidate>,
+}
+
+/// One GET (or PUT) row: a page key and its Host range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferRow {
+    pub key: StorageKey,
+    pub block: BlockAddr,
+    pub page: u32,
+    pub range: HostRange,
+    /// Whether this rank copies the row (page-cyclic owner translation).
+    pub locally_owned: bool,
+}
+
+/// Host destinations reserved for a GET. Holds one reference per destination block (the GET
+/// ticket's); no warm dependency stays pinned. Consumed by `publish_host` or `abandon`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub boundary: u32,
+    pub device_tokens: u32,
+    pub tail: Option<TailCandidate>,
+    pub rows: Vec<TransferRow>,
+    /// Destination blocks, each holding one reference.
+    pub destinations: Vec<BlockAddr>,
+    /// New destinations plus temporary warm references checked against the Host credits.
+    pub charged_host_blocks: u32,
+    /// The boundary is shorter than the longest one the hints made legal.
+    pub shortened: bool,
+    tail_hint: Option<TailHint>,
+    tail_destinations: Vec<BlockAddr>,
+}
+
+impl Reservation {
+    pub fn keys(&self) -> Vec<StorageKey> {
+        self.rows.iter().map(|r| r.key.clone()).collect()
+    }
+    pub fn host_ranges(&self) -> Vec<HostRange> {
+        self.rows.iter().map(|r| r.range).collect()
+    }
+    /// Whether a GET is needed at all.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// A block with its position in its group's page sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PlacedBlock {
+    pub addr: BlockAddr,
+    pub block_index: u64,
+}
+
+/// Published blocks protected until admission hands them to an H2D ticket (or expiry).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ReadyHold {
+    pub blocks: Vec<BlockAddr>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct CacheCoordinator {
+    geometry: CacheGeometry,
+    namespace: Namespace,
+    device: BlockPool<Device>,
+    host: BlockPool<Host>,
+    tails: TailTable,
+}
+
+impl CacheCoordinator {
+    pub fn new(
+        geometry: CacheGeometry,
+        namespace: Namespace,
+        config: &CoordinatorConfig,
+    ) -> Result<Self, CacheError> {
+        let n = geometry.group_count();
+        if config.device_blocks.len() != n || config.host_blocks.len() != n {
+            return Err(CacheError::Config(format!(
+                "device_blocks and host_blocks need one entry per group ({n})"
+            )));
+        }
+        let bytes: Vec<u64> = geometry.groups().iter().map(|g| g.block_bytes()).collect();
+        Ok(Self {
+            device: BlockPool::new(&config.device_blocks, &bytes),
+            host: BlockPool::new(&config.host_blocks, &bytes),
+            tails: TailTable::new(config.tail_capacity),
+            geometry,
+            namespace,
+        })
+    }
+
+    pub fn geometry(&self) -> &CacheGeometry {
+        &self.geometry
+    }
+    pub fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+    pub fn device(&self) -> &BlockPool<Device> {
+        &self.device
+    }
+    pub fn host(&self) -> &BlockPool<Host> {
+        &self.host
+    }
+    pub fn device_mut(&mut self) -> &mut BlockPool<Device> {
+        &mut self.device
+    }
+    pub fn host_mut(&mut self) -> &mut BlockPool<Host> {
+        &mut self.host
+    }
+    pub fn tail_table(&self) -> &TailTable {
+        &self.tails
+    }
+
+    /// Bytes of the Host allocation the pools address.
+    pub fn host_bytes(&self) -> u64 {
+        self.host.region_bytes()
+    }
+
+    /// Tail candidates of a prompt in (lo, bound]: local hints plus the exact request bound.
+    fn tail_candidates(
+        &self,
+        index: &PromptIndex,
+        tokens: &[u32],
+        lo: u32,
+        bound: u32,
+        extra: &[TailCandidate],
+    ) -> Vec<TailCandidate> {
+        let mut v = self.tails.candidates(index, tokens, lo, bound);
+        v.extend(TailCandidate::at(index, tokens, bound));
+        v.extend(
+            extra
+                .iter()
+                .filter(|t| t.boundary > lo && t.boundary <= bound),
+        );
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    fn table(
+        &self,
+        index: &PromptIndex,
+        tokens: &[u32],
+        bound: u32,
+        tails: &[TailCandidate],
+        hints: Option<&BTreeSet<BlockAddr>>,
+        clamp: Option<Have>,
+    ) -> MatchTable {
+        MatchTable::build(&self.geometry, index, tokens, bound, tails, clamp, |a| {
+            if self.device.contains(a) {
+                return Have::Device;
+            }
+            match self.host.state(a) {
+                Some(EntryState::Published) => Have::Host,
+                // In flight for another GET: neither visible nor reservable.
+                Some(EntryState::Unpublished) => Have::Missing,
+                None => match hints {
+                    Some(h) if h.contains(&a) => Have::Assumed,
+                    _ => Have::Missing,
+                },
+            }
+        })
+    }
+
+    fn bound(tokens: &[u32], reusable: u32) -> u32 {
+        reusable.min(tokens.len() as u32)
+    }
+
+    /// Ordinary admission (and the local probe): the longest legal boundary over real Device
+    /// and published Host blocks, and how many tokens each tier supplies.
+    pub fn admission_match(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
+        let bound = Self::bound(tokens, reusable);
+        let index = PromptIndex::new(&self.geometry, tokens, bound);
+        let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
+        let table = self.table(&index, tokens, bound, &tails, None, Some(Have::Host));
+        let device = table.longest(0, Have::Device);
+        let best = table.longest(0, Have::Host);
+        let device_tokens = device.map_or(0, |c| c.boundary);
+        let Some(best) = best else {
+            return AdmissionMatch {
+                boundary: 0,
+                device_tokens: 0,
+                host_tokens: 0,
+                tail: None,
+                host_blocks: Vec::new(),
+                copy_on_write: false,
+            };
+        };
+        let required = table.required_blocks(&index, best);
+        AdmissionMatch {
+            boundary: best.boundary,
+            device_tokens,
+            host_tokens: best.boundary - device_tokens,
+            tail: best.tail.map(|i| table.tail(i)),
+            host_blocks: required
+                .iter()
+                .filter(|b| b.have == Have::Host)
+                .map(|b| b.addr)
+                .collect(),
+            copy_on_write: self.partial_history(&required),
+        }
+    }
+
+    fn partial_history(&self, required: &[RequiredBlock]) -> bool {
+        required.iter().any(|b| {
+            b.slot == BlockSlot::Tail
+                && self.geometry.group(b.addr.group as usize).kind
+                    != super::geometry::GroupKind::State
+        })
+    }
+
+    /// Query planning: the keys of the Host suffix above the complete local hit, packed
+    /// into the credits (longest complete boundary first, whole-set fallbacks after).
+    pub fn plan_query(
+        &self,
+        tokens: &[u32],
+        reusable: u32,
+        credits: QueryCredits,
+        limits: QueryLimits,
+    ) -> QueryPlan {
+        let bound = Self::bound(tokens, reusable);
+        let index = PromptIndex::new(&self.geometry, tokens, bound);
+        let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
+        let table = self.table(&index, tokens, bound, &tails, None, None);
+        let local = table.longest(0, Have::Host).map_or(0, |c| c.boundary);
+        let device = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
+        let mut plan = QueryPlan {
+            local_tokens: local,
+            device_tokens: device,
+            bypass: None,
+            boundaries: Vec::new(),
+            keys: Vec::new(),
+            rows: Vec::new(),
+            host_blocks: 0,
+        };
+        if local >= bound {
+            plan.bypass = Some(Bypass::LocalCoversBound);
+            return plan;
+        }
+        let hi = if limits.lookahead_tokens == 0 {
+            bound
+        } else {
+            bound.min(local.saturating_add(limits.lookahead_tokens))
+        };
+        let candidates: Vec<Candidate> = table
+            .candidates(local)
+            .into_iter()
+            .filter(|c| c.boundary <= hi)
+            .collect();
+        match candidates.first() {
+            Some(c) if c.boundary - local >= limits.min_extension_tokens.max(1) => {}
+            _ => {
+                plan.bypass = Some(Bypass::ExtensionBelowMinimum);
+                return plan;
+            }
+        }
+        let Some(packing) = pack(&table, &index, &candidates, credits) else {
+            plan.bypass = Some(Bypass::NoCreditFit);
+            return plan;
+        };
+        plan.host_blocks = packing.host_blocks;
+        plan.boundaries = packing
+            .boundaries
+            .iter()
+            .map(|b| PlannedBoundary {
+                boundary: b.candidate.boundary,
+                tail: b.candidate.tail.map(|i| table.tail(i)),
+                new_keys: b.new_keys,
+            })
+            .collect();
+        for b in &packing.blocks {
+            for page in 0..table.pages(b.addr.group as usize) {
+                plan.keys
+                    .push(page_key(&self.namespace, &self.geometry, b.addr, page));
+                plan.rows.push(QueryRow {
+                    block: b.addr,
+                    page,
+                });
+            }
+        }
+        plan
+    }
+
+    /// Reservation after agreed existence: re-match above the Device-only hit with the
+    /// hints, pin the real Host dependencies while allocating destinations, shorten and retry
+    /// under shortage, and release the temporary pins before returning.
+    pub fn reserve(
+        &mut self,
+        tokens: &[u32],
+        reusable: u32,
+        hints: &ExistenceHints,
+        host_credits: u32,
+    ) -> Result<Reservation, CacheError> {
+        let bound = Self::bound(tokens, reusable);
+        let index = PromptIndex::new(&self.geometry, tokens, bound);
+        let tails = self.tail_candidates(&index, tokens, 0, bound, &hints.tails);
+        let table = self.table(
+            &index,
+            tokens,
+            bound,
+            &tails,
+            Some(&hints.blocks),
+            Some(Have::Assumed),
+        );
+        let device_tokens = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
+        let mut longest_legal = None;
+        for c in table.candidates(device_tokens) {
+            let t = table.tally(c);
+            if !t.legal_at(Have::Assumed) {
+                continue;
+            }
+            longest_legal.get_or_insert(c.boundary);
+            let shortened = longest_legal != Some(c.boundary);
+            let dest = t.blocks_at(Have::Assumed);
+            let warm = t.blocks_at(Have::Host);
+            let tail = c.tail.map(|i| table.tail(i));
+            if dest == 0 {
+                // Local data covers this boundary: nothing to read.
+                return Ok(self.empty_reservation(c.boundary, device_tokens, tail, shortened));
+            }
+            if dest + warm > host_credits {
+                continue;
+            }
+            let required = table.required_blocks(&index, c);
+            if let Some(mut r) = self.try_allocate(&required, dest + warm)? {
+                r.boundary = c.boundary;
+                r.device_tokens = device_tokens;
+                r.tail = tail;
+                r.shortened = shortened;
+                r.tail_hint = tail.and_then(|t| TailHint::of(&index, t));
+                return Ok(r);
+            }
+        }
+        Ok(self.empty_reservation(
+            device_tokens,
+            device_tokens,
+            None,
+            longest_legal.is_some_and(|b| b > device_tokens),
+        ))
+    }
+
+    fn empty_reservation(
+        &self,
+        boundary: u32,
+        device_tokens: u32,
+        tail: Option<TailCandidate>,
+        shortened: bool,
+    ) -> Reservation {
+        Reservation {
+            boundary,
+            device_tokens,
+            tail,
+            rows: Vec::new(),
+            destinations: Vec::new(),
+            charged_host_blocks: 0,
+            shortened,
+            tail_hint: None,
+            tail_destinations: Vec::new(),
+        }
+    }
+
+    /// Pins warm Host dependencies, allocates every destination or none, unpins.
+    fn try_allocate(
+        &mut self,
+        required: &[RequiredBlock],
+        charge: u32,
+    ) -> Result<Option<Reservation>, CacheError> {
+        let warm: Vec<BlockAddr> = required
+            .iter()
+            .filter(|b| b.have == Have::Host)
+            .map(|b| b.addr)
+            .collect();
+        for a in &warm {
+            self.host.pin(*a)?;
+        }
+        let dests: Vec<&RequiredBlock> = required
+            .iter()
+            .filter(|b| b.have == Have::Assumed)
+            .collect();
+        let mut per_group = vec![0u64; self.geometry.group_count()];
+        for b in &dests {
+            per_group[b.addr.group as usize] += 1;
+        }
+        let enough = per_group
+            .iter()
+            .enumerate()
+            .all(|(g, n)| self.host.available(g as u32) >= *n);
+        let mut allocated = Vec::new();
+        let mut evicted = Vec::new();
+        let mut ok = enough;
+        if enough {
+            for b in &dests {
+                if self.host.allocate(b.addr, &mut evicted).is_err() {
+                    ok = false;
+                    break;
+                }
+                allocated.push(**b);
+            }
+        }
+        let result = if ok {
+            let mut rows = Vec::new();
+            for b in &allocated {
+                let g = b.addr.group as usize;
+                let spec = self.geometry.group(g);
+                for page in 0..spec.pages_per_block {
+                    rows.push(TransferRow {
+                        key: page_key(&self.namespace, &self.geometry, b.addr, page),
+                        block: b.addr,
+                        page,
+                        range: self.host.page_range(b.addr, page, spec.page_bytes)?,
+                        locally_owned: self.geometry.owns_page(g, b.block_index, page),
+                    });
+                }
+            }
+            Some(Reservation {
+                boundary: 0,
+                device_tokens: 0,
+                tail: None,
+                rows,
+                destinations: allocated.iter().map(|b| b.addr).collect(),
+                charged_host_blocks: charge,
+                shortened: false,
+                tail_hint: None,
+                tail_destinations: allocated
+                    .iter()
+                    .filter(|b| b.slot == BlockSlot::Tail)
+                    .map(|b| b.addr)
+                    .collect(),
+            })
+        } else {
+            for b in &allocated {
+                self.host.release(b.addr)?;
+            }
+            None
+        };
+        for a in &warm {
+            self.host.unpin(*a)?;
+        }
+        Ok(result)
+    }
+
+    /// Publication after the GET retired on every owner: blocks whose rows all succeeded
+    /// become published Host entries under a Ready hold; the others are freed. A tail hint
+    /// is recorded only after Host data was published under it.
+    pub fn publish_host(
+        &mut self,
+        reservation: Reservation,
+        row_ok: &[bool],
+    ) -> Result<ReadyHold, CacheError> {
+        if row_ok.len() != reservation.rows.len() {
+            let expected = reservation.rows.len();
+            // The reservation is dropped with its references still held: a malformed
+            // completion is the caller's protocol error, never a free.
+            return Err(CacheError::Length {
+                what: "row results",
+                expected,
+                got: row_ok.len(),
+            });
+        }
+        let mut failed = BTreeSet::new();
+        for (row, ok) in reservation.rows.iter().zip(row_ok) {
+            if !ok {
+                failed.insert(row.block);
+            }
+        }
+        let mut hold = ReadyHold { blocks: Vec::new() };
+        for addr in &reservation.destinations {
+            if failed.contains(addr) {
+                self.host.release(*addr)?;
+            } else {
+                self.host.publish(*addr)?;
+                hold.blocks.push(*addr);
+            }
+        }
+        if let Some(hint) = reservation.tail_hint {
+            let published = !reservation.tail_destinations.is_empty()
+                && reservation
+                    .tail_destinations
+                    .iter()
+                    .all(|a| !failed.contains(a));
+            if published {
+                self.tails.record_hint(hint);
+            }
+        }
+        Ok(hold)
+    }
+
+    /// Ends a Ready hold (expiry, or after admission took its own references).
+    pub fn release_hold(&mut self, hold: ReadyHold) -> Result<(), CacheError> {
+        self.release_host_refs(&hold.blocks)
+    }
+
+    /// Frees a reservation whose GET retired without publishing (detached, cancelled or
+    /// expired). Never call it for an unretired (quarantined) operation.
+    pub fn abandon(&mut self, reservation: Reservation) -> Result<(), CacheError> {
+        self.release_host_refs(&reservation.destinations)
+    }
+
+    /// Takes one reference on each published Host block (H2D ticket at admission).
+    pub fn acquire_host_refs(&mut self, blocks: &[BlockAddr]) -> Result<(), CacheError> {
+        for (i, b) in blocks.iter().enumerate() {
+            if !self.host.contains(*b) {
+                for done in &blocks[..i] {
+                    self.host.release(*done)?;
+                }
+                return Err(PoolError::Unknown {
+                    tier: "host",
+                    group: b.group,
+                }
+                .into());
+            }
+            self.host.acquire(*b)?;
+        }
+        Ok(())
+    }
+
+    pub fn release_host_refs(&mut self, blocks: &[BlockAddr]) -> Result<(), CacheError> {
+        for b in blocks {
+            self.host.release(*b)?;
+        }
+        Ok(())
+    }
+
+    /// Every block a prefill of `tokens[..upto]` computes: complete Full and SWA blocks and
+    /// the State checkpoint at each complete interval.
+    pub fn computed_blocks(&self, tokens: &[u32], upto: u32) -> Vec<BlockAddr> {
+        self.placed_blocks(tokens, upto)
+            .into_iter()
+            .map(|b| b.addr)
+            .collect()
+    }
+
+    /// `computed_blocks` with each block's position (what owner translation needs, e.g. for
+    /// backup candidates).
+    pub fn placed_blocks(&self, tokens: &[u32], upto: u32) -> Vec<PlacedBlock> {
+        let index = PromptIndex::new(&self.geometry, tokens, upto);
+        let mut out = Vec::new();
+        for g in 0..self.geometry.group_count() {
+            for k in 0..index.full_blocks(g) {
+                out.push(PlacedBlock {
+                    addr: BlockAddr::new(g, index.block_hash(g, k)),
+                    block_index: k as u64,
+                });
+            }
+        }
+        out
+    }
+
+    /// The blocks a boundary requires (tail blocks included when it is nonaligned).
+    pub fn blocks_at(&self, tokens: &[u32], boundary: u32) -> Vec<BlockAddr> {
+        let boundary = Self::bound(tokens, boundary);
+        let index = PromptIndex::new(&self.geometry, tokens, boundary);
+        let tails: Vec<TailCandidate> = TailCandidate::at(&index, tokens, boundary)
+            .into_iter()
+            .collect();
+        let table = MatchTable::build(
+            &self.geometry,
+            &index,
+            tokens,
+            boundary,
+            &tails,
+            None,
+            |_| Have::Missing,
+        );
+        let c = Candidate {
+            boundary,
+            tail: if tails.is_empty() { None } else { Some(0) },
+        };
+        table
+            .required_blocks(&index, c)
+            .into_iter()
+            .map(|b| b.addr)
+            .collect()
+    }
+
+    /// Inserts computed Device blocks (published, unreferenced).
+    pub fn insert_device(&mut self, blocks: &[BlockAddr]) -> Result<Vec<ContentHash>, CacheError> {
+        let mut evicted = Vec::new();
+        for b in blocks {
+            self.device.insert_published(*b, &mut evicted)?;
+        }
+        Ok(evicted)
+    }
+
+    /// D2H completion: publishes Host L2 entries immediately (never waits for L3). Returns
+    /// the blocks that were new (backup candidates).
+    pub fn publish_d2h(&mut self, blocks: &[BlockAddr]) -> Result<Vec<BlockAddr>, CacheError> {
+        let mut evicted = Vec::new();
+        let mut new = Vec::new();
+        for b in blocks {
+            if self.host.insert_published(*b, &mut evicted)? {
+                new.push(*b);
+            }
+        }
+        Ok(new)
+    }
+
+    /// PUT dispatch: rechecks Host residency and takes one source reference per block.
+    /// None (and no reference) when any block is no longer resident.
+    pub fn backup_sources(
+        &mut self,
+        blocks: &[PlacedBlock],
+    ) -> Result<Option<Vec<TransferRow>>, CacheError> {
+        if !blocks.iter().all(|b| self.host.contains(b.addr)) {
+            return Ok(None);
+        }
+        let addrs: Vec<BlockAddr> = blocks.iter().map(|b| b.addr).collect();
+        self.acquire_host_refs(&addrs)?;
+        let mut rows = Vec::new();
+        for b in blocks {
+            let g = b.addr.group as usize;
+            let spec = self.geometry.group(g);
+            for page in 0..spec.pages_per_block {
+                rows.push(TransferRow {
+                    key: page_key(&self.namespace, &self.geometry, b.addr, page),
+                    block: b.addr,
+                    page,
+                    range: self.host.page_range(b.addr, page, spec.page_bytes)?,
+                    locally_owned: self.geometry.owns_page(g, b.block_index, page),
+                });
+            }
+        }
+        Ok(Some(rows))
+    }
+
+    /// Evicts up to `n` unreferenced Host blocks of a group (LRU).
+    pub fn evict_host(&mut self, group: u32, n: usize) -> Vec<ContentHash> {
+        self.host.evict_lru(group, n)
+    }
+
+    /// Evicts up to `n` unreferenced Device blocks of a group (LRU).
+    pub fn evict_device(&mut self, group: u32, n: usize) -> Vec<ContentHash> {
+        self.device.evict_lru(group, n)
+    }
+}

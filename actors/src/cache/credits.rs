@@ -1,0 +1,180 @@
+//! Query-credit packing: which boundaries a QUERY covers and which missing blocks it asks
+//! for, within the available key and Host credits.
+//!
+//! The primary boundary is the longest candidate whose complete missing dependencies fit:
+//! its missing keys within the key credits, its new destinations plus warm Host references
+//! within the Host credits (each CacheBlock charged as one potentially pinned LCM parent).
+//! Shorter fallback boundaries contribute their distinct missing keys only when the whole
+//! additional set fits. Because the primary is packed first, historical State checkpoints
+//! can never crowd out the prompt-end checkpoint needed for the longest restore. Packing
+//! never allocates or pins anything.
+
+use super::keys::PromptIndex;
+use super::matcher::{BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
+use std::collections::BTreeSet;
+
+/// Credits available to one QUERY.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryCredits {
+    /// Object keys the query may carry.
+    pub keys: u32,
+    /// Logical Host block references (max_host_blocks share) a later GET may hold.
+    pub host_blocks: u32,
+}
+
+/// One boundary the packing covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedBoundary {
+    pub candidate: Candidate,
+    /// Keys this boundary added to the query (0 when earlier boundaries supplied them).
+    pub new_keys: u32,
+}
+
+/// The result of packing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packing {
+    /// Primary first, then fallbacks longest first.
+    pub boundaries: Vec<PackedBoundary>,
+    /// Missing blocks to ask for, in query order, without duplicates.
+    pub blocks: Vec<RequiredBlock>,
+    pub keys: u32,
+    /// The primary's Host charge: new destinations plus warm Host references.
+    pub host_blocks: u32,
+}
+
+/// Per-group record of the complete blocks already asked for.
+struct Included {
+    bits: Vec<Vec<bool>>,
+    /// Per group a range [lo, hi) whose missing blocks are all included.
+    covered: Vec<(u32, u32)>,
+    tails: BTreeSet<(u32, super::keys::ContentHash)>,
+}
+
+impl Included {
+    fn new(table: &MatchTable) -> Self {
+        let n = table.group_count();
+        let bits = (0..n)
+            .map(|g| vec![false; table.blocks(g) as usize])
+            .collect();
+        Self {
+            bits,
+            covered: vec![(0, 0); n],
+            tails: BTreeSet::new(),
+        }
+    }
+}
+
+/// Packs the candidates (longest first, all above the complete local hit).
+pub fn pack(
+    table: &MatchTable,
+    index: &PromptIndex,
+    candidates: &[Candidate],
+    credits: QueryCredits,
+) -> Option<Packing> {
+    let fits = |c: Candidate| {
+        let t = table.tally(c);
+        let charge =
+            t.blocks_at(Have::Missing) + t.blocks_at(Have::Assumed) + t.blocks_at(Have::Host);
+        let keys = t.keys_at(Have::Missing);
+        (
+            keys <= credits.keys && charge <= credits.host_blocks,
+            keys,
+            charge,
+        )
+    };
+    let (pi, (_, _, charge)) = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (i, fits(*c)))
+        .find(|(_, f)| f.0)?;
+    let mut inc = Included::new(table);
+    let mut packing = Packing {
+        boundaries: Vec::new(),
+        blocks: Vec::new(),
+        keys: 0,
+        host_blocks: charge,
+    };
+    for &c in &candidates[pi..] {
+        // A fallback is reserved alone: its own Host charge must fit.
+        if !packing.boundaries.is_empty() && fits(c).2 > credits.host_blocks {
+            continue;
+        }
+        let extra = extra_blocks(table, index, &inc, c);
+        let extra_keys: u32 = extra
+            .iter()
+            .map(|b| table.pages(b.addr.group as usize))
+            .sum();
+        if packing.keys + extra_keys > credits.keys {
+            continue;
+        }
+        include(table, &mut inc, c, &extra);
+        packing.keys += extra_keys;
+        packing.blocks.extend(extra);
+        packing.boundaries.push(PackedBoundary {
+            candidate: c,
+            new_keys: extra_keys,
+        });
+    }
+    Some(packing)
+}
+
+/// The missing blocks `c` requires that are not yet included, by group then position.
+fn extra_blocks(
+    table: &MatchTable,
+    index: &PromptIndex,
+    inc: &Included,
+    c: Candidate,
+) -> Vec<RequiredBlock> {
+    let mut out = Vec::new();
+    for g in 0..table.group_count() {
+        let (s, e, tail) = table.requirement(g, c.boundary);
+        let (clo, chi) = inc.covered[g];
+        if !(s >= clo && e <= chi) {
+            for k in s..e {
+                if table.have(g, k) == Have::Missing && !inc.bits[g][k as usize] {
+                    out.push(RequiredBlock {
+                        addr: super::keys::BlockAddr::new(g, index.block_hash(g, k)),
+                        slot: BlockSlot::Full(k),
+                        block_index: k as u64,
+                        have: Have::Missing,
+                    });
+                }
+            }
+        }
+        if tail {
+            if let Some((addr, Have::Missing)) = table.tail_block(c, g) {
+                if !inc.tails.contains(&(addr.group, addr.hash)) {
+                    out.push(RequiredBlock {
+                        addr,
+                        slot: BlockSlot::Tail,
+                        block_index: e as u64,
+                        have: Have::Missing,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn include(table: &MatchTable, inc: &mut Included, c: Candidate, extra: &[RequiredBlock]) {
+    for b in extra {
+        match b.slot {
+            BlockSlot::Full(k) => inc.bits[b.addr.group as usize][k as usize] = true,
+            BlockSlot::Tail => {
+                inc.tails.insert((b.addr.group, b.addr.hash));
+            }
+        }
+    }
+    for g in 0..table.group_count() {
+        let (s, e, _) = table.requirement(g, c.boundary);
+        let (clo, chi) = inc.covered[g];
+        inc.covered[g] = if clo == chi {
+            (s, e)
+        } else if e >= clo && s <= chi {
+            (s.min(clo), e.max(chi))
+        } else {
+            (clo, chi)
+        };
+    }
+}

@@ -1,0 +1,320 @@
+//! Prefix identity: the chained content hash of every block of every group, the block
+//! address (group, content hash) and the object keys of a block's pages.
+//!
+//! A block's content hash is xxh3-128 over (parent hash, token count, tokens), so it names
+//! the whole prefix chain up to the block's end. Keys are
+//! `Namespace::key(content hash, group, page, shard)`. This module never derives anything
+//! from Host allocation IDs, slot indices or cyclic owner ranks.
+
+use super::geometry::CacheGeometry;
+use messages::{Namespace, StorageKey};
+use std::hash::{BuildHasher, Hasher};
+use xxhash_rust::xxh3::xxh3_128;
+
+/// A 128-bit content hash, stored as two u64 halves (8-byte alignment keeps pool entries
+/// small). Ordering equals the ordering of the u128 value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct ContentHash {
+    hi: u64,
+    lo: u64,
+}
+
+impl ContentHash {
+    /// The parent of the first block of every chain.
+    pub const ROOT: ContentHash = ContentHash { hi: 0, lo: 0 };
+
+    pub fn from_u128(v: u128) -> Self {
+        Self {
+            hi: (v >> 64) as u64,
+            lo: v as u64,
+        }
+    }
+
+    pub fn as_u128(self) -> u128 {
+        ((self.hi as u128) << 64) | self.lo as u128
+    }
+}
+
+impl std::hash::Hash for ContentHash {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Already uniformly distributed: one word suffices for table lookups.
+        state.write_u64(self.lo ^ self.hi.rotate_left(17));
+    }
+}
+
+/// A pass-through hasher for `ContentHash` keys (lookups only; results never depend on a
+/// map's iteration order).
+#[derive(Clone, Copy, Default)]
+pub struct ContentHasher(u64);
+
+impl Hasher for ContentHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
+    }
+}
+
+/// Builds `ContentHasher`s.
+#[derive(Clone, Copy, Default)]
+pub struct BuildContentHasher;
+
+impl BuildHasher for BuildContentHasher {
+    type Hasher = ContentHasher;
+    fn build_hasher(&self) -> ContentHasher {
+        ContentHasher(0)
+    }
+}
+
+/// One step of the chain: the hash of `tokens` appended to the prefix named by `parent`.
+/// The token count is hashed too, so a partial (tail) block never aliases a full one.
+pub fn chain_hash(scratch: &mut Vec<u8>, parent: ContentHash, tokens: &[u32]) -> ContentHash {
+    scratch.clear();
+    scratch.extend_from_slice(&parent.hi.to_le_bytes());
+    scratch.extend_from_slice(&parent.lo.to_le_bytes());
+    scratch.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
+    for t in tokens {
+        scratch.extend_from_slice(&t.to_le_bytes());
+    }
+    ContentHash::from_u128(xxh3_128(scratch))
+}
+
+/// A block of one group, addressed by its content hash (a full block or a tail block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BlockAddr {
+    pub group: u32,
+    pub hash: ContentHash,
+}
+
+impl BlockAddr {
+    pub fn new(group: usize, hash: ContentHash) -> Self {
+        Self {
+            group: group as u32,
+            hash,
+        }
+    }
+}
+
+/// The object key of page `page` of a block.
+pub fn page_key(
+    ns: &Namespace,
+    geometry: &CacheGeometry,
+    addr: BlockAddr,
+    page: u32,
+) -> StorageKey {
+    let shard = geometry.key_shard(addr.group as usize);
+    ns.key(addr.hash.as_u128(), addr.group, page, shard)
+}
+
+/// The per-prompt chain hashes of every group (groups sharing a block size share one chain)
+/// plus the LCM parent chain that names tails.
+#[derive(Clone, Debug)]
+pub struct PromptIndex {
+    /// Hashed tokens (a prefix of the prompt).
+    len: u32,
+    /// chains[c][k]: hash after k full blocks of chain c (chains[c][0] = ROOT).
+    chains: Vec<Vec<ContentHash>>,
+    /// The chain each group uses.
+    group_chain: Vec<usize>,
+    block_tokens: Vec<u32>,
+    parent_tokens: u32,
+    /// Index of the LCM parent chain in `chains`.
+    parent_chain: usize,
+}
+
+impl PromptIndex {
+    /// Hashes the first `upto` tokens (clamped to the prompt) for every group.
+    pub fn new(geometry: &CacheGeometry, tokens: &[u32], upto: u32) -> Self {
+        let len = upto.min(tokens.len() as u32);
+        let mut sizes: Vec<u32> = Vec::new();
+        let mut group_chain = Vec::with_capacity(geometry.group_count());
+        let mut block_tokens = Vec::with_capacity(geometry.group_count());
+        for g in geometry.groups() {
+            block_tokens.push(g.block_tokens);
+            let pos = match sizes.iter().position(|s| *s == g.block_tokens) {
+                Some(p) => p,
+                None => {
+                    sizes.push(g.block_tokens);
+                    sizes.len() - 1
+                }
+            };
+            group_chain.push(pos);
+        }
+        let parent_tokens = geometry.parent_tokens();
+        let parent_chain = match sizes.iter().position(|s| *s == parent_tokens) {
+            Some(p) => p,
+            None => {
+                sizes.push(parent_tokens);
+                sizes.len() - 1
+            }
+        };
+        let mut scratch = Vec::new();
+        let chains = sizes
+            .iter()
+            .map(|&b| {
+                let n = (len / b) as usize;
+                let mut chain = Vec::with_capacity(n + 1);
+                let mut h = ContentHash::ROOT;
+                chain.push(h);
+                for k in 0..n {
+                    let start = k * b as usize;
+                    h = chain_hash(&mut scratch, h, &tokens[start..start + b as usize]);
+                    chain.push(h);
+                }
+                chain
+            })
+            .collect();
+        Self {
+            len,
+            chains,
+            group_chain,
+            block_tokens,
+            parent_tokens,
+            parent_chain,
+        }
+    }
+
+    /// Tokens covered by this index.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Complete blocks of group `g` inside the index.
+    pub fn full_blocks(&self, g: usize) -> u32 {
+        self.len / self.block_tokens[g]
+    }
+
+    /// The content hash of block `k` (0-based, complete) of group `g`.
+    pub fn block_hash(&self, g: usize, k: u32) -> ContentHash {
+        self.chains[self.group_chain[g]][k as usize + 1]
+    }
+
+    /// The hash of the prefix after `k` complete blocks of group `g` (k = 0: ROOT).
+    pub fn prefix_hash(&self, g: usize, k: u32) -> ContentHash {
+        self.chains[self.group_chain[g]][k as usize]
+    }
+
+    /// The LCM parent chain hash after `k` parent blocks.
+    pub fn parent_hash(&self, k: u32) -> ContentHash {
+        self.chains[self.parent_chain][k as usize]
+    }
+
+    pub fn parent_tokens(&self) -> u32 {
+        self.parent_tokens
+    }
+
+    /// The hash of group `g`'s partial block ending at `boundary` (boundary not a multiple
+    /// of the group's block size, boundary <= len).
+    pub fn tail_block_hash(
+        &self,
+        scratch: &mut Vec<u8>,
+        tokens: &[u32],
+        g: usize,
+        boundary: u32,
+    ) -> ContentHash {
+        let b = self.block_tokens[g];
+        let k = boundary / b;
+        chain_hash(
+            scratch,
+            self.prefix_hash(g, k),
+            &tokens[(k * b) as usize..boundary as usize],
+        )
+    }
+
+    /// The tail identity at `boundary`: the LCM parent chain at the aligned boundary below
+    /// it, extended by the remaining tokens.
+    pub fn tail_identity(
+        &self,
+        scratch: &mut Vec<u8>,
+        tokens: &[u32],
+        boundary: u32,
+    ) -> ContentHash {
+        let k = boundary / self.parent_tokens;
+        chain_hash(
+            scratch,
+            self.parent_hash(k),
+            &tokens[(k * self.parent_tokens) as usize..boundary as usize],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::geometry::GroupSpec;
+    use messages::DeploymentIdentity;
+
+    fn geo() -> CacheGeometry {
+        CacheGeometry::new(
+            vec![
+                GroupSpec::full("a", 4, 2, 8),
+                GroupSpec::sliding_window("w", 8, 4, 1, 8),
+                GroupSpec::state("s", 8, 8),
+            ],
+            1,
+            0,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn chain_names_the_whole_prefix() {
+        let g = geo();
+        let a: Vec<u32> = (0..32).collect();
+        let mut b = a.clone();
+        b[1] = 99;
+        let ia = PromptIndex::new(&g, &a, 32);
+        let ib = PromptIndex::new(&g, &b, 32);
+        // A change in block 0 changes every later block's hash.
+        for k in 0..8 {
+            assert_ne!(ia.block_hash(0, k), ib.block_hash(0, k));
+        }
+        // Same block size shares the chain; key group keeps them apart.
+        assert_eq!(ia.block_hash(0, 3), ia.block_hash(1, 3));
+        assert_eq!(ia.block_hash(2, 1), ia.parent_hash(2));
+        // Deterministic.
+        assert_eq!(
+            ia.block_hash(2, 3),
+            PromptIndex::new(&g, &a, 32).block_hash(2, 3)
+        );
+        // Token count is hashed: a tail never aliases.
+        let mut s = Vec::new();
+        let t = ia.tail_block_hash(&mut s, &a, 0, 6);
+        assert_ne!(t, ia.block_hash(0, 1));
+        let z = chain_hash(&mut s, ContentHash::ROOT, &[0, 0]);
+        assert_ne!(z, chain_hash(&mut s, ContentHash::ROOT, &[0]));
+    }
+
+    #[test]
+    fn keys_use_group_page_and_payload_replica() {
+        let id = DeploymentIdentity {
+            checkpoint: "c".into(),
+            target_weight_version: 1,
+            draft_weight_version: None,
+            layout_signature: geo().layout_signature(),
+            kvp: 1,
+            qcp: 1,
+            linear_attn_tp: 1,
+            page_shard_counts: vec![],
+        };
+        let ns = id.namespace();
+        let g = geo();
+        let addr = BlockAddr::new(0, ContentHash::from_u128(0xfeed));
+        let k = page_key(&ns, &g, addr, 1);
+        assert_eq!(k, ns.key(0xfeed, 0, 1, 0));
+        assert_eq!(
+            ContentHash::from_u128(u128::MAX - 3).as_u128(),
+            u128::MAX - 3
+        );
+    }
+}

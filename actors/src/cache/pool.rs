@@ -1,0 +1,597 @@
+//! Device and Host block pools: one slot array per cache group, blocks addressed by
+//! (group, content hash), reference counts, temporary pins, LRU eviction of unreferenced
+//! published blocks, and published versus unpublished entries.
+//!
+//! Only published entries are visible to probes. Eviction must never free a block that any
+//! reference holds (storage I/O, Ready hold, H2D ticket) or that a temporary warm pin holds
+//! during a reservation. The Host pool hands out Host offsets (region base + slot index *
+//! block bytes) for the L3 executor to GET into or PUT from; it never touches the bytes.
+
+use super::keys::{BlockAddr, BuildContentHasher, ContentHash};
+use messages::HostRange;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use thiserror::Error;
+
+/// A pool tier marker.
+pub trait Tier {
+    const NAME: &'static str;
+}
+
+/// Device L1 blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct Device;
+/// Pinned Host L2 blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct Host;
+
+impl Tier for Device {
+    const NAME: &'static str = "device";
+}
+impl Tier for Host {
+    const NAME: &'static str = "host";
+}
+
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum PoolError {
+    #[error("{tier} group {group}: block already present")]
+    AlreadyPresent { tier: &'static str, group: u32 },
+    #[error("{tier} group {group}: no free or evictable slot")]
+    Full { tier: &'static str, group: u32 },
+    #[error("{tier} group {group}: unknown block")]
+    Unknown { tier: &'static str, group: u32 },
+    #[error("{tier} group {group}: block is not referenced")]
+    NotReferenced { tier: &'static str, group: u32 },
+    #[error("{tier} group {group}: block is already published")]
+    AlreadyPublished { tier: &'static str, group: u32 },
+    #[error("{tier}: no group {group}")]
+    NoGroup { tier: &'static str, group: u32 },
+}
+
+/// Whether an entry is visible to probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryState {
+    /// Allocated as a destination (GET or D2H) whose data is not yet valid.
+    Unpublished,
+    /// Valid data, visible to probes.
+    Published,
+}
+
+const NIL: u32 = u32::MAX;
+/// Index values carry the published bit beside the slot number, so a probe costs one
+/// lookup and no slot read.
+const PUBLISHED: u32 = 1 << 31;
+const SLOT_MASK: u32 = PUBLISHED - 1;
+/// The most slots a group may have (slot numbers must fit under the published bit).
+pub const MAX_GROUP_SLOTS: u32 = SLOT_MASK;
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    hash: ContentHash,
+    refs: u32,
+    pins: u32,
+    prev: u32,
+    next: u32,
+    state: Option<EntryState>,
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot {
+        hash: ContentHash::ROOT,
+        refs: 0,
+        pins: 0,
+        prev: NIL,
+        next: NIL,
+        state: None,
+    };
+}
+
+#[derive(Clone, Debug)]
+struct GroupPool {
+    index: HashMap<ContentHash, u32, BuildContentHasher>,
+    slots: Vec<Slot>,
+    capacity: u32,
+    free: Vec<u32>,
+    /// LRU list of unreferenced, unpinned, published slots (head = least recent).
+    head: u32,
+    tail: u32,
+    lru_len: u32,
+    block_bytes: u64,
+    region_base: u64,
+}
+
+impl GroupPool {
+    fn unlink(&mut self, s: u32) {
+        let (p, n) = (self.slots[s as usize].prev, self.slots[s as usize].next);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.slots[p as usize].next = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.slots[n as usize].prev = p;
+        }
+        self.slots[s as usize].prev = NIL;
+        self.slots[s as usize].next = NIL;
+        self.lru_len -= 1;
+    }
+
+    fn push_mru(&mut self, s: u32) {
+        self.slots[s as usize].prev = self.tail;
+        self.slots[s as usize].next = NIL;
+        if self.tail == NIL {
+            self.head = s;
+        } else {
+            self.slots[self.tail as usize].next = s;
+        }
+        self.tail = s;
+        self.lru_len += 1;
+    }
+
+    fn in_lru(&self, s: u32) -> bool {
+        let slot = &self.slots[s as usize];
+        slot.state == Some(EntryState::Published) && slot.refs == 0 && slot.pins == 0
+    }
+
+    fn available(&self) -> u64 {
+        (self.capacity as u64 - self.slots.len() as u64)
+            + self.free.len() as u64
+            + self.lru_len as u64
+    }
+
+    fn free_slot(&mut self, s: u32) {
+        let hash = self.slots[s as usize].hash;
+        self.index.remove(&hash);
+        self.slots[s as usize] = Slot::EMPTY;
+        self.free.push(s);
+    }
+
+    /// Drops the slot's entry when nothing holds it any more (unpublished) or moves it into
+    /// the LRU list (published).
+    fn settle(&mut self, s: u32) {
+        let slot = self.slots[s as usize];
+        if slot.refs != 0 || slot.pins != 0 {
+            return;
+        }
+        match slot.state {
+            Some(EntryState::Published) => self.push_mru(s),
+            Some(EntryState::Unpublished) => self.free_slot(s),
+            None => {}
+        }
+    }
+
+    /// A free slot, evicting the least recently used unreferenced block when needed.
+    fn take_slot(&mut self, evicted: &mut Vec<ContentHash>) -> Option<u32> {
+        if let Some(s) = self.free.pop() {
+            return Some(s);
+        }
+        if (self.slots.len() as u64) < self.capacity as u64 {
+            self.slots.push(Slot::EMPTY);
+            return Some(self.slots.len() as u32 - 1);
+        }
+        let victim = self.head;
+        if victim == NIL {
+            return None;
+        }
+        self.unlink(victim);
+        evicted.push(self.slots[victim as usize].hash);
+        self.index.remove(&self.slots[victim as usize].hash);
+        self.slots[victim as usize] = Slot::EMPTY;
+        Some(victim)
+    }
+}
+
+/// A pool of blocks of one tier.
+#[derive(Clone, Debug)]
+pub struct BlockPool<T: Tier> {
+    groups: Vec<GroupPool>,
+    _tier: PhantomData<T>,
+}
+
+impl<T: Tier> BlockPool<T> {
+    /// A pool with `capacities[g]` slots of `block_bytes[g]` bytes for each group (at most
+    /// `MAX_GROUP_SLOTS`); group regions are laid out one after the other.
+    pub fn new(capacities: &[u32], block_bytes: &[u64]) -> Self {
+        let mut base = 0u64;
+        let groups = capacities
+            .iter()
+            .zip(block_bytes)
+            .map(|(&capacity, &bytes)| {
+                let capacity = capacity.min(MAX_GROUP_SLOTS);
+                let g = GroupPool {
+                    index: HashMap::with_hasher(BuildContentHasher),
+                    slots: Vec::new(),
+                    capacity,
+                    free: Vec::new(),
+                    head: NIL,
+                    tail: NIL,
+                    lru_len: 0,
+                    block_bytes: bytes,
+                    region_base: base,
+                };
+                base = base.saturating_add(bytes.saturating_mul(capacity as u64));
+                g
+            })
+            .collect();
+        Self {
+            groups,
+            _tier: PhantomData,
+        }
+    }
+
+    fn group(&self, group: u32) -> Result<&GroupPool, PoolError> {
+        self.groups.get(group as usize).ok_or(PoolError::NoGroup {
+            tier: T::NAME,
+            group,
+        })
+    }
+
+    fn group_mut(&mut self, group: u32) -> Result<&mut GroupPool, PoolError> {
+        self.groups
+            .get_mut(group as usize)
+            .ok_or(PoolError::NoGroup {
+                tier: T::NAME,
+                group,
+            })
+    }
+
+    fn slot_of(&self, addr: BlockAddr) -> Result<u32, PoolError> {
+        let g = self.group(addr.group)?;
+        g.index
+            .get(&addr.hash)
+            .map(|v| v & SLOT_MASK)
+            .ok_or(PoolError::Unknown {
+                tier: T::NAME,
+                group: addr.group,
+            })
+    }
+
+    /// Total bytes of every group region.
+    pub fn region_bytes(&self) -> u64 {
+        self.groups
+            .iter()
+            .map(|g| g.block_bytes.saturating_mul(g.capacity as u64))
+            .fold(0u64, |a, b| a.saturating_add(b))
+    }
+
+    /// Whether a published entry exists (what probes see).
+    pub fn contains(&self, addr: BlockAddr) -> bool {
+        self.state(addr) == Some(EntryState::Published)
+    }
+
+    /// The entry's state, published or not.
+    pub fn state(&self, addr: BlockAddr) -> Option<EntryState> {
+        let g = self.groups.get(addr.group as usize)?;
+        let v = *g.index.get(&addr.hash)?;
+        Some(if v & PUBLISHED != 0 {
+            EntryState::Published
+        } else {
+            EntryState::Unpublished
+        })
+    }
+
+    /// References held on the entry (0 when absent).
+    pub fn refs(&self, addr: BlockAddr) -> u32 {
+        self.slot_of(addr)
+            .map(|s| self.groups[addr.group as usize].slots[s as usize].refs)
+            .unwrap_or(0)
+    }
+
+    /// Entries (published and unpublished) of a group.
+    pub fn len(&self, group: u32) -> usize {
+        self.groups.get(group as usize).map_or(0, |g| g.index.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.iter().all(|g| g.index.is_empty())
+    }
+
+    /// Slots of a group that an allocation could use now: free, never used, or evictable.
+    pub fn available(&self, group: u32) -> u64 {
+        self.groups.get(group as usize).map_or(0, |g| g.available())
+    }
+
+    /// Allocates an unpublished entry holding one reference (the caller's). May evict the
+    /// least recently used unreferenced block; evicted hashes are appended to `evicted`.
+    pub fn allocate(
+        &mut self,
+        addr: BlockAddr,
+        evicted: &mut Vec<ContentHash>,
+    ) -> Result<(), PoolError> {
+        let g = self.group_mut(addr.group)?;
+        if g.index.contains_key(&addr.hash) {
+            return Err(PoolError::AlreadyPresent {
+                tier: T::NAME,
+                group: addr.group,
+            });
+        }
+        let s = g.take_slot(evicted).ok_or(PoolError::Full {
+            tier: T::NAME,
+            group: addr.group,
+        })?;
+        g.slots[s as usize] = Slot {
+            hash: addr.hash,
+            refs: 1,
+            pins: 0,
+            prev: NIL,
+            next: NIL,
+            state: Some(EntryState::Unpublished),
+        };
+        g.index.insert(addr.hash, s);
+        Ok(())
+    }
+
+    /// Publishes an unpublished entry: it becomes visible to probes. References stay.
+    pub fn publish(&mut self, addr: BlockAddr) -> Result<(), PoolError> {
+        let s = self.slot_of(addr)?;
+        let g = &mut self.groups[addr.group as usize];
+        let slot = &mut g.slots[s as usize];
+        if slot.state == Some(EntryState::Published) {
+            return Err(PoolError::AlreadyPublished {
+                tier: T::NAME,
+                group: addr.group,
+            });
+        }
+        slot.state = Some(EntryState::Published);
+        if let Some(v) = g.index.get_mut(&addr.hash) {
+            *v |= PUBLISHED;
+        }
+        g.settle(s);
+        Ok(())
+    }
+
+    /// Inserts a published, unreferenced block (computed on Device, or a D2H copy), or
+    /// refreshes its recency when already published. Returns whether it was new.
+    pub fn insert_published(
+        &mut self,
+        addr: BlockAddr,
+        evicted: &mut Vec<ContentHash>,
+    ) -> Result<bool, PoolError> {
+        match self.state(addr) {
+            Some(EntryState::Published) => {
+                self.touch(addr);
+                Ok(false)
+            }
+            Some(EntryState::Unpublished) => Err(PoolError::AlreadyPresent {
+                tier: T::NAME,
+                group: addr.group,
+            }),
+            None => {
+                self.allocate(addr, evicted)?;
+                self.publish(addr)?;
+                self.release(addr)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Takes one reference (I/O source or destination, Ready hold, H2D ticket).
+    pub fn acquire(&mut self, addr: BlockAddr) -> Result<(), PoolError> {
+        let s = self.slot_of(addr)?;
+        let g = &mut self.groups[addr.group as usize];
+        if g.in_lru(s) {
+            g.unlink(s);
+        }
+        g.slots[s as usize].refs += 1;
+        Ok(())
+    }
+
+    /// Drops one reference; an unreferenced unpublished entry is freed, an unreferenced
+    /// published one becomes evictable (most recently used).
+    pub fn release(&mut self, addr: BlockAddr) -> Result<(), PoolError> {
+        let s = self.slot_of(addr)?;
+        let g = &mut self.groups[addr.group as usize];
+        if g.slots[s as usize].refs == 0 {
+            return Err(PoolError::NotReferenced {
+                tier: T::NAME,
+                group: addr.group,
+            });
+        }
+        g.slots[s as usize].refs -= 1;
+        g.settle(s);
+        Ok(())
+    }
+
+    /// Takes a temporary warm pin (reservation only).
+    pub fn pin(&mut self, addr: BlockAddr) -> Result<(), PoolError> {
+        let s = self.slot_of(addr)?;
+        let g = &mut self.groups[addr.group as usize];
+        if g.in_lru(s) {
+            g.unlink(s);
+        }
+        g.slots[s as usize].pins += 1;
+        Ok(())
+    }
+
+    pub fn unpin(&mut self, addr: BlockAddr) -> Result<(), PoolError> {
+        let s = self.slot_of(addr)?;
+        let g = &mut self.groups[addr.group as usize];
+        if g.slots[s as usize].pins == 0 {
+            return Err(PoolError::NotReferenced {
+                tier: T::NAME,
+                group: addr.group,
+            });
+        }
+        g.slots[s as usize].pins -= 1;
+        g.settle(s);
+        Ok(())
+    }
+
+    /// Marks a published, evictable block most recently used.
+    pub fn touch(&mut self, addr: BlockAddr) {
+        if let Ok(s) = self.slot_of(addr) {
+            let g = &mut self.groups[addr.group as usize];
+            if g.in_lru(s) {
+                g.unlink(s);
+                g.push_mru(s);
+            }
+        }
+    }
+
+    /// Evicts one specific block when nothing holds it. Returns whether it was evicted.
+    pub fn evict(&mut self, addr: BlockAddr) -> bool {
+        let Ok(s) = self.slot_of(addr) else {
+            return false;
+        };
+        let g = &mut self.groups[addr.group as usize];
+        if !g.in_lru(s) {
+            return false;
+        }
+        g.unlink(s);
+        g.free_slot(s);
+        true
+    }
+
+    /// Evicts up to `n` least recently used unreferenced blocks of a group.
+    pub fn evict_lru(&mut self, group: u32, n: usize) -> Vec<ContentHash> {
+        let mut out = Vec::new();
+        let Some(g) = self.groups.get_mut(group as usize) else {
+            return out;
+        };
+        while out.len() < n && g.head != NIL {
+            let s = g.head;
+            g.unlink(s);
+            out.push(g.slots[s as usize].hash);
+            g.free_slot(s);
+        }
+        out
+    }
+
+    /// Approximate resident bytes of the pool's bookkeeping (for the benchmark).
+    pub fn bookkeeping_bytes(&self) -> u64 {
+        let entry = std::mem::size_of::<(ContentHash, u32)>() as u64 + 1;
+        self.groups
+            .iter()
+            .map(|g| {
+                g.index.capacity() as u64 * entry
+                    + g.slots.capacity() as u64 * std::mem::size_of::<Slot>() as u64
+                    + g.free.capacity() as u64 * 4
+            })
+            .sum()
+    }
+}
+
+impl BlockPool<Host> {
+    /// The Host range of a block's slot (all its pages).
+    pub fn host_range(&self, addr: BlockAddr) -> Result<HostRange, PoolError> {
+        let s = self.slot_of(addr)?;
+        let g = &self.groups[addr.group as usize];
+        Ok(HostRange::new(
+            g.region_base + s as u64 * g.block_bytes,
+            g.block_bytes,
+        ))
+    }
+
+    /// The Host range of one page of a block's slot.
+    pub fn page_range(
+        &self,
+        addr: BlockAddr,
+        page: u32,
+        page_bytes: u64,
+    ) -> Result<HostRange, PoolError> {
+        let r = self.host_range(addr)?;
+        Ok(HostRange::new(
+            r.offset + page as u64 * page_bytes,
+            page_bytes,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(g: u32, h: u128) -> BlockAddr {
+        BlockAddr {
+            group: g,
+            hash: ContentHash::from_u128(h),
+        }
+    }
+
+    #[test]
+    fn unpublished_entries_are_invisible_and_freed_on_release() {
+        let mut p = BlockPool::<Host>::new(&[2], &[64]);
+        let mut ev = vec![];
+        p.allocate(a(0, 1), &mut ev).unwrap();
+        assert!(!p.contains(a(0, 1)), "unpublished is invisible to probes");
+        assert_eq!(p.state(a(0, 1)), Some(EntryState::Unpublished));
+        p.release(a(0, 1)).unwrap();
+        assert_eq!(p.state(a(0, 1)), None, "failed destination freed");
+        p.allocate(a(0, 1), &mut ev).unwrap();
+        p.publish(a(0, 1)).unwrap();
+        assert!(p.contains(a(0, 1)));
+        assert_eq!(p.refs(a(0, 1)), 1);
+        assert!(matches!(
+            p.allocate(a(0, 1), &mut ev),
+            Err(PoolError::AlreadyPresent { .. })
+        ));
+    }
+
+    #[test]
+    fn lru_eviction_skips_referenced_and_pinned_blocks() {
+        let mut p = BlockPool::<Host>::new(&[3], &[64]);
+        let mut ev = vec![];
+        for h in 1..=3 {
+            p.insert_published(a(0, h), &mut ev).unwrap();
+        }
+        p.acquire(a(0, 1)).unwrap(); // storage I/O / Ready hold
+        p.pin(a(0, 2)).unwrap(); // warm pin during reservation
+        assert_eq!(p.available(0), 1);
+        p.allocate(a(0, 4), &mut ev).unwrap();
+        assert_eq!(ev, vec![ContentHash::from_u128(3)]);
+        assert!(matches!(
+            p.allocate(a(0, 5), &mut ev),
+            Err(PoolError::Full { .. })
+        ));
+        assert!(p.contains(a(0, 1)) && p.contains(a(0, 2)));
+        assert!(!p.evict(a(0, 1)), "held blocks are never evicted");
+        p.unpin(a(0, 2)).unwrap();
+        p.release(a(0, 1)).unwrap();
+        // Now 2 is older than 1 in the LRU.
+        assert_eq!(p.evict_lru(0, 1), vec![ContentHash::from_u128(2)]);
+        p.touch(a(0, 1));
+        assert!(p.evict(a(0, 1)));
+        assert!(p.release(a(0, 1)).is_err());
+    }
+
+    #[test]
+    fn lru_order_follows_touch() {
+        let mut p = BlockPool::<Device>::new(&[3], &[1]);
+        let mut ev = vec![];
+        for h in 1..=3 {
+            p.insert_published(a(0, h), &mut ev).unwrap();
+        }
+        p.touch(a(0, 1));
+        p.insert_published(a(0, 2), &mut ev).unwrap(); // refresh
+        let order = p.evict_lru(0, 3);
+        let order: Vec<u128> = order.iter().map(|h| h.as_u128()).collect();
+        assert_eq!(order, vec![3, 1, 2]);
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn host_offsets_are_region_base_plus_slot_times_block_bytes() {
+        let mut p = BlockPool::<Host>::new(&[2, 3], &[100, 40]);
+        assert_eq!(p.region_bytes(), 200 + 120);
+        let mut ev = vec![];
+        p.allocate(a(0, 1), &mut ev).unwrap();
+        p.allocate(a(0, 2), &mut ev).unwrap();
+        p.allocate(a(1, 1), &mut ev).unwrap();
+        p.allocate(a(1, 2), &mut ev).unwrap();
+        assert_eq!(p.host_range(a(0, 1)).unwrap(), HostRange::new(0, 100));
+        assert_eq!(p.host_range(a(0, 2)).unwrap(), HostRange::new(100, 100));
+        assert_eq!(p.host_range(a(1, 1)).unwrap(), HostRange::new(200, 40));
+        assert_eq!(p.host_range(a(1, 2)).unwrap(), HostRange::new(240, 40));
+        assert_eq!(
+            p.page_range(a(1, 2), 1, 20).unwrap(),
+            HostRange::new(260, 20)
+        );
+        // A freed slot is reused: ranges never overlap among live entries.
+        p.release(a(0, 1)).unwrap();
+        p.allocate(a(0, 9), &mut ev).unwrap();
+        assert_eq!(p.host_range(a(0, 9)).unwrap(), HostRange::new(0, 100));
+        assert!(p.host_range(a(7, 1)).is_err());
+    }
+}

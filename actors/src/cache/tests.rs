@@ -1,0 +1,731 @@
+//! Scenario and property tests of the CacheCoordinator: mixed granularities, sliding
+//! windows, sparse state, the Host-suffix rule, reservation shortening, eviction between
+//! QUERY and reservation, tail hints, credit packing, determinism.
+
+use super::coordinator::*;
+use super::credits::QueryCredits;
+use super::geometry::{CacheGeometry, GroupKind, GroupSpec};
+use super::keys::{chain_hash, BlockAddr, ContentHash};
+use messages::{DeploymentIdentity, Namespace};
+use std::collections::BTreeSet;
+
+fn namespace(g: &CacheGeometry) -> Namespace {
+    DeploymentIdentity {
+        checkpoint: "synthetic/tiny@1".into(),
+        target_weight_version: 1,
+        draft_weight_version: None,
+        layout_signature: g.layout_signature(),
+        kvp: 1,
+        qcp: 1,
+        linear_attn_tp: 1,
+        page_shard_counts: g.page_shard_counts(),
+    }
+    .namespace()
+}
+
+fn coord(groups: Vec<GroupSpec>, device: u32, host: u32) -> CacheCoordinator {
+    let g = CacheGeometry::new(groups, 1, 0).unwrap();
+    let n = g.group_count();
+    let ns = namespace(&g);
+    CacheCoordinator::new(
+        g,
+        ns,
+        &CoordinatorConfig {
+            device_blocks: vec![device; n],
+            host_blocks: vec![host; n],
+            tail_capacity: 16,
+        },
+    )
+    .unwrap()
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| {
+            i.wrapping_mul(2654435761)
+                .wrapping_add(seed.wrapping_mul(97))
+                % 50_000
+        })
+        .collect()
+}
+
+const ALL: QueryCredits = QueryCredits {
+    keys: 1 << 20,
+    host_blocks: 1 << 20,
+};
+const NO_LIMITS: QueryLimits = QueryLimits {
+    lookahead_tokens: 0,
+    min_extension_tokens: 1,
+};
+
+fn full(b: u32) -> GroupSpec {
+    GroupSpec::full("attn", b, 1, 64)
+}
+
+/// The complete blocks of group `g` of `c` in token range [s, e) (both multiples).
+fn group_blocks(c: &CacheCoordinator, p: &[u32], g: u32, upto: u32) -> Vec<BlockAddr> {
+    c.computed_blocks(p, upto)
+        .into_iter()
+        .filter(|a| a.group == g)
+        .collect()
+}
+
+fn all_hints(plan: &QueryPlan) -> ExistenceHints {
+    plan.existence_hints(&vec![true; plan.rows.len()]).unwrap()
+}
+
+#[test]
+fn mixed_block_granularities_match_at_lcm_parent_boundaries() {
+    let mut c = coord(
+        vec![
+            GroupSpec::full("attn", 16, 1, 64),
+            GroupSpec::sliding_window("swa", 64, 32, 1, 32),
+            GroupSpec::state("ssm", 64, 48),
+        ],
+        0,
+        1000,
+    );
+    assert_eq!(c.geometry().parent_tokens(), 64);
+    let p = prompt(1, 300);
+    let blocks = c.computed_blocks(&p, 256);
+    // 16 Full blocks, 8 SWA blocks, 4 State checkpoints.
+    assert_eq!(blocks.len(), 16 + 8 + 4);
+    c.publish_d2h(&blocks).unwrap();
+    assert_eq!(c.admission_match(&p, 256).boundary, 256);
+    // A nonaligned bound without tail blocks falls to the aligned boundary below it.
+    assert_eq!(c.admission_match(&p, 255).boundary, 192);
+    // At 128: Full needs 8 blocks, SWA its window [64,128) = 2 blocks, State 1 checkpoint.
+    assert_eq!(c.blocks_at(&p, 128).len(), 8 + 2 + 1);
+    // Losing Full block 10 (tokens 160..176) shortens to 128.
+    let f10 = group_blocks(&c, &p, 0, 256)[10];
+    assert!(c.host_mut().evict(f10));
+    let m = c.admission_match(&p, 256);
+    assert_eq!((m.boundary, m.device_tokens, m.host_tokens), (128, 0, 128));
+    assert_eq!(m.host_blocks.len(), 11);
+    assert!(!m.copy_on_write);
+}
+
+#[test]
+fn sliding_window_hit_needs_only_its_lookback() {
+    let mut c = coord(
+        vec![
+            GroupSpec::sliding_window("swa", 32, 16, 1, 32),
+            GroupSpec::state("ssm", 16, 8),
+        ],
+        0,
+        1000,
+    );
+    let p = prompt(2, 200);
+    c.publish_d2h(&c.computed_blocks(&p, 128)).unwrap();
+    let swa = group_blocks(&c, &p, 0, 128);
+    for b in &swa[..5] {
+        assert!(c.host_mut().evict(*b));
+    }
+    assert_eq!(
+        c.admission_match(&p, 128).boundary,
+        128,
+        "blocks below the window are not needed"
+    );
+    assert!(c.host_mut().evict(swa[7]));
+    // 128 lost its window; 112 needs [80,112) = blocks 5 and 6, still held.
+    assert_eq!(c.admission_match(&p, 128).boundary, 112);
+}
+
+#[test]
+fn sparse_state_gives_the_boundary_with_a_checkpoint() {
+    let mut c = coord(vec![full(16), GroupSpec::state("ssm", 16, 8)], 0, 1000);
+    let p = prompt(3, 200);
+    c.publish_d2h(&group_blocks(&c, &p, 0, 128)).unwrap();
+    let state = group_blocks(&c, &p, 1, 128);
+    c.publish_d2h(&[state[1], state[5]]).unwrap(); // checkpoints at 32 and 96
+    assert_eq!(c.admission_match(&p, 128).boundary, 96);
+    // The query asks only for checkpoints: Full history is local up to 128.
+    let plan = c.plan_query(&p, 128, ALL, NO_LIMITS);
+    assert_eq!(plan.local_tokens, 96);
+    let asked: BTreeSet<BlockAddr> = plan.rows.iter().map(|r| r.block).collect();
+    assert_eq!(asked, BTreeSet::from([state[6], state[7]]));
+    assert_eq!(plan.keys.len(), 4, "two slots per checkpoint");
+    let bs: Vec<u32> = plan.boundaries.iter().map(|b| b.boundary).collect();
+    assert_eq!(bs, vec![128, 112]);
+}
+
+#[test]
+fn device_prefix_host_suffix_query_asks_only_the_suffix() {
+    let mut c = coord(vec![full(16), GroupSpec::state("ssm", 32, 8)], 1000, 1000);
+    let p = prompt(4, 200);
+    // Device: Full 0..4 and checkpoints at 32, 64. Host: Full 4..6 (64..96).
+    let dev = c.computed_blocks(&p, 64);
+    c.insert_device(&dev).unwrap();
+    let host_full: Vec<BlockAddr> = group_blocks(&c, &p, 0, 96)[4..6].to_vec();
+    c.publish_d2h(&host_full).unwrap();
+    let plan = c.plan_query(&p, 160, ALL, NO_LIMITS);
+    assert_eq!((plan.device_tokens, plan.local_tokens), (64, 64));
+    let asked: BTreeSet<BlockAddr> = plan.rows.iter().map(|r| r.block).collect();
+    for b in dev.iter().chain(&host_full) {
+        assert!(
+            !asked.contains(b),
+            "never asks for what the Device or Host holds"
+        );
+    }
+    let full_all = group_blocks(&c, &p, 0, 160);
+    let state_all = group_blocks(&c, &p, 1, 160);
+    let expect: BTreeSet<BlockAddr> = full_all[6..10]
+        .iter()
+        .chain(&state_all[2..5])
+        .copied()
+        .collect();
+    assert_eq!(asked, expect);
+    assert_eq!(plan.keys.len(), 4 + 3 * 2);
+    // Primary charge: 4 Full + 1 checkpoint destinations + 2 warm Host blocks.
+    assert_eq!(plan.host_blocks, 7);
+    assert_eq!(plan.boundaries[0].new_keys, 6);
+    // Every key is in the namespace and distinct.
+    let keys: BTreeSet<_> = plan.keys.iter().collect();
+    assert_eq!(keys.len(), plan.keys.len());
+    assert!(plan.keys.iter().all(|k| c.namespace().owns(k)));
+
+    let r = c.reserve(&p, 160, &all_hints(&plan), 100).unwrap();
+    assert_eq!((r.boundary, r.device_tokens), (160, 64));
+    assert_eq!(r.destinations.len(), 5);
+    assert_eq!(r.charged_host_blocks, 7);
+    assert_eq!(r.rows.len(), 6);
+    // Destinations do not overlap and the warm pins were released before returning.
+    for (i, a) in r.host_ranges().iter().enumerate() {
+        for b in &r.host_ranges()[i + 1..] {
+            assert!(!a.overlaps(b));
+        }
+    }
+    for b in &host_full {
+        assert_eq!(c.host().refs(*b), 0);
+        assert!(c.host_mut().evict(*b) || c.host().contains(*b));
+    }
+    c.publish_d2h(&host_full).unwrap();
+    assert!(
+        c.admission_match(&p, 160).boundary < 160,
+        "unpublished destinations are invisible to probes"
+    );
+    let hold = c.publish_host(r, &[true; 6]).unwrap();
+    assert_eq!(hold.blocks.len(), 5);
+    let m = c.admission_match(&p, 160);
+    assert_eq!((m.boundary, m.device_tokens, m.host_tokens), (160, 64, 96));
+    c.release_hold(hold).unwrap();
+}
+
+#[test]
+fn reservation_shortens_under_host_shortage() {
+    let p = prompt(5, 200);
+    // Pool shortage: 4 Host slots.
+    let mut c = coord(vec![full(16)], 0, 4);
+    let plan = c.plan_query(&p, 128, ALL, NO_LIMITS);
+    assert_eq!(plan.keys.len(), 8);
+    let r = c.reserve(&p, 128, &all_hints(&plan), 100).unwrap();
+    assert_eq!(r.boundary, 64);
+    assert!(r.shortened);
+    assert_eq!(r.destinations.len(), 4);
+    c.abandon(r).unwrap();
+    assert!(c.host().is_empty(), "abandoned destinations are freed");
+    // Credit shortage: 3 Host credits.
+    let mut c = coord(vec![full(16)], 0, 100);
+    let r = c.reserve(&p, 128, &all_hints(&plan), 3).unwrap();
+    assert_eq!((r.boundary, r.charged_host_blocks), (48, 3));
+    // Warm references count against the credits too: with 2 blocks on Host, 3 credits
+    // still reach only 48 (2 warm + 1 destination).
+    let mut c = coord(vec![full(16)], 0, 100);
+    c.publish_d2h(&group_blocks(&c, &p, 0, 32)).unwrap();
+    let r = c.reserve(&p, 128, &all_hints(&plan), 3).unwrap();
+    assert_eq!((r.boundary, r.destinations.len()), (48, 1));
+}
+
+#[test]
+fn shortage_retries_the_aligned_boundary_below_a_tail() {
+    let p = prompt(6, 200);
+    let mut c = coord(vec![full(16)], 0, 100);
+    let plan = c.plan_query(&p, 70, ALL, NO_LIMITS);
+    assert_eq!(plan.boundaries[0].boundary, 70);
+    assert!(plan.boundaries[0].tail.is_some());
+    assert_eq!(plan.boundaries[1].boundary, 64);
+    let hints = all_hints(&plan);
+    let r = c.reserve(&p, 70, &hints, 5).unwrap();
+    assert_eq!((r.boundary, r.destinations.len()), (70, 5));
+    c.abandon(r).unwrap();
+    let r = c.reserve(&p, 70, &hints, 4).unwrap();
+    assert_eq!(
+        (r.boundary, r.tail),
+        (64, None),
+        "aligned boundary below the tail"
+    );
+}
+
+#[test]
+fn eviction_between_query_and_reservation_shortens_never_hits() {
+    let p = prompt(7, 200);
+    let mut c = coord(vec![full(16)], 0, 100);
+    let local = group_blocks(&c, &p, 0, 64);
+    c.publish_d2h(&local).unwrap();
+    let plan = c.plan_query(&p, 128, ALL, NO_LIMITS);
+    assert_eq!(plan.local_tokens, 64);
+    assert_eq!(plan.keys.len(), 4);
+    assert!(c.host_mut().evict(local[2]));
+    let r = c.reserve(&p, 128, &all_hints(&plan), 100).unwrap();
+    assert!(r.is_empty(), "no destinations above a lost dependency");
+    assert_eq!(r.boundary, 32);
+    assert_eq!(c.admission_match(&p, 128).boundary, 32);
+    // The hints of a different, partially failed existence answer cannot extend it either.
+    let mut exists = vec![true; plan.rows.len()];
+    exists[0] = false;
+    let h = plan.existence_hints(&exists).unwrap();
+    assert_eq!(h.blocks.len(), 3);
+    let r = c.reserve(&p, 128, &h, 100).unwrap();
+    assert_eq!(r.boundary, 32);
+}
+
+#[test]
+fn tail_hints_never_establish_a_hit() {
+    let p = prompt(8, 200);
+    let mut c = coord(vec![full(16)], 0, 100);
+    // A GET of the tail at the exact bound 70 records a hint after publication.
+    let plan = c.plan_query(&p, 70, ALL, NO_LIMITS);
+    let r = c.reserve(&p, 70, &all_hints(&plan), 100).unwrap();
+    assert!(r.tail.is_some());
+    assert!(c.tail_table().is_empty(), "no hint before publication");
+    let hold = c.publish_host(r, &[true; 5]).unwrap();
+    assert_eq!(c.tail_table().len(), 1);
+    c.release_hold(hold).unwrap();
+    // A longer prompt sharing the prefix finds the tail through the hint.
+    let m = c.admission_match(&p, 100);
+    assert_eq!(m.boundary, 70);
+    assert!(
+        m.copy_on_write,
+        "a partial history block follows copy-on-write"
+    );
+    // Losing the tail block: the hint alone does not make 70 a hit.
+    let tail_block = c.blocks_at(&p, 70)[4];
+    assert!(c.host_mut().evict(tail_block));
+    assert_eq!(c.admission_match(&p, 100).boundary, 64);
+    // Losing an aligned block below: nothing at all.
+    let b0 = group_blocks(&c, &p, 0, 16)[0];
+    assert!(c.host_mut().evict(b0));
+    assert_eq!(c.admission_match(&p, 100).boundary, 0);
+    // The hint still proposes 70 as a query boundary.
+    let plan = c.plan_query(&p, 100, ALL, NO_LIMITS);
+    assert!(plan.boundaries.iter().any(|b| b.boundary == 70));
+}
+
+#[test]
+fn a_tail_candidate_of_another_prompt_is_ignored() {
+    let p = prompt(17, 200);
+    let q = prompt(18, 200);
+    let mut c = coord(vec![full(16)], 0, 100);
+    let tail_q = c.plan_query(&q, 70, ALL, NO_LIMITS).boundaries[0]
+        .tail
+        .unwrap();
+    let plan_p = c.plan_query(&p, 70, ALL, NO_LIMITS);
+    let mut hints = all_hints(&plan_p);
+    assert_eq!(hints.tails.len(), 1);
+    let own = hints.tails.clone();
+    // With bound 100, 70 is no exact bound: only a carried candidate can propose it.
+    hints.tails = vec![tail_q];
+    let r = c.reserve(&p, 100, &hints, 100).unwrap();
+    assert_eq!(r.boundary, 64);
+    c.abandon(r).unwrap();
+    hints.tails = own;
+    let r = c.reserve(&p, 100, &hints, 100).unwrap();
+    assert_eq!(r.boundary, 70);
+}
+
+#[test]
+fn failed_rows_free_their_blocks_and_shorten_reuse() {
+    let p = prompt(9, 200);
+    let mut c = coord(vec![GroupSpec::full("attn", 16, 2, 32)], 0, 100);
+    let plan = c.plan_query(&p, 64, ALL, NO_LIMITS);
+    let r = c.reserve(&p, 64, &all_hints(&plan), 100).unwrap();
+    assert_eq!(r.rows.len(), 8);
+    let failed_block = r.rows[5].block;
+    let mut ok = vec![true; 8];
+    ok[5] = false; // one page of block 2
+    let hold = c.publish_host(r, &ok).unwrap();
+    assert_eq!(hold.blocks.len(), 3);
+    assert_eq!(
+        c.host().state(failed_block),
+        None,
+        "failed destination freed"
+    );
+    assert_eq!(c.admission_match(&p, 64).boundary, 32);
+    c.release_hold(hold).unwrap();
+}
+
+#[test]
+fn malformed_row_results_quarantine_the_destinations() {
+    let p = prompt(9, 200);
+    let mut c = coord(vec![full(16)], 0, 100);
+    let plan = c.plan_query(&p, 64, ALL, NO_LIMITS);
+    let r = c.reserve(&p, 64, &all_hints(&plan), 100).unwrap();
+    let dests = r.destinations.clone();
+    assert!(matches!(
+        c.publish_host(r, &[true; 3]),
+        Err(CacheError::Length {
+            expected: 4,
+            got: 3,
+            ..
+        })
+    ));
+    for d in &dests {
+        assert_eq!(c.host().refs(*d), 1, "never freed nor published");
+        assert!(!c.host().contains(*d));
+    }
+    assert_eq!(c.host().available(0), 96);
+}
+
+#[test]
+fn credit_packing_longest_complete_boundary_first() {
+    let p = prompt(10, 300);
+    let c = coord(vec![full(16)], 0, 100);
+    let credits = QueryCredits {
+        keys: 10,
+        host_blocks: 100,
+    };
+    let plan = c.plan_query(&p, 256, credits, NO_LIMITS);
+    assert_eq!(plan.boundaries[0].boundary, 160);
+    assert_eq!(plan.keys.len(), 10);
+    assert!(plan.boundaries[1..].iter().all(|b| b.new_keys == 0));
+    // Host credits bound the primary too.
+    let credits = QueryCredits {
+        keys: 100,
+        host_blocks: 6,
+    };
+    let plan = c.plan_query(&p, 256, credits, NO_LIMITS);
+    assert_eq!(plan.boundaries[0].boundary, 96);
+    assert_eq!(plan.host_blocks, 6);
+    let none = QueryCredits {
+        keys: 0,
+        host_blocks: 100,
+    };
+    assert_eq!(
+        c.plan_query(&p, 256, none, NO_LIMITS).bypass,
+        Some(Bypass::NoCreditFit)
+    );
+}
+
+#[test]
+fn fallbacks_join_only_when_their_whole_extra_set_fits() {
+    let p = prompt(11, 300);
+    let c = coord(vec![GroupSpec::sliding_window("swa", 32, 16, 2, 8)], 0, 100);
+    let plan = |keys| {
+        let credits = QueryCredits {
+            keys,
+            host_blocks: 100,
+        };
+        let plan = c.plan_query(&p, 128, credits, NO_LIMITS);
+        let bs: Vec<(u32, u32)> = plan
+            .boundaries
+            .iter()
+            .map(|b| (b.boundary, b.new_keys))
+            .collect();
+        (bs, plan.keys.len())
+    };
+    // Primary 128: window blocks 6, 7 (4 keys). 112 adds block 5 (2 keys), 96 adds 4 ...
+    assert_eq!(
+        plan(5),
+        (vec![(128, 4)], 4),
+        "a half-fitting extra set is skipped"
+    );
+    assert_eq!(plan(6), (vec![(128, 4), (112, 2)], 6));
+    assert_eq!(plan(9), (vec![(128, 4), (112, 2), (96, 2)], 8));
+}
+
+#[test]
+fn historical_checkpoints_never_crowd_out_the_prompt_end_checkpoint() {
+    let p = prompt(12, 300);
+    let mut c = coord(vec![full(16), GroupSpec::state("ssm", 16, 8)], 0, 100);
+    c.publish_d2h(&group_blocks(&c, &p, 0, 256)).unwrap();
+    let plan = |c: &CacheCoordinator, keys| {
+        let credits = QueryCredits {
+            keys,
+            host_blocks: 100,
+        };
+        c.plan_query(&p, 256, credits, NO_LIMITS)
+            .boundaries
+            .iter()
+            .map(|b| b.boundary)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(plan(&c, 2), vec![256]);
+    assert_eq!(plan(&c, 3), vec![256]);
+    assert_eq!(plan(&c, 6), vec![256, 240, 224]);
+}
+
+#[test]
+fn bypass_rules() {
+    let p = prompt(13, 300);
+    let mut c = coord(vec![full(16)], 0, 100);
+    c.publish_d2h(&group_blocks(&c, &p, 0, 64)).unwrap();
+    let plan = c.plan_query(&p, 64, ALL, NO_LIMITS);
+    assert_eq!(plan.bypass, Some(Bypass::LocalCoversBound));
+    let limits = QueryLimits {
+        lookahead_tokens: 0,
+        min_extension_tokens: 80,
+    };
+    let plan = c.plan_query(&p, 128, ALL, limits);
+    assert_eq!(plan.bypass, Some(Bypass::ExtensionBelowMinimum));
+    assert!(plan.keys.is_empty());
+    let limits = QueryLimits {
+        lookahead_tokens: 32,
+        min_extension_tokens: 1,
+    };
+    let plan = c.plan_query(&p, 256, ALL, limits);
+    assert_eq!(plan.bypass, None);
+    assert_eq!(plan.boundaries[0].boundary, 96, "bounded extension");
+}
+
+#[test]
+fn page_sharded_rows_follow_owner_translation_with_replica_keys() {
+    let groups = vec![GroupSpec::full("mla", 16, 4, 16).sharded(2)];
+    let mut coords: Vec<CacheCoordinator> = (0..4)
+        .map(|rank| {
+            let g = CacheGeometry::new(groups.clone(), 4, rank).unwrap();
+            let ns = namespace(&g);
+            let cfg = CoordinatorConfig {
+                device_blocks: vec![0],
+                host_blocks: vec![64],
+                tail_capacity: 4,
+            };
+            CacheCoordinator::new(g, ns, &cfg).unwrap()
+        })
+        .collect();
+    let p = prompt(14, 100);
+    let mut keys = Vec::new();
+    for (rank, c) in coords.iter_mut().enumerate() {
+        let plan = c.plan_query(&p, 32, ALL, NO_LIMITS);
+        let r = c.reserve(&p, 32, &all_hints(&plan), 100).unwrap();
+        assert_eq!(r.rows.len(), 8);
+        let owned: Vec<bool> = r.rows.iter().map(|x| x.locally_owned).collect();
+        let expect: Vec<bool> = (0..8).map(|i| (i % 2) as usize == rank % 2).collect();
+        assert_eq!(owned, expect);
+        keys.push(r.keys());
+    }
+    assert_eq!(keys[0], keys[1], "one payload replica, one set of keys");
+    assert_eq!(keys[2], keys[3]);
+    assert_ne!(keys[0], keys[2]);
+}
+
+#[test]
+fn identical_inputs_give_identical_plans_and_reservations() {
+    let run = || {
+        let mut c = coord(
+            vec![
+                full(16),
+                GroupSpec::sliding_window("swa", 48, 16, 1, 8),
+                GroupSpec::state("ssm", 32, 8),
+            ],
+            8,
+            200,
+        );
+        let p = prompt(15, 400);
+        c.insert_device(&c.computed_blocks(&p, 64)).unwrap();
+        c.publish_d2h(&c.computed_blocks(&p, 160)).unwrap();
+        let plan = c.plan_query(&p, 300, ALL, NO_LIMITS);
+        let r = c.reserve(&p, 300, &all_hints(&plan), 60).unwrap();
+        (plan, r.keys(), r.host_ranges(), r.boundary)
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn backup_sources_recheck_residency_and_hold_references() {
+    let p = prompt(16, 100);
+    let mut c = coord(vec![full(16)], 0, 2);
+    let placed = c.placed_blocks(&p, 32);
+    let blocks: Vec<BlockAddr> = placed.iter().map(|b| b.addr).collect();
+    assert_eq!(c.publish_d2h(&blocks).unwrap(), blocks);
+    assert!(
+        c.publish_d2h(&blocks).unwrap().is_empty(),
+        "already resident"
+    );
+    let rows = c.backup_sources(&placed).unwrap().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r.locally_owned));
+    assert_eq!(rows[1].range, c.host().host_range(blocks[1]).unwrap());
+    // Sources are held: a new D2H cannot evict them.
+    let more = group_blocks(&c, &p, 0, 48)[2];
+    assert!(c.publish_d2h(&[more]).is_err());
+    c.release_host_refs(&blocks).unwrap();
+    assert_eq!(c.publish_d2h(&[more]).unwrap(), vec![more]);
+    // One source evicted: the PUT is dropped without taking references.
+    assert!(c.backup_sources(&placed).unwrap().is_none());
+    assert!(blocks.iter().all(|b| c.host().refs(*b) == 0));
+}
+
+#[test]
+fn page_sharded_backup_rows_follow_owner_translation() {
+    let groups = vec![GroupSpec::full("mla", 16, 3, 16).sharded(2)];
+    let g = CacheGeometry::new(groups, 2, 1).unwrap();
+    let ns = namespace(&g);
+    let cfg = CoordinatorConfig {
+        device_blocks: vec![0],
+        host_blocks: vec![8],
+        tail_capacity: 1,
+    };
+    let mut c = CacheCoordinator::new(g, ns, &cfg).unwrap();
+    let p = prompt(19, 64);
+    let placed = c.placed_blocks(&p, 32);
+    let blocks: Vec<BlockAddr> = placed.iter().map(|b| b.addr).collect();
+    c.publish_d2h(&blocks).unwrap();
+    let rows = c.backup_sources(&placed).unwrap().unwrap();
+    // Pages 0..6 of the group's sequence, dealt over ranks 0 and 1: rank 1 owns the odd ones.
+    let owned: Vec<bool> = rows.iter().map(|r| r.locally_owned).collect();
+    assert_eq!(owned, vec![false, true, false, true, false, true]);
+    assert!(rows.iter().all(|r| r.key.as_str().ends_with("-s0")));
+}
+
+// ---------------------------------------------------------------- property tests
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The independent oracle: the blocks boundary `b` requires, from the seed's rules.
+    fn naive_required(geo: &CacheGeometry, p: &[u32], b: u32) -> Vec<BlockAddr> {
+        let mut s = Vec::new();
+        let mut out = Vec::new();
+        for (g, spec) in geo.groups().iter().enumerate() {
+            let bt = spec.block_tokens;
+            let mut chain = vec![ContentHash::ROOT];
+            for k in 0..(b / bt) as usize {
+                let h = chain_hash(&mut s, chain[k], &p[k * bt as usize..(k + 1) * bt as usize]);
+                chain.push(h);
+            }
+            let full_k = (b / bt) as usize;
+            let tail = || {
+                let start = full_k * bt as usize;
+                chain_hash(&mut Vec::new(), chain[full_k], &p[start..b as usize])
+            };
+            let partial = !b.is_multiple_of(bt);
+            let range = match spec.kind {
+                GroupKind::Full => 0..full_k,
+                GroupKind::SlidingWindow { window_tokens } => {
+                    ((b - window_tokens.min(b)) / bt) as usize..full_k
+                }
+                GroupKind::State => {
+                    if partial || b == 0 {
+                        0..0
+                    } else {
+                        full_k - 1..full_k
+                    }
+                }
+            };
+            for k in range {
+                out.push(BlockAddr::new(g, chain[k + 1]));
+            }
+            if partial {
+                out.push(BlockAddr::new(g, tail()));
+            }
+        }
+        out
+    }
+
+    fn presets() -> Vec<Vec<GroupSpec>> {
+        vec![
+            vec![full(4)],
+            vec![full(4), GroupSpec::sliding_window("w", 6, 2, 1, 8)],
+            vec![full(2), GroupSpec::state("s", 4, 8)],
+            vec![
+                full(2),
+                GroupSpec::sliding_window("w", 4, 4, 2, 8),
+                GroupSpec::state("s", 8, 8),
+            ],
+            vec![
+                GroupSpec::sliding_window("w", 3, 3, 1, 8),
+                GroupSpec::state("s", 6, 8),
+            ],
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        #[test]
+        fn matcher_returns_a_legal_and_maximal_boundary(
+            preset in 0usize..5,
+            len in 1usize..80,
+            bound in 0u32..90,
+            vocab in 1u32..4,
+            seeds in proptest::collection::vec(0u8..4, 200),
+        ) {
+            let mut c = coord(presets()[preset].clone(), 1000, 1000);
+            let p: Vec<u32> = (0..len as u32).map(|i| (i * 7 + i / 5) % vocab).collect();
+            let geo = c.geometry().clone();
+            let bound = bound.min(len as u32);
+            // Every block any candidate could require, placed at random.
+            let mut every = BTreeSet::new();
+            for b in 1..=bound {
+                every.extend(naive_required(&geo, &p, b));
+            }
+            for (i, a) in every.iter().enumerate() {
+                match seeds[i % seeds.len()] {
+                    0 => { c.insert_device(&[*a]).unwrap(); }
+                    1 => { c.publish_d2h(&[*a]).unwrap(); }
+                    2 => { c.insert_device(&[*a]).unwrap(); c.publish_d2h(&[*a]).unwrap(); }
+                    _ => {}
+                }
+            }
+            let have = |a: &BlockAddr| c.device().contains(*a) || c.host().contains(*a);
+            let on_dev = |a: &BlockAddr| c.device().contains(*a);
+            let l = geo.parent_tokens();
+            let m = c.admission_match(&p, bound);
+            // Candidates: aligned boundaries and the exact bound (no hints recorded).
+            let cands: Vec<u32> = (1..=bound).filter(|b| b % l == 0 || *b == bound).collect();
+            let legal = |b: u32, f: &dyn Fn(&BlockAddr) -> bool| {
+                b == 0 || naive_required(&geo, &p, b).iter().all(f)
+            };
+            prop_assert!(legal(m.boundary, &have));
+            prop_assert!(m.boundary == 0 || cands.contains(&m.boundary));
+            for b in cands.iter().filter(|b| **b > m.boundary) {
+                prop_assert!(!legal(*b, &have), "longer legal boundary {} missed", b);
+            }
+            prop_assert!(legal(m.device_tokens, &on_dev));
+            for b in cands.iter().filter(|b| **b > m.device_tokens) {
+                prop_assert!(!legal(*b, &on_dev));
+            }
+            prop_assert_eq!(m.host_tokens, m.boundary - m.device_tokens);
+        }
+
+        #[test]
+        fn lcm_accounting_never_exceeds_max_host_blocks(
+            preset in 0usize..5,
+            len in 1usize..120,
+            max_host_blocks in 1u32..40,
+            host_slots in 1u32..30,
+            local in proptest::collection::vec(any::<bool>(), 64),
+            exists in proptest::collection::vec(any::<bool>(), 256),
+            key_credits in 1u32..60,
+        ) {
+            let mut c = coord(presets()[preset].clone(), 1000, host_slots);
+            let p: Vec<u32> = (0..len as u32).map(|i| i * 31 % 11).collect();
+            let blocks = c.computed_blocks(&p, len as u32);
+            for (i, b) in blocks.iter().enumerate() {
+                if local[i % local.len()] {
+                    let _ = c.publish_d2h(&[*b]);
+                }
+            }
+            let credits = QueryCredits { keys: key_credits, host_blocks: max_host_blocks };
+            let plan = c.plan_query(&p, len as u32, credits, NO_LIMITS);
+            prop_assert!(plan.host_blocks <= max_host_blocks);
+            prop_assert!(plan.keys.len() as u32 <= key_credits);
+            let ex: Vec<bool> = (0..plan.rows.len()).map(|i| exists[i % exists.len()]).collect();
+            let hints = plan.existence_hints(&ex).unwrap();
+            let r = c.reserve(&p, len as u32, &hints, max_host_blocks).unwrap();
+            prop_assert!(r.charged_host_blocks <= max_host_blocks);
+            prop_assert!(r.destinations.len() as u32 <= r.charged_host_blocks);
+            // Only destinations hold references after reservation: warm pins are gone.
+            let held: u32 = blocks.iter().map(|b| c.host().refs(*b)).sum();
+            prop_assert!(held <= r.destinations.len() as u32);
+            // A reservation never claims more than the hints and local data make legal.
+            prop_assert!(r.boundary <= len as u32);
+            let boundary = r.boundary;
+            let rows = r.rows.len();
+            let hold = c.publish_host(r, &vec![true; rows]).unwrap();
+            prop_assert!(c.admission_match(&p, len as u32).boundary >= boundary);
+            c.release_hold(hold).unwrap();
+        }
+    }
+}
