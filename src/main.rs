@@ -35,6 +35,18 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// Matching and query planning against 1M Host and 100k Device blocks with 32k-token
+    /// prompts: µs per request and per block, bytes per pooled block.
+    Matcher {
+        #[arg(long, default_value_t = 1_000_000)]
+        host_blocks: u32,
+        #[arg(long, default_value_t = 100_000)]
+        device_blocks: u32,
+        #[arg(long, default_value_t = 32_768)]
+        prompt_tokens: u32,
+        #[arg(long, default_value_t = 20)]
+        requests: u32,
+    },
     /// GET and PUT throughput of 64 KiB objects through the L3 executor on MemoryStore,
     /// beside a plain memcpy of the same bytes.
     Executor {
@@ -57,6 +69,22 @@ enum BenchCommand {
 
 fn run_bench(which: BenchCommand) -> Result<(), String> {
     match which {
+        BenchCommand::Matcher {
+            host_blocks,
+            device_blocks,
+            prompt_tokens,
+            requests,
+        } => {
+            let r =
+                actors::cache::bench::bench_matcher(&actors::cache::bench::MatcherBenchConfig {
+                    host_blocks,
+                    device_blocks,
+                    prompt_tokens,
+                    requests,
+                });
+            print!("{r}");
+            Ok(())
+        }
         BenchCommand::Executor {
             objects,
             batch,
