@@ -6,3 +6,4 @@ pub mod clock;
 pub mod host;
 pub mod l3;
 pub mod names;
+pub mod storage_transfer;
