@@ -165,7 +165,10 @@ mod tests {
         let mut q = BackupQueue::new(2);
         assert_eq!(q.offer(cand("a", 1), false), OfferOutcome::Queued);
         assert_eq!(q.offer(cand("b", 2), false), OfferOutcome::Queued);
-        assert_eq!(q.offer(cand("c", 3), false), OfferOutcome::QueuedDroppedOldest);
+        assert_eq!(
+            q.offer(cand("c", 3), false),
+            OfferOutcome::QueuedDroppedOldest
+        );
         assert_eq!(q.dropped(DropReason::Overflow), 1);
         assert!(!q.contains_key(&StorageKey("a".into())));
         assert_eq!(q.pop_front(), Some(cand("b", 2)));

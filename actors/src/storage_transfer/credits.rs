@@ -77,9 +77,7 @@ impl Credits {
         self.operations_used = self.operations_used.saturating_sub(ops);
         self.hosts_used = self.hosts_used.saturating_sub(hosts);
         if class == CreditClass::Backup {
-            debug_assert!(
-                ops <= self.backup_operations_used && hosts <= self.backup_hosts_used
-            );
+            debug_assert!(ops <= self.backup_operations_used && hosts <= self.backup_hosts_used);
             self.backup_operations_used = self.backup_operations_used.saturating_sub(ops);
             self.backup_hosts_used = self.backup_hosts_used.saturating_sub(hosts);
         }
@@ -142,7 +140,10 @@ mod tests {
         assert_eq!(k.backup_operation_max(), 2);
         assert_eq!(k.backup_host_max(), 4);
         assert!(k.charge(CreditClass::Backup, 1, 4));
-        assert!(!k.charge(CreditClass::Backup, 1, 1), "backup Host half is 4");
+        assert!(
+            !k.charge(CreditClass::Backup, 1, 1),
+            "backup Host half is 4"
+        );
         assert!(k.charge(CreditClass::Backup, 1, 0));
         assert!(!k.charge(CreditClass::Backup, 1, 0), "backup op half is 2");
         assert!(k.charge(CreditClass::Read, 3, 5));

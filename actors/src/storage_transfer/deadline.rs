@@ -69,7 +69,10 @@ mod tests {
         q.insert(10, RequestId(0));
         q.insert(31, RequestId(3));
         assert!(q.pop_due(9).is_empty());
-        assert_eq!(q.pop_due(30), vec![RequestId(0), RequestId(2), RequestId(1)]);
+        assert_eq!(
+            q.pop_due(30),
+            vec![RequestId(0), RequestId(2), RequestId(1)]
+        );
         assert!(q.remove(31, RequestId(3)));
         assert!(q.is_empty());
     }

@@ -463,10 +463,7 @@ impl StorageTransferManager {
                         fx.backed_up.push(key);
                     } else if done.capacity.get(i).copied().unwrap_or(false) && epoch == self.epoch
                     {
-                        let candidate = BackupCandidate {
-                            key,
-                            host: refs[i],
-                        };
+                        let candidate = BackupCandidate { key, host: refs[i] };
                         fx.reoffer.push(candidate.clone());
                         self.offer_candidate(candidate);
                     }
