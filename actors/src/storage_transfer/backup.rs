@@ -93,11 +93,9 @@ impl BackupQueue {
             return OfferOutcome::Coalesced;
         }
         let mut outcome = OfferOutcome::Queued;
-        if self.queue.len() >= self.capacity {
-            if self.pop_front().is_some() {
-                self.count_drop(DropReason::Overflow, 1);
-                outcome = OfferOutcome::QueuedDroppedOldest;
-            }
+        if self.queue.len() >= self.capacity && self.pop_front().is_some() {
+            self.count_drop(DropReason::Overflow, 1);
+            outcome = OfferOutcome::QueuedDroppedOldest;
         }
         *self.queued_keys.entry(candidate.key.clone()).or_insert(0) += 1;
         self.queue.push_back(candidate);

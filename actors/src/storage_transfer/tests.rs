@@ -697,7 +697,11 @@ fn determinism_same_trace_same_outputs() {
         let mut out = Vec::new();
         let mut ops = Vec::new();
         let mut pending = Vec::new();
+        let mut leases: Vec<StorageLease> = Vec::new();
         for r in 0..20u64 {
+            if r % 4 == 0 && !leases.is_empty() {
+                out.push(m.detach(leases.remove(0)));
+            }
             let tick = r * 7 * MS;
             let mut done = Vec::new();
             for p in pending.drain(..) {
@@ -729,7 +733,7 @@ fn determinism_same_trace_same_outputs() {
             if let Ok((q, lease)) = m.issue_query(RequestId(r), keys(&format!("q{r}-"), 2)) {
                 ops.push(format!("{:?}", q));
                 pending.push(StorageDone::query(q.op, vec![r % 2 == 0, true], true));
-                std::mem::forget(lease);
+                leases.push(lease);
             }
             m.offer_backup(key(&format!("b{}", r % 4)), HostRef(1000 + r));
             if let Some(p) = m.dispatch_backups(&mut residency_all) {
