@@ -388,7 +388,9 @@ impl StorageTransferManager {
         if kind == StorageOpKind::Put {
             self.unpend_put_keys(op);
         }
-        if !done.retired {
+        // QUERY touches no supplied Host payload: its failure retains no buffer, so an
+        // unretired QUERY quarantines nothing.
+        if !done.retired && kind != StorageOpKind::Query {
             self.quarantine(op, fx);
             return;
         }

@@ -800,3 +800,16 @@ fn bench_body_runs_at_small_scale() {
     assert!(r.waiting_requests >= 150, "{r:?}");
     assert!(r.completions_per_round >= 4);
 }
+
+#[test]
+fn an_unretired_query_retains_nothing_and_quarantines_nothing() {
+    let mut m = StorageTransferManager::new(config());
+    let (q, _l) = m.issue_query(RequestId(1), keys("a", 2)).unwrap();
+    let done = StorageDone::failed(q.op, StorageOpKind::Query, 2, false, "sdk error");
+    let fx = m.apply_round(with_done(MS, vec![done])).unwrap();
+    assert!(fx.quarantined.is_empty());
+    assert_eq!(fx.settled, vec![q.op]);
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::Completed)]);
+    assert!(m.l3_enabled());
+    assert_eq!(m.stats().operation_credits_in_use, 0);
+}
