@@ -123,6 +123,11 @@ impl BackupQueue {
         n
     }
 
+    /// A candidate found covered by a pending PUT at dispatch.
+    pub fn note_coalesced(&mut self) {
+        self.coalesced += 1;
+    }
+
     pub fn count_drop(&mut self, reason: DropReason, n: u64) {
         self.dropped[reason.index()] += n;
     }

@@ -466,8 +466,12 @@ impl StorageTransferManager {
                     } else if done.capacity.get(i).copied().unwrap_or(false) && epoch == self.epoch
                     {
                         let candidate = BackupCandidate { key, host: refs[i] };
-                        fx.reoffer.push(candidate.clone());
-                        self.offer_candidate(candidate);
+                        if !matches!(
+                            self.offer_candidate(candidate.clone()),
+                            OfferOutcome::Dropped(_)
+                        ) {
+                            fx.reoffer.push(candidate);
+                        }
                     }
                 }
             }
@@ -576,7 +580,9 @@ impl StorageTransferManager {
     }
 
     /// Issue a GET for a request whose QUERY was answered: fixed keys into fixed Host
-    /// destinations the caller has allocated and pinned. The ticket takes those references
+    /// destinations the caller has allocated and pinned. The caller checks `gate_closed()`
+    /// and the credits before allocating destinations; on a refusal the destinations stay
+    /// the caller's. The ticket takes those references
     /// and releases them only at agreed retirement (or keeps them, quarantined).
     pub fn issue_get(
         &mut self,
@@ -697,7 +703,8 @@ impl StorageTransferManager {
                 break;
             };
             if self.pending_put_keys.contains_key(&c.key) || batch.contains(&c.key) {
-                continue; // covered by a pending PUT: not a loss
+                self.backups.note_coalesced(); // covered by a pending PUT: not a loss
+                continue;
             }
             match residency(&c.key, c.host) {
                 Some(range) => {

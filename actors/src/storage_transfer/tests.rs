@@ -813,3 +813,28 @@ fn an_unretired_query_retains_nothing_and_quarantines_nothing() {
     assert!(m.l3_enabled());
     assert_eq!(m.stats().operation_credits_in_use, 0);
 }
+
+#[test]
+fn capacity_reoffer_while_closed_is_a_pressure_drop() {
+    let mut m = StorageTransferManager::new(config());
+    m.offer_backup(key("a"), HostRef(1));
+    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: MS,
+            pressure: pressure(50),
+            completions: vec![StorageDone::put(
+                put.op,
+                vec![false],
+                vec![0],
+                vec![true],
+                true,
+            )],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(fx.release, vec![HostRef(1)]);
+    assert!(fx.reoffer.is_empty());
+    assert_eq!(m.stats().dropped(DropReason::Pressure), 1);
+    assert_eq!(m.queued_candidates(), 0);
+}
