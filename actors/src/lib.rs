@@ -11,3 +11,4 @@ pub mod l3;
 pub mod metrics;
 pub mod model;
 pub mod names;
+pub mod storage_transfer;

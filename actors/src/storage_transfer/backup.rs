@@ -1,0 +1,195 @@
+//! The backup candidate queue: bounded and nonowning. A candidate is (key, HostRef) with no
+//! reference taken; residency is rechecked at PUT dispatch, where residents take source
+//! references and evicted candidates are dropped as unavailable. Overflow drops the oldest
+//! candidate. A candidate already queued or covered by a pending PUT coalesces (not a
+//! loss). Dropped candidate occurrences are counted by a fixed reason. The queue never pins
+//! Host memory and never decides retirement.
+
+use super::HostRef;
+use messages::StorageKey;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Why a backup candidate was dropped (the fixed `reason` label of the dropped-keys counter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    /// The pressure gate is closed (or closed while it was queued).
+    Pressure,
+    /// The bounded queue overflowed and dropped its oldest candidate.
+    Overflow,
+    /// At dispatch the Host entry was no longer resident.
+    Unavailable,
+    /// Writes are disabled: a permanently zero write budget, or L3 stopped by quarantine.
+    Disabled,
+    /// A clear / namespace rotation / weight update discarded queued work.
+    Cleanup,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 5] = [
+        DropReason::Pressure,
+        DropReason::Overflow,
+        DropReason::Unavailable,
+        DropReason::Disabled,
+        DropReason::Cleanup,
+    ];
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DropReason::Pressure => "pressure",
+            DropReason::Overflow => "overflow",
+            DropReason::Unavailable => "unavailable",
+            DropReason::Disabled => "disabled",
+            DropReason::Cleanup => "cleanup",
+        }
+    }
+    pub fn index(&self) -> usize {
+        *self as usize
+    }
+}
+
+/// A nonowning backup candidate.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BackupCandidate {
+    pub key: StorageKey,
+    pub host: HostRef,
+}
+
+/// What happened to an offered candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OfferOutcome {
+    Queued,
+    /// Queued; the oldest candidate was dropped (overflow).
+    QueuedDroppedOldest,
+    /// Already queued or covered by a pending PUT: not a loss.
+    Coalesced,
+    /// Dropped at once for this reason.
+    Dropped(DropReason),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackupQueue {
+    capacity: usize,
+    queue: VecDeque<BackupCandidate>,
+    queued_keys: BTreeMap<StorageKey, u32>,
+    dropped: [u64; 5],
+    coalesced: u64,
+}
+
+impl BackupQueue {
+    pub fn new(capacity: u32) -> Self {
+        Self {
+            capacity: capacity.max(1) as usize,
+            queue: VecDeque::new(),
+            queued_keys: BTreeMap::new(),
+            dropped: [0; 5],
+            coalesced: 0,
+        }
+    }
+
+    /// Queue a candidate unless its key is already queued or `pending` (a PUT in flight
+    /// covers it).
+    pub fn offer(&mut self, candidate: BackupCandidate, pending: bool) -> OfferOutcome {
+        if pending || self.queued_keys.contains_key(&candidate.key) {
+            self.coalesced += 1;
+            return OfferOutcome::Coalesced;
+        }
+        let mut outcome = OfferOutcome::Queued;
+        if self.queue.len() >= self.capacity && self.pop_front().is_some() {
+            self.count_drop(DropReason::Overflow, 1);
+            outcome = OfferOutcome::QueuedDroppedOldest;
+        }
+        *self.queued_keys.entry(candidate.key.clone()).or_insert(0) += 1;
+        self.queue.push_back(candidate);
+        outcome
+    }
+
+    /// Take the oldest candidate.
+    pub fn pop_front(&mut self) -> Option<BackupCandidate> {
+        let c = self.queue.pop_front()?;
+        if let Some(n) = self.queued_keys.get_mut(&c.key) {
+            *n -= 1;
+            if *n == 0 {
+                self.queued_keys.remove(&c.key);
+            }
+        }
+        Some(c)
+    }
+
+    /// Drop every queued candidate for `reason`; returns how many.
+    pub fn drop_all(&mut self, reason: DropReason) -> u64 {
+        let n = self.queue.len() as u64;
+        self.queue.clear();
+        self.queued_keys.clear();
+        self.count_drop(reason, n);
+        n
+    }
+
+    /// A candidate found covered by a pending PUT at dispatch.
+    pub fn note_coalesced(&mut self) {
+        self.coalesced += 1;
+    }
+
+    pub fn count_drop(&mut self, reason: DropReason, n: u64) {
+        self.dropped[reason.index()] += n;
+    }
+
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.dropped[reason.index()]
+    }
+    pub fn dropped_all(&self) -> [u64; 5] {
+        self.dropped
+    }
+    pub fn coalesced(&self) -> u64 {
+        self.coalesced
+    }
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+    pub fn contains_key(&self, key: &StorageKey) -> bool {
+        self.queued_keys.contains_key(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(k: &str, h: u64) -> BackupCandidate {
+        BackupCandidate {
+            key: StorageKey(k.into()),
+            host: HostRef(h),
+        }
+    }
+
+    #[test]
+    fn overflow_drops_oldest_and_counts() {
+        let mut q = BackupQueue::new(2);
+        assert_eq!(q.offer(cand("a", 1), false), OfferOutcome::Queued);
+        assert_eq!(q.offer(cand("b", 2), false), OfferOutcome::Queued);
+        assert_eq!(
+            q.offer(cand("c", 3), false),
+            OfferOutcome::QueuedDroppedOldest
+        );
+        assert_eq!(q.dropped(DropReason::Overflow), 1);
+        assert!(!q.contains_key(&StorageKey("a".into())));
+        assert_eq!(q.pop_front(), Some(cand("b", 2)));
+        assert_eq!(q.pop_front(), Some(cand("c", 3)));
+        assert_eq!(q.pop_front(), None);
+    }
+
+    #[test]
+    fn coalescing_is_not_a_loss() {
+        let mut q = BackupQueue::new(4);
+        q.offer(cand("a", 1), false);
+        assert_eq!(q.offer(cand("a", 1), false), OfferOutcome::Coalesced);
+        assert_eq!(q.offer(cand("b", 2), true), OfferOutcome::Coalesced);
+        assert_eq!(q.coalesced(), 2);
+        assert_eq!(q.dropped_all(), [0; 5]);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.drop_all(DropReason::Cleanup), 1);
+        assert_eq!(q.dropped(DropReason::Cleanup), 1);
+        assert!(q.is_empty());
+    }
+}

@@ -1,0 +1,74 @@
+//! What applying a round (or a planning call) tells the scheduler: which rows to publish,
+//! which Host references to release, which waits ended and why, which references are
+//! quarantined, which candidates to re-offer and which cancellations to emit. Effects are
+//! plain data in a deterministic order; the manager never acts on Host memory itself.
+
+use super::backup::BackupCandidate;
+use super::lease::WaitEnd;
+use super::HostRef;
+use messages::{HostRange, OperationId, RequestId, StorageCancelOp, StorageKey};
+
+/// A GET row that fully succeeded and retired on every owner, for an attached request: the
+/// cache owner publishes a Host entry for `key` in `host`. The ticket keeps the reference
+/// as the request's Ready hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishRow {
+    pub op: OperationId,
+    pub request: RequestId,
+    pub key_index: usize,
+    pub key: StorageKey,
+    pub host: HostRef,
+    pub range: HostRange,
+}
+
+/// An attached QUERY's agreed existence mask (one entry per key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueryResult {
+    pub request: RequestId,
+    pub op: OperationId,
+    pub keys: Vec<StorageKey>,
+    pub exists: Vec<bool>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundEffects {
+    pub publish: Vec<PublishRow>,
+    /// References the manager no longer holds (each entry is one reference to unpin).
+    pub release: Vec<HostRef>,
+    /// PUT rows rejected for capacity: re-queued as candidates (listed for visibility).
+    pub reoffer: Vec<BackupCandidate>,
+    pub query_results: Vec<QueryResult>,
+    pub waits_ended: Vec<(RequestId, WaitEnd)>,
+    /// Ready holds that expired this round.
+    pub ready_expired: Vec<RequestId>,
+    /// References newly kept forever by an unretired result.
+    pub quarantined: Vec<HostRef>,
+    /// Cancellations to put in plan.cache for detached, still-outstanding reads.
+    pub cancels: Vec<StorageCancelOp>,
+    /// Tickets settled (credits returned) by this step.
+    pub settled: Vec<OperationId>,
+    /// Keys whose create-only PUT succeeded on every owner.
+    pub backed_up: Vec<StorageKey>,
+    /// Keys newly entered into negative metadata.
+    pub negative: Vec<StorageKey>,
+}
+
+impl RoundEffects {
+    pub fn is_empty(&self) -> bool {
+        *self == RoundEffects::default()
+    }
+    /// Append another step's effects.
+    pub fn extend(&mut self, other: RoundEffects) {
+        self.publish.extend(other.publish);
+        self.release.extend(other.release);
+        self.reoffer.extend(other.reoffer);
+        self.query_results.extend(other.query_results);
+        self.waits_ended.extend(other.waits_ended);
+        self.ready_expired.extend(other.ready_expired);
+        self.quarantined.extend(other.quarantined);
+        self.cancels.extend(other.cancels);
+        self.settled.extend(other.settled);
+        self.backed_up.extend(other.backed_up);
+        self.negative.extend(other.negative);
+    }
+}

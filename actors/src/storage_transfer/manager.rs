@@ -1,0 +1,771 @@
+//! StorageTransferManager: applies an agreed round in the seed's order — tick (soft
+//! deadlines, Ready expiry, the pressure gate), then cancellations, then completions — so an
+//! already expired or detached read can never publish a late result; then answers the
+//! scheduler's planning calls (QUERY, GET, backup offers, PUT dispatch). It owns every
+//! storage ticket and its Host references until the agreed completion proves retirement.
+//! It never reads a clock, never performs I/O and never frees a reference of an Issued or
+//! Quarantined ticket.
+
+use super::backup::{BackupCandidate, BackupQueue, DropReason, OfferOutcome};
+use super::credits::{CreditClass, Credits};
+use super::deadline::{ready_expiry_us, soft_deadline_us, DeadlineQueue};
+use super::effects::{PublishRow, QueryResult, RoundEffects};
+use super::gate::{GateTransition, PressureGate};
+use super::lease::{StorageLease, Wait, WaitEnd, WaitPhase};
+use super::negative::NegativeMetadata;
+use super::stats::StmStats;
+use super::ticket::{Ticket, TicketState};
+use super::HostRef;
+use messages::settings::StorageConfig;
+use messages::{
+    HostRange, OperationId, OperationIdAllocator, PressureObservation, ProtocolError, RequestId,
+    StorageCancelOp, StorageDone, StorageGetOp, StorageKey, StorageOpKind, StoragePutOp,
+    StorageQueryOp,
+};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+/// The agreed inputs of one round, as the control plane delivers them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundInput {
+    /// The agreed tick (the TP leader's monotonic clock), microseconds.
+    pub tick_us: u64,
+    /// Pressure, MAX-reduced across owners.
+    pub pressure: PressureObservation,
+    /// Client cancellations entering at the loop head.
+    pub cancellations: Vec<RequestId>,
+    /// Agreed completions (AND/OR-reduced across owners).
+    pub completions: Vec<StorageDone>,
+}
+
+/// Why a planning call was refused. A refusal changes nothing except counters.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("L3 work is stopped for this replica after quarantine")]
+    Disabled,
+    #[error("the pressure gate is closed")]
+    PressureClosed,
+    #[error("operation credits are exhausted")]
+    OperationCredits,
+    #[error("Host credits are exhausted")]
+    HostCredits,
+    #[error("an operation needs at least one key")]
+    NoKeys,
+    #[error("{0} keys exceed max_keys_per_operation ({1})")]
+    TooManyKeys(usize, u32),
+    #[error("{0} already has a storage wait")]
+    AlreadyWaiting(RequestId),
+    #[error("{0} has no answered QUERY to read for")]
+    NotWaiting(RequestId),
+    #[error("malformed operation: {0}")]
+    Malformed(String),
+}
+
+#[derive(Debug)]
+pub struct StorageTransferManager {
+    cfg: StorageConfig,
+    ids: OperationIdAllocator,
+    tickets: BTreeMap<OperationId, Ticket>,
+    waits: BTreeMap<RequestId, Wait>,
+    deadlines: DeadlineQueue,
+    ready_expiry: DeadlineQueue,
+    credits: Credits,
+    gate: PressureGate,
+    backups: BackupQueue,
+    negative: NegativeMetadata,
+    pending_put_keys: BTreeMap<StorageKey, u32>,
+    now_us: u64,
+    lease_serial: u64,
+    pub(crate) epoch: u64,
+    quarantined: bool,
+    quarantined_refs: u64,
+    ready_holds: u64,
+    soft_timeouts: u64,
+    ready_expirations: u64,
+    pressure_bypasses: u64,
+}
+
+impl StorageTransferManager {
+    pub fn new(cfg: StorageConfig) -> Self {
+        Self {
+            credits: Credits::new(&cfg),
+            gate: PressureGate::new(&cfg),
+            backups: BackupQueue::new(cfg.backup_candidate_capacity),
+            negative: NegativeMetadata::new(cfg.negative_metadata_capacity),
+            cfg,
+            ids: OperationIdAllocator::new(),
+            tickets: BTreeMap::new(),
+            waits: BTreeMap::new(),
+            deadlines: DeadlineQueue::new(),
+            ready_expiry: DeadlineQueue::new(),
+            pending_put_keys: BTreeMap::new(),
+            now_us: 0,
+            lease_serial: 0,
+            epoch: 0,
+            quarantined: false,
+            quarantined_refs: 0,
+            ready_holds: 0,
+            soft_timeouts: 0,
+            ready_expirations: 0,
+            pressure_bypasses: 0,
+        }
+    }
+
+    // ----- queries -------------------------------------------------------------------
+
+    pub fn config(&self) -> &StorageConfig {
+        &self.cfg
+    }
+    /// The last applied tick.
+    pub fn now_us(&self) -> u64 {
+        self.now_us
+    }
+    /// False after quarantine: no new QUERY/GET/PUT for this replica. Ordinary computation
+    /// and L2 hits continue (the scheduler's side).
+    pub fn l3_enabled(&self) -> bool {
+        !self.quarantined
+    }
+    pub fn gate_closed(&self) -> bool {
+        self.gate.is_closed()
+    }
+    pub fn ticket(&self, op: OperationId) -> Option<&Ticket> {
+        self.tickets.get(&op)
+    }
+    /// Unsettled tickets, in operation order.
+    pub fn tickets(&self) -> impl Iterator<Item = &Ticket> {
+        self.tickets.values()
+    }
+    /// The request attached to a ticket, if any. A detached ticket never publishes.
+    pub fn attached_waiter(&self, op: OperationId) -> Option<RequestId> {
+        self.tickets.get(&op).and_then(|t| t.waiter)
+    }
+    /// Whether a request is still waiting on QUERY/GET (not a Ready hold). The scheduler
+    /// uses it to end a wait early when another request's publication satisfies it.
+    pub fn is_waiting(&self, request: RequestId) -> bool {
+        self.waits.get(&request).is_some_and(|w| w.is_waiting())
+    }
+    pub fn wait_phase(&self, request: RequestId) -> Option<WaitPhase> {
+        self.waits.get(&request).map(|w| w.phase)
+    }
+    /// Requests still waiting, in request order.
+    pub fn waiting_requests(&self) -> Vec<RequestId> {
+        self.waits
+            .iter()
+            .filter(|(_, w)| w.is_waiting())
+            .map(|(r, _)| *r)
+            .collect()
+    }
+    /// The references a request's Ready hold keeps, in key order.
+    pub fn ready_refs(&self, request: RequestId) -> Vec<HostRef> {
+        match self.waits.get(&request).map(|w| w.phase) {
+            Some(WaitPhase::Ready { op, .. }) => self
+                .tickets
+                .get(&op)
+                .map(|t| t.held_refs())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+    pub fn is_negative(&self, key: &StorageKey) -> bool {
+        self.negative.contains(key)
+    }
+    pub fn credits(&self) -> &Credits {
+        &self.credits
+    }
+    pub fn queued_candidates(&self) -> usize {
+        self.backups.len()
+    }
+
+    pub fn stats(&self) -> StmStats {
+        StmStats {
+            operation_credits_in_use: self.credits.operations_used(),
+            host_credits_in_use: self.credits.hosts_used(),
+            backup_operation_credits_in_use: self.credits.backup_operations_used(),
+            backup_host_credits_in_use: self.credits.backup_hosts_used(),
+            outstanding_tickets: self.tickets.len() as u64,
+            waiting_requests: self.waits.values().filter(|w| w.is_waiting()).count() as u64,
+            ready_holds: self.ready_holds,
+            quarantined_refs: self.quarantined_refs,
+            soft_timeouts: self.soft_timeouts,
+            ready_expirations: self.ready_expirations,
+            pressure_bypasses: self.pressure_bypasses,
+            dropped_backup_keys: self.backups.dropped_all(),
+            coalesced_backup_keys: self.backups.coalesced(),
+            queued_backup_candidates: self.backups.len() as u64,
+            negative_entries: self.negative.len() as u64,
+            gate_closed: self.gate.is_closed(),
+            l3_enabled: !self.quarantined,
+            last_operation_id: self.ids.last(),
+        }
+    }
+
+    // ----- the round ------------------------------------------------------------------
+
+    /// Apply one agreed round: tick, then cancellations, then completions. The completions
+    /// are validated first, all of them, so an invalid record changes nothing.
+    pub fn apply_round(&mut self, input: RoundInput) -> Result<RoundEffects, ProtocolError> {
+        let mut completions = input.completions;
+        self.validate_completions(&completions)?;
+        completions.sort_by_key(|d| d.op);
+        let mut fx = RoundEffects::default();
+        self.apply_tick(input.tick_us, input.pressure, &mut fx);
+        for request in input.cancellations {
+            self.cancel_into(request, &mut fx);
+        }
+        for done in &completions {
+            self.apply_completion(done, &mut fx);
+        }
+        Ok(fx)
+    }
+
+    fn validate_completions(&self, completions: &[StorageDone]) -> Result<(), ProtocolError> {
+        let mut seen = HashSet::new();
+        for d in completions {
+            d.validate()?;
+            if !seen.insert(d.op) {
+                return Err(ProtocolError::new(d.op, "completed twice in one round"));
+            }
+            let t = self
+                .tickets
+                .get(&d.op)
+                .ok_or_else(|| ProtocolError::new(d.op, "completion of an unknown operation"))?;
+            if t.state != TicketState::Issued {
+                return Err(ProtocolError::new(d.op, "operation already completed"));
+            }
+            if t.kind != d.kind {
+                return Err(ProtocolError::new(
+                    d.op,
+                    format!(
+                        "{} completion for a {} operation",
+                        d.kind.as_str(),
+                        t.kind.as_str()
+                    ),
+                ));
+            }
+            if d.len() != t.keys.len() {
+                return Err(ProtocolError::new(
+                    d.op,
+                    format!("{} key results for {} keys", d.len(), t.keys.len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_tick(&mut self, tick_us: u64, pressure: PressureObservation, fx: &mut RoundEffects) {
+        self.now_us = self.now_us.max(tick_us);
+        let now = self.now_us;
+        for request in self.deadlines.pop_due(now) {
+            // The entry was removed by pop_due; end_wait's removal is then a no-op.
+            if self.is_waiting(request) {
+                self.soft_timeouts += 1;
+                self.end_wait(request, WaitEnd::SoftTimeout, fx);
+            }
+        }
+        for request in self.ready_expiry.pop_due(now) {
+            if matches!(
+                self.waits.get(&request).map(|w| w.phase),
+                Some(WaitPhase::Ready { .. })
+            ) {
+                self.ready_expirations += 1;
+                fx.ready_expired.push(request);
+                self.end_ready(request, fx);
+            }
+        }
+        if self.gate.observe(pressure) == GateTransition::Closed {
+            let in_query: Vec<RequestId> = self
+                .waits
+                .iter()
+                .filter(|(_, w)| matches!(w.phase, WaitPhase::Query(_) | WaitPhase::QueryDone))
+                .map(|(r, _)| *r)
+                .collect();
+            for request in in_query {
+                self.pressure_bypasses += 1;
+                self.end_wait(request, WaitEnd::Pressure, fx);
+            }
+            self.backups.drop_all(DropReason::Pressure);
+        }
+    }
+
+    /// End a request's QUERY/GET wait: detach it from its ticket (which keeps its
+    /// references until retirement) and emit a cancellation for the still-outstanding read.
+    fn end_wait(&mut self, request: RequestId, reason: WaitEnd, fx: &mut RoundEffects) {
+        let Some(w) = self.waits.remove(&request) else {
+            return;
+        };
+        debug_assert!(w.is_waiting());
+        self.deadlines.remove(w.deadline_us, request);
+        if let Some(op) = w.ticket() {
+            if let Some(t) = self.tickets.get_mut(&op) {
+                if t.waiter == Some(request) {
+                    t.waiter = None;
+                    if t.state == TicketState::Issued && !t.cancel_sent {
+                        t.cancel_sent = true;
+                        fx.cancels.push(StorageCancelOp { op });
+                    }
+                }
+            }
+        }
+        fx.waits_ended.push((request, reason));
+    }
+
+    /// End a Ready hold: the ticket settles and releases the held references.
+    fn end_ready(&mut self, request: RequestId, fx: &mut RoundEffects) {
+        let Some(w) = self.waits.remove(&request) else {
+            return;
+        };
+        if let WaitPhase::Ready { op, expires_us } = w.phase {
+            self.ready_expiry.remove(expires_us, request);
+            self.ready_holds = self.ready_holds.saturating_sub(1);
+            if let Some(t) = self.tickets.get_mut(&op) {
+                t.waiter = None;
+            }
+            self.settle(op, fx);
+        }
+    }
+
+    fn cancel_into(&mut self, request: RequestId, fx: &mut RoundEffects) {
+        match self.waits.get(&request).map(|w| w.phase) {
+            Some(WaitPhase::Ready { .. }) => self.end_ready(request, fx),
+            Some(_) => self.end_wait(request, WaitEnd::Detached, fx),
+            None => {}
+        }
+    }
+
+    /// Client cancellation (also applied from `RoundInput::cancellations`): detaches the
+    /// request; native I/O references stay with the ticket until retirement.
+    pub fn cancel(&mut self, request: RequestId) -> RoundEffects {
+        let mut fx = RoundEffects::default();
+        self.cancel_into(request, &mut fx);
+        fx
+    }
+
+    /// Hand back a lease: whatever ended the request's state (admission after acquiring
+    /// its own Host references, a local publication satisfying the wait, an abort). A stale
+    /// lease (its wait already ended) does nothing.
+    pub fn detach(&mut self, lease: StorageLease) -> RoundEffects {
+        let mut fx = RoundEffects::default();
+        if self
+            .waits
+            .get(&lease.request)
+            .is_some_and(|w| w.serial == lease.serial)
+        {
+            self.cancel_into(lease.request, &mut fx);
+        }
+        fx
+    }
+
+    fn settle(&mut self, op: OperationId, fx: &mut RoundEffects) {
+        if let Some(t) = self.tickets.get_mut(&op) {
+            if let Some((refs, ops, hosts)) = t.settle() {
+                let class = t.class;
+                self.tickets.remove(&op);
+                self.credits.release(class, ops, hosts);
+                fx.release.extend(refs);
+                fx.settled.push(op);
+            }
+        }
+    }
+
+    fn apply_completion(&mut self, done: &StorageDone, fx: &mut RoundEffects) {
+        let op = done.op;
+        let Some(t) = self.tickets.get(&op) else {
+            return;
+        };
+        let (kind, waiter, epoch) = (t.kind, t.waiter, t.epoch);
+        let keys = t.keys.clone();
+        let refs = t.refs.clone();
+        if kind == StorageOpKind::Get {
+            for (i, f) in done.failures.iter().enumerate() {
+                if f.is_some() {
+                    if let Some(key) = keys.get(i) {
+                        if self.negative.record(key) {
+                            fx.negative.push(key.clone());
+                        }
+                    }
+                }
+            }
+        }
+        if kind == StorageOpKind::Put {
+            self.unpend_put_keys(op);
+        }
+        // QUERY touches no supplied Host payload: its failure retains no buffer, so an
+        // unretired QUERY quarantines nothing.
+        if !done.retired && kind != StorageOpKind::Query {
+            self.quarantine(op, fx);
+            return;
+        }
+        let clean = done.rejection.is_none() && done.error.is_none();
+        match kind {
+            StorageOpKind::Query => {
+                self.settle(op, fx);
+                if let Some(request) = waiter {
+                    if clean {
+                        if let Some(w) = self.waits.get_mut(&request) {
+                            w.phase = WaitPhase::QueryDone;
+                        }
+                        fx.query_results.push(QueryResult {
+                            request,
+                            op,
+                            keys,
+                            exists: done.success.clone(),
+                        });
+                    } else {
+                        self.finish_wait(request, fx);
+                    }
+                }
+            }
+            StorageOpKind::Get => {
+                let Some(request) = waiter.filter(|_| clean) else {
+                    self.settle(op, fx);
+                    if let Some(request) = waiter {
+                        self.finish_wait(request, fx);
+                    }
+                    return;
+                };
+                let mut published = 0usize;
+                if let Some(t) = self.tickets.get_mut(&op) {
+                    for i in 0..t.keys.len() {
+                        if done.success.get(i).copied().unwrap_or(false) {
+                            published += 1;
+                            fx.publish.push(PublishRow {
+                                op,
+                                request,
+                                key_index: i,
+                                key: t.keys[i].clone(),
+                                host: t.refs[i],
+                                range: t.ranges[i],
+                            });
+                        } else if let Some(r) = t.release_row(i) {
+                            self.credits.release(t.class, 0, 1);
+                            fx.release.push(r);
+                        }
+                    }
+                    if published > 0 {
+                        t.state = TicketState::Completed;
+                    }
+                }
+                if published == 0 {
+                    self.settle(op, fx);
+                    self.finish_wait(request, fx);
+                    return;
+                }
+                let expires_us = ready_expiry_us(&self.cfg, self.now_us);
+                if let Some(w) = self.waits.get_mut(&request) {
+                    self.deadlines.remove(w.deadline_us, request);
+                    w.phase = WaitPhase::Ready { op, expires_us };
+                }
+                self.ready_expiry.insert(expires_us, request);
+                self.ready_holds += 1;
+                fx.waits_ended.push((request, WaitEnd::Completed));
+            }
+            StorageOpKind::Put => {
+                self.settle(op, fx);
+                for (i, key) in keys.into_iter().enumerate() {
+                    if done.success.get(i).copied().unwrap_or(false) {
+                        fx.backed_up.push(key);
+                    } else if done.capacity.get(i).copied().unwrap_or(false) && epoch == self.epoch
+                    {
+                        let candidate = BackupCandidate { key, host: refs[i] };
+                        if !matches!(
+                            self.offer_candidate(candidate.clone()),
+                            OfferOutcome::Dropped(_)
+                        ) {
+                            fx.reoffer.push(candidate);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// End an attached wait because its operation completed without a Ready hold.
+    fn finish_wait(&mut self, request: RequestId, fx: &mut RoundEffects) {
+        if let Some(w) = self.waits.remove(&request) {
+            self.deadlines.remove(w.deadline_us, request);
+            fx.waits_ended.push((request, WaitEnd::Completed));
+        }
+    }
+
+    fn quarantine(&mut self, op: OperationId, fx: &mut RoundEffects) {
+        let Some(t) = self.tickets.get_mut(&op) else {
+            return;
+        };
+        let waiter = t.waiter;
+        let refs = t.quarantine();
+        self.quarantined_refs += refs.len() as u64;
+        fx.quarantined.extend(refs);
+        if let Some(request) = waiter {
+            self.finish_wait(request, fx);
+        }
+        if !self.quarantined {
+            self.quarantined = true;
+            self.backups.drop_all(DropReason::Disabled);
+        }
+    }
+
+    fn unpend_put_keys(&mut self, op: OperationId) {
+        let Some(t) = self.tickets.get(&op) else {
+            return;
+        };
+        for key in &t.keys {
+            if let Some(n) = self.pending_put_keys.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pending_put_keys.remove(key);
+                }
+            }
+        }
+    }
+
+    // ----- planning -------------------------------------------------------------------
+
+    /// Issue a QUERY for a request; its soft deadline starts now (the current tick).
+    pub fn issue_query(
+        &mut self,
+        request: RequestId,
+        keys: Vec<StorageKey>,
+    ) -> Result<(StorageQueryOp, StorageLease), Refusal> {
+        if self.quarantined {
+            return Err(Refusal::Disabled);
+        }
+        if self.waits.contains_key(&request) {
+            return Err(Refusal::AlreadyWaiting(request));
+        }
+        self.check_keys(keys.len())?;
+        if self.gate.is_closed() {
+            self.pressure_bypasses += 1;
+            return Err(Refusal::PressureClosed);
+        }
+        if self.credits.host_exhausted() {
+            return Err(Refusal::HostCredits);
+        }
+        if !self.credits.charge(CreditClass::Read, 1, 0) {
+            return Err(Refusal::OperationCredits);
+        }
+        let op = self.ids.next_id();
+        self.tickets.insert(
+            op,
+            Ticket::new(
+                op,
+                StorageOpKind::Query,
+                CreditClass::Read,
+                keys.clone(),
+                Vec::new(),
+                Vec::new(),
+                Some(request),
+                self.epoch,
+                self.now_us,
+            ),
+        );
+        let deadline_us = soft_deadline_us(&self.cfg, self.now_us);
+        self.lease_serial += 1;
+        let serial = self.lease_serial;
+        self.waits.insert(
+            request,
+            Wait {
+                serial,
+                phase: WaitPhase::Query(op),
+                deadline_us,
+            },
+        );
+        self.deadlines.insert(deadline_us, request);
+        Ok((
+            StorageQueryOp {
+                op,
+                request: Some(request),
+                keys,
+            },
+            StorageLease { request, serial },
+        ))
+    }
+
+    /// Issue a GET for a request whose QUERY was answered: fixed keys into fixed Host
+    /// destinations the caller has allocated and pinned. The caller checks `gate_closed()`
+    /// and the credits before allocating destinations; on a refusal the destinations stay
+    /// the caller's. The ticket takes those references
+    /// and releases them only at agreed retirement (or keeps them, quarantined).
+    pub fn issue_get(
+        &mut self,
+        request: RequestId,
+        keys: Vec<StorageKey>,
+        destinations: Vec<(HostRef, HostRange)>,
+    ) -> Result<StorageGetOp, Refusal> {
+        if self.quarantined {
+            return Err(Refusal::Disabled);
+        }
+        if self.wait_phase(request) != Some(WaitPhase::QueryDone) {
+            return Err(Refusal::NotWaiting(request));
+        }
+        self.check_keys(keys.len())?;
+        if keys.len() != destinations.len() {
+            return Err(Refusal::Malformed(format!(
+                "{} keys but {} destinations",
+                keys.len(),
+                destinations.len()
+            )));
+        }
+        if destinations.iter().any(|(_, r)| r.len == 0) {
+            return Err(Refusal::Malformed("empty Host range".into()));
+        }
+        let distinct: BTreeSet<HostRef> = destinations.iter().map(|(h, _)| *h).collect();
+        if distinct.len() != destinations.len() {
+            return Err(Refusal::Malformed("a Host reference appears twice".into()));
+        }
+        if self.gate.is_closed() {
+            return Err(Refusal::PressureClosed);
+        }
+        let n = destinations.len() as u32;
+        if !self.credits.charge(CreditClass::Read, 1, n) {
+            return Err(if self.credits.fits(CreditClass::Read, 1, 0) {
+                Refusal::HostCredits
+            } else {
+                Refusal::OperationCredits
+            });
+        }
+        let op = self.ids.next_id();
+        let (refs, ranges): (Vec<HostRef>, Vec<HostRange>) = destinations.into_iter().unzip();
+        self.tickets.insert(
+            op,
+            Ticket::new(
+                op,
+                StorageOpKind::Get,
+                CreditClass::Read,
+                keys.clone(),
+                refs,
+                ranges.clone(),
+                Some(request),
+                self.epoch,
+                self.now_us,
+            ),
+        );
+        if let Some(w) = self.waits.get_mut(&request) {
+            w.phase = WaitPhase::Get(op);
+        }
+        Ok(StorageGetOp {
+            op,
+            request: Some(request),
+            keys,
+            destinations: ranges,
+        })
+    }
+
+    fn check_keys(&self, n: usize) -> Result<(), Refusal> {
+        if n == 0 {
+            return Err(Refusal::NoKeys);
+        }
+        if n > self.cfg.max_keys_per_operation as usize {
+            return Err(Refusal::TooManyKeys(n, self.cfg.max_keys_per_operation));
+        }
+        Ok(())
+    }
+
+    /// Offer a nonowning backup candidate (after a D2H completion published Host L2).
+    pub fn offer_backup(&mut self, key: StorageKey, host: HostRef) -> OfferOutcome {
+        self.offer_candidate(BackupCandidate { key, host })
+    }
+
+    fn offer_candidate(&mut self, candidate: BackupCandidate) -> OfferOutcome {
+        if self.quarantined || self.credits.write_budget_zero() {
+            self.backups.count_drop(DropReason::Disabled, 1);
+            return OfferOutcome::Dropped(DropReason::Disabled);
+        }
+        if self.gate.is_closed() {
+            self.backups.count_drop(DropReason::Pressure, 1);
+            return OfferOutcome::Dropped(DropReason::Pressure);
+        }
+        let pending = self.pending_put_keys.contains_key(&candidate.key);
+        self.backups.offer(candidate, pending)
+    }
+
+    /// Dispatch one create-only PUT from the oldest candidates, within the backup credits.
+    /// `residency(key, host)` rechecks the candidate's Host entry: `Some(range)` means it is
+    /// resident and the caller has taken a source reference on `host` (which this ticket
+    /// then owns until retirement); `None` drops the candidate as unavailable. Temporary
+    /// credit exhaustion returns None and leaves the candidates queued.
+    pub fn dispatch_backups(
+        &mut self,
+        residency: &mut dyn FnMut(&StorageKey, HostRef) -> Option<HostRange>,
+    ) -> Option<StoragePutOp> {
+        if self.quarantined || self.gate.is_closed() || self.backups.is_empty() {
+            return None;
+        }
+        if !self.credits.fits(CreditClass::Backup, 1, 1) {
+            return None;
+        }
+        let room = (self.credits.backup_hosts_available() as usize)
+            .min(self.cfg.max_keys_per_operation as usize);
+        let mut keys = Vec::new();
+        let mut refs = Vec::new();
+        let mut ranges = Vec::new();
+        let mut batch: BTreeSet<StorageKey> = BTreeSet::new();
+        while keys.len() < room {
+            let Some(c) = self.backups.pop_front() else {
+                break;
+            };
+            if self.pending_put_keys.contains_key(&c.key) || batch.contains(&c.key) {
+                self.backups.note_coalesced(); // covered by a pending PUT: not a loss
+                continue;
+            }
+            match residency(&c.key, c.host) {
+                Some(range) => {
+                    batch.insert(c.key.clone());
+                    keys.push(c.key);
+                    refs.push(c.host);
+                    ranges.push(range);
+                }
+                None => self.backups.count_drop(DropReason::Unavailable, 1),
+            }
+        }
+        if keys.is_empty() {
+            return None;
+        }
+        let charged = self
+            .credits
+            .charge(CreditClass::Backup, 1, keys.len() as u32);
+        debug_assert!(charged, "room was computed from the backup credits");
+        let op = self.ids.next_id();
+        for k in &keys {
+            *self.pending_put_keys.entry(k.clone()).or_insert(0) += 1;
+        }
+        self.tickets.insert(
+            op,
+            Ticket::new(
+                op,
+                StorageOpKind::Put,
+                CreditClass::Backup,
+                keys.clone(),
+                refs,
+                ranges.clone(),
+                None,
+                self.epoch,
+                self.now_us,
+            ),
+        );
+        Some(StoragePutOp {
+            op,
+            keys,
+            sources: ranges,
+        })
+    }
+
+    // ----- used by clear.rs -----------------------------------------------------------
+
+    /// Reject every outstanding storage operation without draining: detach all waits,
+    /// drop Ready holds and candidates, cancel outstanding tickets. In-flight tickets keep
+    /// their references until retirement; quarantined tickets keep theirs forever.
+    pub(crate) fn reject_outstanding(&mut self, fx: &mut RoundEffects) {
+        let requests: Vec<RequestId> = self.waits.keys().copied().collect();
+        for request in requests {
+            self.cancel_into(request, fx);
+        }
+        self.backups.drop_all(DropReason::Cleanup);
+        for t in self.tickets.values_mut() {
+            if t.state == TicketState::Issued && !t.cancel_sent {
+                t.cancel_sent = true;
+                fx.cancels.push(StorageCancelOp { op: t.op });
+            }
+        }
+        self.negative.clear();
+        self.epoch += 1;
+    }
+}

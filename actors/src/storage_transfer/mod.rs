@@ -1,0 +1,86 @@
+//! The StorageTransferManager's pure, deterministic core (seed 000: Request state, Read and
+//! Write transactions, Controller queues/monitor/bounds, Retirement and maintenance). It
+//! owns operation IDs, tickets, credits, the Host references of storage operations, Ready
+//! holds, StorageLeases, soft deadlines, the pressure gate, the backup candidate queue,
+//! negative metadata and quarantine. It is fed only agreed inputs (tick, MAX-reduced
+//! pressure, cancellations, agreed StorageDone records) and planning calls, so every rank
+//! makes the same decisions.
+//!
+//! It must never read a clock, perform I/O, call the store or the GPU, or free a Host
+//! reference before the agreed completion proves retirement. Host blocks are modelled as
+//! opaque `HostRef` handles supplied by the caller (the CacheCoordinator); the manager only
+//! reports which references to publish, release or keep quarantined.
+
+pub mod backup;
+pub mod bench;
+pub mod clear;
+pub mod credits;
+pub mod deadline;
+pub mod effects;
+pub mod gate;
+pub mod lease;
+pub mod manager;
+pub mod negative;
+pub mod stats;
+pub mod ticket;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+pub use backup::{BackupCandidate, BackupQueue, DropReason, OfferOutcome};
+pub use clear::{ClearKind, ClearRefused};
+pub use credits::{CreditClass, Credits};
+pub use effects::{PublishRow, QueryResult, RoundEffects};
+pub use gate::{GateTransition, PressureGate};
+pub use lease::{StorageLease, WaitEnd, WaitPhase};
+pub use manager::{Refusal, RoundInput, StorageTransferManager};
+pub use negative::NegativeMetadata;
+pub use stats::StmStats;
+pub use ticket::{Ticket, TicketState};
+
+use std::fmt;
+
+/// An opaque handle of one Host block reference, supplied by the cache owner. The manager
+/// never dereferences it; it only says when the reference may be published or released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostRef(pub u64);
+
+impl fmt::Display for HostRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "host{}", self.0)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use messages::settings::{PressureWatermark, StorageConfig};
+
+    /// A small, valid scheduling contract for tests.
+    pub fn config() -> StorageConfig {
+        let c = StorageConfig {
+            operation_credits: 8,
+            max_host_blocks: 64,
+            max_keys_per_operation: 16,
+            lookahead_tokens: 4096,
+            negative_metadata_capacity: 16,
+            backup_candidate_capacity: 16,
+            soft_deadline_ms: 100,
+            ready_hold_ms: 50,
+            min_extension_tokens: 1,
+            pressure_high: PressureWatermark {
+                queued_jobs: 10,
+                queued_bytes: 1000,
+                oldest_age_ms: 100,
+            },
+            pressure_low: PressureWatermark {
+                queued_jobs: 5,
+                queued_bytes: 500,
+                oldest_age_ms: 50,
+            },
+        };
+        assert!(c.validate("test").is_ok());
+        c
+    }
+}

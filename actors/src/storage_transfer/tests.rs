@@ -1,0 +1,840 @@
+//! Scenario tests of the StorageTransferManager: deadlines, cancellation in each state,
+//! operation IDs, ownership, credits, the gate, detached completions, clear, partial
+//! results, quarantine, backups and determinism. Time is explicit ticks; no sleeps.
+
+use super::tests_support::config;
+use super::*;
+use messages::settings::StorageConfig;
+use messages::{
+    HostRange, ObjectFailure, OperationId, PressureObservation, Rejection, RequestId, StorageDone,
+    StorageKey, StorageOpKind,
+};
+
+const MS: u64 = 1000;
+
+fn key(s: &str) -> StorageKey {
+    StorageKey(s.into())
+}
+fn keys(prefix: &str, n: usize) -> Vec<StorageKey> {
+    (0..n).map(|i| key(&format!("{prefix}{i}"))).collect()
+}
+fn dests(first: u64, n: usize) -> Vec<(HostRef, HostRange)> {
+    (0..n)
+        .map(|i| (HostRef(first + i as u64), HostRange::new(i as u64 * 16, 16)))
+        .collect()
+}
+fn round(tick_us: u64) -> RoundInput {
+    RoundInput {
+        tick_us,
+        ..Default::default()
+    }
+}
+fn with_done(tick_us: u64, done: Vec<StorageDone>) -> RoundInput {
+    RoundInput {
+        tick_us,
+        completions: done,
+        ..Default::default()
+    }
+}
+fn pressure(jobs: u64) -> PressureObservation {
+    PressureObservation {
+        queued_jobs: jobs,
+        queued_bytes: 0,
+        oldest_age_us: 0,
+    }
+}
+fn get_ok(op: OperationId, n: usize) -> StorageDone {
+    StorageDone::get(op, vec![true; n], vec![16; n], vec![None; n], true)
+}
+
+/// Query then answer then GET for `r`; returns (lease, get op).
+fn to_get(
+    m: &mut StorageTransferManager,
+    r: u64,
+    n: usize,
+    first_host: u64,
+    tick: u64,
+) -> (StorageLease, OperationId) {
+    let (q, lease) = m
+        .issue_query(RequestId(r), keys(&format!("r{r}-"), n))
+        .unwrap();
+    let fx = m
+        .apply_round(with_done(
+            tick,
+            vec![StorageDone::query(q.op, vec![true; n], true)],
+        ))
+        .unwrap();
+    assert_eq!(fx.query_results.len(), 1);
+    assert_eq!(fx.query_results[0].request, RequestId(r));
+    let g = m
+        .issue_get(
+            RequestId(r),
+            keys(&format!("r{r}-"), n),
+            dests(first_host, n),
+        )
+        .unwrap();
+    (lease, g.op)
+}
+
+#[test]
+fn soft_deadline_counts_from_query_issue_and_includes_queue_wait() {
+    let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms
+    m.apply_round(round(10 * MS)).unwrap();
+    let (_lease, get) = to_get(&mut m, 1, 2, 100, 60 * MS);
+    // 109 ms after the QUERY at 10 ms: not yet due.
+    let fx = m.apply_round(round(109 * MS)).unwrap();
+    assert!(fx.waits_ended.is_empty());
+    let fx = m.apply_round(round(110 * MS)).unwrap();
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::SoftTimeout)]);
+    assert_eq!(fx.cancels, vec![messages::StorageCancelOp { op: get }]);
+    assert!(
+        fx.release.is_empty(),
+        "a soft timeout never releases native buffers"
+    );
+    assert_eq!(m.stats().soft_timeouts, 1);
+    assert_eq!(m.stats().ready_expirations, 0);
+    assert!(m.l3_enabled());
+    assert_eq!(m.attached_waiter(get), None);
+    // The late, retired result cannot publish; it only releases the references.
+    let fx = m
+        .apply_round(with_done(200 * MS, vec![get_ok(get, 2)]))
+        .unwrap();
+    assert!(fx.publish.is_empty());
+    assert_eq!(fx.release, vec![HostRef(100), HostRef(101)]);
+    assert_eq!(fx.settled, vec![get]);
+    assert_eq!(m.stats().operation_credits_in_use, 0);
+    assert_eq!(m.stats().host_credits_in_use, 0);
+}
+
+#[test]
+fn ready_hold_expires_at_tick_and_counts_separately() {
+    let mut m = StorageTransferManager::new(config()); // ready hold 50 ms
+    let (_lease, get) = to_get(&mut m, 1, 2, 100, MS);
+    let fx = m
+        .apply_round(with_done(20 * MS, vec![get_ok(get, 2)]))
+        .unwrap();
+    assert_eq!(fx.publish.len(), 2);
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::Completed)]);
+    assert!(fx.release.is_empty(), "the Ready hold keeps the references");
+    assert_eq!(m.stats().ready_holds, 1);
+    assert_eq!(m.ready_refs(RequestId(1)), vec![HostRef(100), HostRef(101)]);
+    // The soft deadline no longer applies to a Ready hold.
+    let fx = m.apply_round(round(69 * MS)).unwrap();
+    assert!(fx.is_empty());
+    let fx = m.apply_round(round(70 * MS)).unwrap();
+    assert_eq!(fx.ready_expired, vec![RequestId(1)]);
+    assert_eq!(fx.release, vec![HostRef(100), HostRef(101)]);
+    assert_eq!(fx.settled, vec![get]);
+    let s = m.stats();
+    assert_eq!(
+        (s.ready_expirations, s.soft_timeouts, s.ready_holds),
+        (1, 0, 0)
+    );
+    assert_eq!(s.operation_credits_in_use, 0);
+}
+
+#[test]
+fn cancellation_in_each_state() {
+    let mut m = StorageTransferManager::new(config());
+    // In QUERY.
+    let (q, _l1) = m.issue_query(RequestId(1), keys("a", 1)).unwrap();
+    // QUERY answered, no GET yet.
+    let (q2, _l2) = m.issue_query(RequestId(2), keys("b", 1)).unwrap();
+    m.apply_round(with_done(
+        MS,
+        vec![StorageDone::query(q2.op, vec![true], true)],
+    ))
+    .unwrap();
+    // In GET.
+    let (_l3, get) = to_get(&mut m, 3, 1, 30, 2 * MS);
+    // In a Ready hold.
+    let (_l4, get4) = to_get(&mut m, 4, 1, 40, 3 * MS);
+    m.apply_round(with_done(4 * MS, vec![get_ok(get4, 1)]))
+        .unwrap();
+    assert_eq!(m.stats().ready_holds, 1);
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: 5 * MS,
+            cancellations: vec![
+                RequestId(1),
+                RequestId(2),
+                RequestId(3),
+                RequestId(4),
+                RequestId(9),
+            ],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        fx.waits_ended,
+        vec![
+            (RequestId(1), WaitEnd::Detached),
+            (RequestId(2), WaitEnd::Detached),
+            (RequestId(3), WaitEnd::Detached)
+        ]
+    );
+    let cancelled: Vec<_> = fx.cancels.iter().map(|c| c.op).collect();
+    assert_eq!(cancelled, vec![q.op, get]);
+    // Only the Ready hold's reference is released; the in-flight GET keeps its own.
+    assert_eq!(fx.release, vec![HostRef(40)]);
+    assert_eq!(fx.settled, vec![get4]);
+    let s = m.stats();
+    assert_eq!(
+        (s.soft_timeouts, s.ready_expirations, s.ready_holds),
+        (0, 0, 0)
+    );
+    assert_eq!(s.waiting_requests, 0);
+    // Queued cancellation acknowledged: rejected, retired → references released.
+    let fx = m
+        .apply_round(with_done(
+            6 * MS,
+            vec![
+                StorageDone::rejected(get, StorageOpKind::Get, 1, Rejection::Cancelled),
+                StorageDone::rejected(q.op, StorageOpKind::Query, 1, Rejection::Cancelled),
+            ],
+        ))
+        .unwrap();
+    assert_eq!(fx.release, vec![HostRef(30)]);
+    assert!(fx.negative.is_empty(), "a cancellation carries no evidence");
+    assert_eq!(m.stats().outstanding_tickets, 0);
+    assert_eq!(m.stats().operation_credits_in_use, 0);
+}
+
+#[test]
+fn operation_ids_are_never_reused() {
+    let mut m = StorageTransferManager::new(config());
+    let mut seen = std::collections::BTreeSet::new();
+    let mut last = 0;
+    for r in 0..50u64 {
+        let (q, lease) = m.issue_query(RequestId(r % 3), keys("k", 1)).unwrap();
+        assert!(q.op.0 > last && seen.insert(q.op));
+        last = q.op.0;
+        m.apply_round(with_done(
+            r,
+            vec![StorageDone::query(q.op, vec![false], true)],
+        ))
+        .unwrap();
+        m.detach(lease);
+    }
+    assert_eq!(m.stats().last_operation_id, 50);
+}
+
+#[test]
+fn stale_lease_detach_does_nothing() {
+    let mut m = StorageTransferManager::new(config());
+    let (_q, old) = m.issue_query(RequestId(1), keys("a", 1)).unwrap();
+    m.apply_round(round(200 * MS)).unwrap(); // soft timeout ends the wait
+    let (_q2, _new) = m.issue_query(RequestId(1), keys("a", 1)).unwrap();
+    let fx = m.detach(old);
+    assert!(fx.is_empty());
+    assert!(m.is_waiting(RequestId(1)), "the newer wait is untouched");
+}
+
+#[test]
+fn no_reference_released_while_the_ticket_is_live() {
+    let mut m = StorageTransferManager::new(config());
+    let (lease, get) = to_get(&mut m, 1, 3, 10, MS);
+    let fx = m.detach(lease);
+    assert_eq!(fx.cancels.len(), 1);
+    assert!(fx.release.is_empty());
+    assert_eq!(m.ticket(get).map(|t| t.state), Some(TicketState::Issued));
+    assert_eq!(m.stats().host_credits_in_use, 3);
+    // A failed call whose store did not prove retirement: quarantine, nothing released.
+    let done = StorageDone::failed(get, StorageOpKind::Get, 3, false, "transfer error");
+    let fx = m.apply_round(with_done(2 * MS, vec![done])).unwrap();
+    assert!(fx.release.is_empty());
+    assert_eq!(fx.quarantined, vec![HostRef(10), HostRef(11), HostRef(12)]);
+    let s = m.stats();
+    assert_eq!(s.quarantined_refs, 3);
+    assert_eq!(
+        s.host_credits_in_use, 3,
+        "quarantined references stay charged"
+    );
+    assert_eq!(s.operation_credits_in_use, 1);
+    assert!(!m.l3_enabled());
+    assert_eq!(
+        m.issue_query(RequestId(2), keys("z", 1)).unwrap_err(),
+        Refusal::Disabled
+    );
+    assert_eq!(
+        m.offer_backup(key("w"), HostRef(99)),
+        OfferOutcome::Dropped(DropReason::Disabled)
+    );
+    // A clear never frees quarantined references.
+    let fx = m.clear(ClearKind::FullClear, Some(Ok(()))).unwrap();
+    assert!(fx.release.is_empty());
+    assert_eq!(m.stats().quarantined_refs, 3);
+    assert!(
+        !m.l3_enabled(),
+        "only a restart reclaims quarantined storage"
+    );
+}
+
+#[test]
+fn backups_use_at_most_half_rounded_down() {
+    let mut c = config();
+    c.operation_credits = 5; // backups: 2
+    c.max_host_blocks = 7; // backups: 3
+    c.max_keys_per_operation = 2;
+    let mut m = StorageTransferManager::new(c);
+    for i in 0..6 {
+        assert_eq!(
+            m.offer_backup(key(&format!("p{i}")), HostRef(i)),
+            OfferOutcome::Queued
+        );
+    }
+    let mut res = |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 16, 16));
+    let p1 = m.dispatch_backups(&mut res).unwrap();
+    assert_eq!(p1.keys.len(), 2);
+    let p2 = m.dispatch_backups(&mut res).unwrap();
+    assert_eq!(p2.keys.len(), 1, "only one backup Host credit left of 3");
+    assert!(
+        m.dispatch_backups(&mut res).is_none(),
+        "backup op credits (2) in use"
+    );
+    assert_eq!(
+        m.queued_candidates(),
+        3,
+        "temporary exhaustion leaves candidates queued"
+    );
+    let s = m.stats();
+    assert_eq!(
+        (
+            s.backup_operation_credits_in_use,
+            s.backup_host_credits_in_use
+        ),
+        (2, 3)
+    );
+    // Reads may still use the rest of the shared budget.
+    let (q, _l) = m.issue_query(RequestId(1), keys("r", 1)).unwrap();
+    m.apply_round(with_done(
+        MS,
+        vec![StorageDone::query(q.op, vec![true], true)],
+    ))
+    .unwrap();
+    m.issue_get(RequestId(1), keys("r", 1), dests(50, 1))
+        .unwrap();
+    assert_eq!(m.stats().operation_credits_in_use, 3);
+    assert_eq!(m.dispatch_backups(&mut res), None);
+}
+
+#[test]
+fn one_credit_budget_admits_reads_and_no_backups() {
+    let mut c = config();
+    c.operation_credits = 1;
+    let mut m = StorageTransferManager::new(c);
+    assert_eq!(
+        m.offer_backup(key("p"), HostRef(1)),
+        OfferOutcome::Dropped(DropReason::Disabled),
+        "a permanently zero write budget rejects candidates at once"
+    );
+    assert_eq!(m.stats().dropped(DropReason::Disabled), 1);
+    assert_eq!(m.queued_candidates(), 0);
+    let (_l, get) = to_get(&mut m, 1, 2, 10, MS);
+    assert_eq!(m.ticket(get).map(|t| t.kind), Some(StorageOpKind::Get));
+    assert_eq!(
+        m.issue_query(RequestId(2), keys("x", 1)).unwrap_err(),
+        Refusal::OperationCredits
+    );
+}
+
+#[test]
+fn gate_hysteresis_detaches_queries_and_keeps_gets() {
+    let mut m = StorageTransferManager::new(config()); // high 10 jobs, low 5
+    let (_l1, q1) = m
+        .issue_query(RequestId(1), keys("a", 1))
+        .map(|(q, l)| (l, q.op))
+        .unwrap();
+    let (_l2, get) = to_get(&mut m, 2, 1, 20, MS);
+    m.offer_backup(key("p"), HostRef(7));
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: 2 * MS,
+            pressure: pressure(10),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(m.gate_closed());
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::Pressure)]);
+    assert_eq!(fx.cancels, vec![messages::StorageCancelOp { op: q1 }]);
+    assert!(
+        m.is_waiting(RequestId(2)),
+        "a submitted GET keeps its lifetime"
+    );
+    let s = m.stats();
+    assert_eq!(s.dropped(DropReason::Pressure), 1);
+    assert_eq!(s.pressure_bypasses, 1);
+    assert!(s.gate_closed);
+    assert_eq!(
+        m.issue_query(RequestId(3), keys("c", 1)).unwrap_err(),
+        Refusal::PressureClosed
+    );
+    assert_eq!(m.stats().pressure_bypasses, 2);
+    assert_eq!(
+        m.offer_backup(key("q"), HostRef(8)),
+        OfferOutcome::Dropped(DropReason::Pressure)
+    );
+    // Between watermarks: still closed.
+    m.apply_round(RoundInput {
+        tick_us: 3 * MS,
+        pressure: pressure(5),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(m.gate_closed());
+    // The submitted GET completes and publishes while closed.
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: 4 * MS,
+            pressure: pressure(7),
+            completions: vec![get_ok(get, 1)],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(fx.publish.len(), 1);
+    assert!(m.gate_closed());
+    m.apply_round(RoundInput {
+        tick_us: 5 * MS,
+        pressure: pressure(4),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!m.gate_closed());
+    assert!(m.issue_query(RequestId(3), keys("c", 1)).is_ok());
+}
+
+#[test]
+fn a_query_answered_while_closed_cannot_acquire_destinations() {
+    let mut m = StorageTransferManager::new(config());
+    let (_q, _l) = m.issue_query(RequestId(1), keys("a", 1)).unwrap();
+    // Closed in the same round the QUERY is answered: the tick closes first.
+    let (q2, _l2) = m.issue_query(RequestId(2), keys("b", 1)).unwrap();
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: MS,
+            pressure: pressure(100),
+            completions: vec![StorageDone::query(q2.op, vec![true], true)],
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(
+        fx.query_results.is_empty(),
+        "the request had already detached"
+    );
+    assert_eq!(
+        m.issue_get(RequestId(2), keys("b", 1), dests(1, 1))
+            .unwrap_err(),
+        Refusal::NotWaiting(RequestId(2))
+    );
+}
+
+#[test]
+fn host_credit_exhaustion_rejects_a_new_query() {
+    let mut c = config();
+    c.max_host_blocks = 4;
+    c.max_keys_per_operation = 4;
+    let mut m = StorageTransferManager::new(c);
+    let (_l, _get) = to_get(&mut m, 1, 4, 10, MS);
+    assert_eq!(
+        m.issue_query(RequestId(2), keys("b", 1)).unwrap_err(),
+        Refusal::HostCredits
+    );
+    assert_eq!(m.stats().operation_credits_in_use, 1);
+}
+
+#[test]
+fn detached_late_completion_cannot_publish() {
+    let mut m = StorageTransferManager::new(config());
+    let (lease, get) = to_get(&mut m, 1, 2, 10, MS);
+    // Cancellation and completion in the same round: cancellation applies first.
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: 2 * MS,
+            cancellations: vec![RequestId(1)],
+            completions: vec![get_ok(get, 2)],
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(fx.publish.is_empty());
+    assert_eq!(fx.release, vec![HostRef(10), HostRef(11)]);
+    assert!(m.detach(lease).is_empty());
+    // Expiry and completion in the same round: the tick applies first.
+    let (_l2, get2) = to_get(&mut m, 2, 1, 20, 3 * MS);
+    let fx = m
+        .apply_round(with_done(500 * MS, vec![get_ok(get2, 1)]))
+        .unwrap();
+    assert_eq!(fx.waits_ended, vec![(RequestId(2), WaitEnd::SoftTimeout)]);
+    assert!(fx.publish.is_empty());
+    assert_eq!(fx.release, vec![HostRef(20)]);
+}
+
+#[test]
+fn another_publication_may_satisfy_the_wait_early() {
+    let mut m = StorageTransferManager::new(config());
+    let (lease, get) = to_get(&mut m, 1, 1, 10, MS);
+    assert_eq!(m.attached_waiter(get), Some(RequestId(1)));
+    let fx = m.detach(lease); // the scheduler found the prefix published locally
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::Detached)]);
+    assert_eq!(m.attached_waiter(get), None);
+    assert_eq!(m.stats().soft_timeouts, 0);
+}
+
+#[test]
+fn clear_during_in_flight_get_releases_only_at_retirement() {
+    let mut m = StorageTransferManager::new(config());
+    let (_lease, get) = to_get(&mut m, 1, 2, 10, MS);
+    let (_l2, get2) = to_get(&mut m, 2, 1, 20, MS);
+    m.apply_round(with_done(2 * MS, vec![get_ok(get2, 1)]))
+        .unwrap(); // Ready hold
+    m.offer_backup(key("p"), HostRef(30));
+    let refused = m.clear(ClearKind::FullClear, Some(Err("master unreachable".into())));
+    assert!(matches!(refused, Err(ClearRefused::DeletionFailed(_))));
+    assert!(
+        m.is_waiting(RequestId(1)),
+        "a deletion failure prevents local clearing"
+    );
+    assert_eq!(m.queued_candidates(), 1);
+    let fx = m.clear(ClearKind::FullClear, Some(Ok(()))).unwrap();
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::Detached)]);
+    assert_eq!(fx.release, vec![HostRef(20)], "the Ready hold is dropped");
+    assert_eq!(fx.cancels, vec![messages::StorageCancelOp { op: get }]);
+    assert_eq!(m.stats().dropped(DropReason::Cleanup), 1);
+    assert_eq!(
+        m.stats().host_credits_in_use,
+        2,
+        "in-flight native refs stay"
+    );
+    let fx = m
+        .apply_round(with_done(3 * MS, vec![get_ok(get, 2)]))
+        .unwrap();
+    assert!(fx.publish.is_empty());
+    assert_eq!(fx.release, vec![HostRef(10), HostRef(11)]);
+    assert_eq!(m.stats().host_credits_in_use, 0);
+    // Rotation without remote deletion also clears.
+    assert!(m.clear(ClearKind::NamespaceRotation, None).is_ok());
+}
+
+#[test]
+fn partial_results_publish_only_fully_succeeded_rows() {
+    let mut m = StorageTransferManager::new(config());
+    let (_lease, get) = to_get(&mut m, 1, 3, 10, MS);
+    let done = StorageDone::get(
+        get,
+        vec![true, false, true],
+        vec![16, 3, 16],
+        vec![None, Some(ObjectFailure::Invalid), None],
+        true,
+    );
+    let fx = m.apply_round(with_done(2 * MS, vec![done])).unwrap();
+    let rows: Vec<(usize, HostRef)> = fx.publish.iter().map(|p| (p.key_index, p.host)).collect();
+    assert_eq!(rows, vec![(0, HostRef(10)), (2, HostRef(12))]);
+    assert_eq!(fx.release, vec![HostRef(11)]);
+    assert_eq!(fx.negative, vec![key("r1-1")]);
+    assert!(m.is_negative(&key("r1-1")));
+    assert_eq!(
+        m.stats().host_credits_in_use,
+        2,
+        "the Ready hold charges published rows"
+    );
+    assert_eq!(m.ready_refs(RequestId(1)), vec![HostRef(10), HostRef(12)]);
+}
+
+#[test]
+fn rejections_and_errors_carry_no_negative_evidence() {
+    let mut m = StorageTransferManager::new(config());
+    let (_l, get) = to_get(&mut m, 1, 2, 10, MS);
+    let fx = m
+        .apply_round(with_done(
+            2 * MS,
+            vec![StorageDone::rejected(
+                get,
+                StorageOpKind::Get,
+                2,
+                Rejection::Unhealthy,
+            )],
+        ))
+        .unwrap();
+    assert!(fx.negative.is_empty() && fx.publish.is_empty());
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::Completed)]);
+    let (_l, get) = to_get(&mut m, 2, 1, 20, 3 * MS);
+    let fx = m
+        .apply_round(with_done(
+            4 * MS,
+            vec![StorageDone::failed(
+                get,
+                StorageOpKind::Get,
+                1,
+                true,
+                "boom",
+            )],
+        ))
+        .unwrap();
+    assert!(fx.negative.is_empty() && fx.publish.is_empty());
+    assert_eq!(fx.release, vec![HostRef(20)]);
+    assert!(m.l3_enabled(), "a retired failure does not quarantine");
+    assert_eq!(m.stats().negative_entries, 0);
+}
+
+#[test]
+fn invalid_completions_change_nothing() {
+    let mut m = StorageTransferManager::new(config());
+    let (q, _l) = m.issue_query(RequestId(1), keys("a", 2)).unwrap();
+    let before = m.stats();
+    let wrong_len = StorageDone::query(q.op, vec![true], true);
+    assert!(m.apply_round(with_done(MS, vec![wrong_len])).is_err());
+    let unknown = StorageDone::query(OperationId(99), vec![true], true);
+    assert!(m.apply_round(with_done(MS, vec![unknown])).is_err());
+    let wrong_kind = StorageDone::put(q.op, vec![true; 2], vec![0; 2], vec![false; 2], true);
+    assert!(m.apply_round(with_done(MS, vec![wrong_kind])).is_err());
+    let ok = StorageDone::query(q.op, vec![true; 2], true);
+    assert!(m
+        .apply_round(with_done(MS, vec![ok.clone(), ok.clone()]))
+        .is_err());
+    assert_eq!(m.stats(), before);
+    assert_eq!(
+        m.now_us(),
+        0,
+        "an invalid round does not even apply its tick"
+    );
+    m.apply_round(with_done(MS, vec![ok.clone()])).unwrap();
+    assert!(
+        m.apply_round(with_done(MS, vec![ok])).is_err(),
+        "completed twice"
+    );
+}
+
+fn residency_all(_: &StorageKey, h: HostRef) -> Option<HostRange> {
+    Some(HostRange::new(h.0 * 16, 16))
+}
+
+#[test]
+fn backup_dispatch_skips_evicted_and_coalesces_pending() {
+    let mut m = StorageTransferManager::new(config());
+    m.offer_backup(key("a"), HostRef(1));
+    m.offer_backup(key("b"), HostRef(2));
+    let mut res = |k: &StorageKey, h: HostRef| (k.as_str() != "b").then(|| HostRange::new(h.0, 16));
+    let put = m.dispatch_backups(&mut res).unwrap();
+    assert_eq!(put.keys, vec![key("a")]);
+    assert_eq!(m.stats().dropped(DropReason::Unavailable), 1);
+    assert_eq!(
+        m.offer_backup(key("a"), HostRef(1)),
+        OfferOutcome::Coalesced
+    );
+    assert_eq!(m.stats().dropped_backup_keys.iter().sum::<u64>(), 1);
+    // A retired capacity rejection re-offers; a retired failure just releases.
+    let fx = m
+        .apply_round(with_done(
+            MS,
+            vec![StorageDone::put(
+                put.op,
+                vec![false],
+                vec![0],
+                vec![true],
+                true,
+            )],
+        ))
+        .unwrap();
+    assert_eq!(fx.release, vec![HostRef(1)]);
+    assert_eq!(
+        fx.reoffer,
+        vec![BackupCandidate {
+            key: key("a"),
+            host: HostRef(1)
+        }]
+    );
+    assert_eq!(m.queued_candidates(), 1);
+    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let fx = m
+        .apply_round(with_done(
+            2 * MS,
+            vec![StorageDone::put(
+                put.op,
+                vec![true],
+                vec![16],
+                vec![false],
+                true,
+            )],
+        ))
+        .unwrap();
+    assert_eq!(fx.backed_up, vec![key("a")]);
+    assert_eq!(fx.release, vec![HostRef(1)]);
+    assert!(fx.reoffer.is_empty());
+}
+
+#[test]
+fn backup_queue_overflow_and_unretired_put_quarantine() {
+    let mut c = config();
+    c.backup_candidate_capacity = 2;
+    let mut m = StorageTransferManager::new(c);
+    for i in 0..3 {
+        m.offer_backup(key(&format!("k{i}")), HostRef(i));
+    }
+    assert_eq!(m.stats().dropped(DropReason::Overflow), 1);
+    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    assert_eq!(put.keys, vec![key("k1"), key("k2")]);
+    let fx = m
+        .apply_round(with_done(
+            MS,
+            vec![StorageDone::failed(
+                put.op,
+                StorageOpKind::Put,
+                2,
+                false,
+                "-1",
+            )],
+        ))
+        .unwrap();
+    assert_eq!(fx.quarantined, vec![HostRef(1), HostRef(2)]);
+    assert!(fx.release.is_empty());
+    assert!(!m.l3_enabled());
+    assert_eq!(m.stats().backup_host_credits_in_use, 2);
+}
+
+#[test]
+fn determinism_same_trace_same_outputs() {
+    fn run() -> (Vec<RoundEffects>, Vec<String>, StmStats) {
+        let mut m = StorageTransferManager::new(config());
+        let mut out = Vec::new();
+        let mut ops = Vec::new();
+        let mut pending = Vec::new();
+        let mut leases: Vec<StorageLease> = Vec::new();
+        for r in 0..20u64 {
+            if r % 4 == 0 && !leases.is_empty() {
+                out.push(m.detach(leases.remove(0)));
+            }
+            let tick = r * 7 * MS;
+            let mut done = Vec::new();
+            for p in pending.drain(..) {
+                done.push(p);
+            }
+            let fx = m
+                .apply_round(RoundInput {
+                    tick_us: tick,
+                    pressure: pressure(if r % 9 == 4 { 12 } else { 1 }),
+                    cancellations: if r % 5 == 3 {
+                        vec![RequestId(r - 1)]
+                    } else {
+                        vec![]
+                    },
+                    completions: done,
+                })
+                .unwrap();
+            for q in &fx.query_results {
+                if let Ok(g) = m.issue_get(
+                    q.request,
+                    q.keys.clone(),
+                    dests(q.request.0 * 10, q.keys.len()),
+                ) {
+                    ops.push(format!("{:?}", g));
+                    pending.push(get_ok(g.op, g.keys.len()));
+                }
+            }
+            out.push(fx);
+            if let Ok((q, lease)) = m.issue_query(RequestId(r), keys(&format!("q{r}-"), 2)) {
+                ops.push(format!("{:?}", q));
+                pending.push(StorageDone::query(q.op, vec![r % 2 == 0, true], true));
+                leases.push(lease);
+            }
+            m.offer_backup(key(&format!("b{}", r % 4)), HostRef(1000 + r));
+            if let Some(p) = m.dispatch_backups(&mut residency_all) {
+                ops.push(format!("{:?}", p));
+            }
+        }
+        (out, ops, m.stats())
+    }
+    let a = run();
+    let b = run();
+    assert_eq!(a, b);
+    assert!(a.1.len() > 10, "the trace exercised planning");
+}
+
+#[test]
+fn refusals_change_nothing() {
+    let mut m = StorageTransferManager::new(config());
+    assert_eq!(
+        m.issue_query(RequestId(1), vec![]).unwrap_err(),
+        Refusal::NoKeys
+    );
+    assert!(matches!(
+        m.issue_query(RequestId(1), keys("a", 17)).unwrap_err(),
+        Refusal::TooManyKeys(17, 16)
+    ));
+    let (q, _l) = m.issue_query(RequestId(1), keys("a", 1)).unwrap();
+    assert_eq!(
+        m.issue_query(RequestId(1), keys("a", 1)).unwrap_err(),
+        Refusal::AlreadyWaiting(RequestId(1))
+    );
+    assert_eq!(
+        m.issue_get(RequestId(1), keys("a", 1), dests(1, 1))
+            .unwrap_err(),
+        Refusal::NotWaiting(RequestId(1)),
+        "no GET before the QUERY is answered"
+    );
+    m.apply_round(with_done(
+        MS,
+        vec![StorageDone::query(q.op, vec![true], true)],
+    ))
+    .unwrap();
+    let mut dup = dests(1, 2);
+    dup[1].0 = HostRef(1);
+    assert!(matches!(
+        m.issue_get(RequestId(1), keys("a", 2), dup).unwrap_err(),
+        Refusal::Malformed(_)
+    ));
+    assert!(matches!(
+        m.issue_get(RequestId(1), keys("a", 2), dests(1, 1))
+            .unwrap_err(),
+        Refusal::Malformed(_)
+    ));
+    let s = m.stats();
+    assert_eq!((s.operation_credits_in_use, s.host_credits_in_use), (0, 0));
+    assert_eq!(s.last_operation_id, 1);
+    let _ = StorageConfig::clone(m.config());
+}
+
+#[test]
+fn bench_body_runs_at_small_scale() {
+    let r = bench::bench_stm(40, 200, 5, 4);
+    assert_eq!(r.rounds, 5);
+    assert!(r.outstanding_operations >= 30, "{r:?}");
+    assert!(r.waiting_requests >= 150, "{r:?}");
+    assert!(r.completions_per_round >= 4);
+}
+
+#[test]
+fn an_unretired_query_retains_nothing_and_quarantines_nothing() {
+    let mut m = StorageTransferManager::new(config());
+    let (q, _l) = m.issue_query(RequestId(1), keys("a", 2)).unwrap();
+    let done = StorageDone::failed(q.op, StorageOpKind::Query, 2, false, "sdk error");
+    let fx = m.apply_round(with_done(MS, vec![done])).unwrap();
+    assert!(fx.quarantined.is_empty());
+    assert_eq!(fx.settled, vec![q.op]);
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::Completed)]);
+    assert!(m.l3_enabled());
+    assert_eq!(m.stats().operation_credits_in_use, 0);
+}
+
+#[test]
+fn capacity_reoffer_while_closed_is_a_pressure_drop() {
+    let mut m = StorageTransferManager::new(config());
+    m.offer_backup(key("a"), HostRef(1));
+    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: MS,
+            pressure: pressure(50),
+            completions: vec![StorageDone::put(
+                put.op,
+                vec![false],
+                vec![0],
+                vec![true],
+                true,
+            )],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(fx.release, vec![HostRef(1)]);
+    assert!(fx.reoffer.is_empty());
+    assert_eq!(m.stats().dropped(DropReason::Pressure), 1);
+    assert_eq!(m.queued_candidates(), 0);
+}

@@ -1,0 +1,180 @@
+//! Storage tickets: one per operation (QUERY, GET or PUT), named by a monotonic, never
+//! reused OperationId. A ticket records its keys, the Host references it holds (GET
+//! destinations, PUT sources), the credits charged to it, its attached waiter and its
+//! state: Issued -> Completed (agreed StorageDone applied) -> Settled, or Quarantined (an
+//! unretired result: every reference kept for the life of the process). A ticket settles
+//! exactly once; only settlement returns its credits. A ticket never releases a reference
+//! before the agreed completion says the operation retired.
+
+use super::credits::CreditClass;
+use super::HostRef;
+use messages::{HostRange, OperationId, RequestId, StorageKey, StorageOpKind};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TicketState {
+    /// Submitted; no agreed completion yet. References are held for native I/O.
+    Issued,
+    /// An agreed, retired completion was applied; the ticket still holds a Ready hold.
+    Completed,
+    /// An agreed, unretired completion: every reference is kept forever, credits stay
+    /// charged.
+    Quarantined,
+    /// Credits returned and every reference released. Terminal.
+    Settled,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub op: OperationId,
+    pub kind: StorageOpKind,
+    pub class: CreditClass,
+    pub keys: Vec<StorageKey>,
+    /// Per key: the Host reference (GET destination or PUT source); empty for QUERY.
+    pub refs: Vec<HostRef>,
+    pub ranges: Vec<HostRange>,
+    /// Per key: whether the ticket still holds `refs[i]`.
+    pub held: Vec<bool>,
+    /// Operation credits charged (1 until settlement).
+    pub charged_operations: u32,
+    /// Host credits charged: one per held reference.
+    pub charged_hosts: u32,
+    pub state: TicketState,
+    /// The attached read waiter; None once detached (a detached result never publishes).
+    pub waiter: Option<RequestId>,
+    /// The clear epoch it was issued in (a cleared epoch's PUT never re-offers).
+    pub epoch: u64,
+    pub issued_us: u64,
+    /// A StorageCancelOp was already emitted for it.
+    pub cancel_sent: bool,
+}
+
+impl Ticket {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        op: OperationId,
+        kind: StorageOpKind,
+        class: CreditClass,
+        keys: Vec<StorageKey>,
+        refs: Vec<HostRef>,
+        ranges: Vec<HostRange>,
+        waiter: Option<RequestId>,
+        epoch: u64,
+        issued_us: u64,
+    ) -> Self {
+        let held = vec![true; refs.len()];
+        let charged_hosts = refs.len() as u32;
+        Self {
+            op,
+            kind,
+            class,
+            keys,
+            refs,
+            ranges,
+            held,
+            charged_operations: 1,
+            charged_hosts,
+            state: TicketState::Issued,
+            waiter,
+            epoch,
+            issued_us,
+            cancel_sent: false,
+        }
+    }
+
+    /// References the ticket still holds, in key order.
+    pub fn held_refs(&self) -> Vec<HostRef> {
+        self.refs
+            .iter()
+            .zip(&self.held)
+            .filter(|(_, h)| **h)
+            .map(|(r, _)| *r)
+            .collect()
+    }
+
+    /// Release the reference of row `i` (after retirement). Returns it when it was held.
+    pub fn release_row(&mut self, i: usize) -> Option<HostRef> {
+        if self.state == TicketState::Quarantined || self.state == TicketState::Settled {
+            return None;
+        }
+        match self.held.get_mut(i) {
+            Some(h) if *h => {
+                *h = false;
+                self.charged_hosts = self.charged_hosts.saturating_sub(1);
+                self.refs.get(i).copied()
+            }
+            _ => None,
+        }
+    }
+
+    /// Settle: release every remaining reference. Returns (released references, operation
+    /// credits, Host credits) to return, or None when the ticket cannot settle (already
+    /// settled or quarantined).
+    pub fn settle(&mut self) -> Option<(Vec<HostRef>, u32, u32)> {
+        if self.state == TicketState::Settled || self.state == TicketState::Quarantined {
+            return None;
+        }
+        let released = self.held_refs();
+        let hosts = self.charged_hosts;
+        let ops = self.charged_operations;
+        // charged_hosts always equals the number of held references.
+        debug_assert_eq!(hosts as usize, released.len());
+        self.held.iter_mut().for_each(|h| *h = false);
+        self.charged_hosts = 0;
+        self.charged_operations = 0;
+        self.state = TicketState::Settled;
+        Some((released, ops, hosts))
+    }
+
+    /// Quarantine: keep every held reference and every charged credit for good.
+    pub fn quarantine(&mut self) -> Vec<HostRef> {
+        self.state = TicketState::Quarantined;
+        self.waiter = None;
+        self.held_refs()
+    }
+
+    pub fn is_read(&self) -> bool {
+        self.kind != StorageOpKind::Put
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get_ticket() -> Ticket {
+        Ticket::new(
+            OperationId(1),
+            StorageOpKind::Get,
+            CreditClass::Read,
+            vec![StorageKey("a".into()), StorageKey("b".into())],
+            vec![HostRef(10), HostRef(11)],
+            vec![HostRange::new(0, 4), HostRange::new(4, 4)],
+            Some(RequestId(7)),
+            0,
+            0,
+        )
+    }
+
+    #[test]
+    fn settles_exactly_once_and_releases_each_reference_once() {
+        let mut t = get_ticket();
+        assert_eq!(t.release_row(1), Some(HostRef(11)));
+        assert_eq!(t.release_row(1), None);
+        assert_eq!(t.charged_hosts, 1);
+        let (refs, ops, hosts) = t.settle().unwrap();
+        assert_eq!(refs, vec![HostRef(10)]);
+        assert_eq!((ops, hosts), (1, 1));
+        assert_eq!(t.state, TicketState::Settled);
+        assert!(t.settle().is_none());
+    }
+
+    #[test]
+    fn quarantine_keeps_references_and_never_settles() {
+        let mut t = get_ticket();
+        assert_eq!(t.quarantine(), vec![HostRef(10), HostRef(11)]);
+        assert!(t.settle().is_none());
+        assert_eq!(t.release_row(0), None);
+        assert_eq!(t.charged_hosts, 2);
+        assert_eq!(t.waiter, None);
+    }
+}
