@@ -35,6 +35,17 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// StorageTransferManager round cost with outstanding operations and waiting requests.
+    Scheduler {
+        #[arg(long, default_value_t = 1000)]
+        outstanding: usize,
+        #[arg(long, default_value_t = 10_000)]
+        waiting: usize,
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        #[arg(long, default_value_t = 32)]
+        per_round: usize,
+    },
     /// Matching and query planning against 1M Host and 100k Device blocks with 32k-token
     /// prompts: µs per request and per block, bytes per pooled block.
     Matcher {
@@ -69,6 +80,20 @@ enum BenchCommand {
 
 fn run_bench(which: BenchCommand) -> Result<(), String> {
     match which {
+        BenchCommand::Scheduler {
+            outstanding,
+            waiting,
+            rounds,
+            per_round,
+        } => {
+            let r =
+                actors::storage_transfer::bench::bench_stm(outstanding, waiting, rounds, per_round);
+            println!(
+                "storage transfer manager round: {} rounds, {} outstanding operations, {} waiting requests, {} completions/round: {:.2} us/round",
+                r.rounds, r.outstanding_operations, r.waiting_requests, r.completions_per_round, r.us_per_round
+            );
+            Ok(())
+        }
         BenchCommand::Matcher {
             host_blocks,
             device_blocks,

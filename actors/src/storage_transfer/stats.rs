@@ -1,5 +1,5 @@
 //! Scheduler-side counters and gauges of the StorageTransferManager (names in
-//! `crate::names::stm`). Mirrored values: every owner computes the same numbers, so they
+//! `crate::names::metric`). Mirrored values: every owner computes the same numbers, so they
 //! must not be summed across TP owners. Snapshots carry no request IDs or object keys and
 //! never feed back into decisions.
 
