@@ -131,7 +131,9 @@ pub fn split_key(key: &StorageKey) -> Option<ObjectPath<'_>> {
 fn valid_namespace(ns: &str) -> bool {
     ns.len() == KEY_PREFIX.len() + 16
         && ns.starts_with(KEY_PREFIX)
-        && ns[KEY_PREFIX.len()..].bytes().all(|b| b.is_ascii_hexdigit())
+        && ns[KEY_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
 }
 
 /// A generation unique per write across processes and hosts: a random u64 (never 0).
@@ -466,10 +468,7 @@ impl Store for DfsStore {
     }
 
     fn query(&self, keys: &[StorageKey]) -> Result<Vec<bool>, StoreError> {
-        Ok(keys
-            .iter()
-            .map(|k| matches!(self.stat(k), Ok(_)))
-            .collect())
+        Ok(keys.iter().map(|k| matches!(self.stat(k), Ok(_))).collect())
     }
 
     fn get(
@@ -478,7 +477,10 @@ impl Store for DfsStore {
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
         if keys.len() != dests.len() {
-            return Err(StoreError::new("dfs", "keys and destinations differ in count"));
+            return Err(StoreError::new(
+                "dfs",
+                "keys and destinations differ in count",
+            ));
         }
         Ok(keys
             .iter()
@@ -502,7 +504,10 @@ impl Store for DfsStore {
     /// it), then removes the tombstone. Returns the number of objects removed.
     fn remove_namespace(&self, ns: &Namespace) -> Result<u64, StoreError> {
         if !valid_namespace(ns.as_str()) {
-            return Err(StoreError::new("dfs", format!("invalid namespace {}", ns.0)));
+            return Err(StoreError::new(
+                "dfs",
+                format!("invalid namespace {}", ns.0),
+            ));
         }
         let _permit = self.io.acquire();
         let dir = self.root.join(ns.as_str());
@@ -587,7 +592,10 @@ mod tests {
             }]
         );
         let mut d = [0u8; 1];
-        assert_eq!(s.get(&[evil], &mut [&mut d]).unwrap(), vec![KeyResult::Invalid]);
+        assert_eq!(
+            s.get(&[evil], &mut [&mut d]).unwrap(),
+            vec![KeyResult::Invalid]
+        );
         assert!(!s.root().parent().unwrap().join("escape").exists());
     }
 
@@ -658,7 +666,8 @@ mod tests {
             .write(true)
             .open(s.object_path(&k(2, "a")).unwrap())
             .unwrap();
-        f.seek(SeekFrom::Start(DFS_HEADER_LEN as u64 + 500)).unwrap();
+        f.seek(SeekFrom::Start(DFS_HEADER_LEN as u64 + 500))
+            .unwrap();
         f.write_all(&[8]).unwrap();
         // Truncate another.
         let f = OpenOptions::new()

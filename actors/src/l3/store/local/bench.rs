@@ -49,11 +49,7 @@ pub fn bench_promotion(
         .map(|i| StorageKey(format!("tsl3-00000000000b3ec4-obj{i}")))
         .collect();
     let payload: Vec<Vec<u8>> = (0..objects)
-        .map(|i| {
-            (0..object_bytes)
-                .map(|j| (i * 31 + j * 7) as u8)
-                .collect()
-        })
+        .map(|i| (0..object_bytes).map(|j| (i * 31 + j * 7) as u8).collect())
         .collect();
     for (k, p) in keys.iter().zip(&payload) {
         dfs.put_one(k, p);
@@ -67,7 +63,9 @@ pub fn bench_promotion(
         for p in &paths {
             let bytes = std::fs::read(p)
                 .map_err(|e| StoreError::new("bench", format!("read {}: {e}", p.display())))?;
-            let body = bytes.get(bytes.len().saturating_sub(object_bytes)..).unwrap_or(&[]);
+            let body = bytes
+                .get(bytes.len().saturating_sub(object_bytes)..)
+                .unwrap_or(&[]);
             sink[..body.len()].copy_from_slice(body);
         }
         baseline_s += t.elapsed().as_secs_f64();
@@ -77,7 +75,10 @@ pub fn bench_promotion(
         let r = store.prefetch_to_memory(&keys)?;
         promotion_s += t.elapsed().as_secs_f64();
         if let Some(bad) = r.iter().find(|r| **r != PromotionResult::Committed) {
-            return Err(StoreError::new("bench", format!("promotion result {bad:?}")));
+            return Err(StoreError::new(
+                "bench",
+                format!("promotion result {bad:?}"),
+            ));
         }
     }
     std::hint::black_box(&sink);
@@ -91,11 +92,15 @@ pub fn bench_promotion(
         promotion_bytes_per_s: promotion,
         ratio: promotion / baseline,
     };
+    println!("objects={objects} object_bytes={object_bytes} workers={workers} rounds={rounds}");
     println!(
-        "objects={objects} object_bytes={object_bytes} workers={workers} rounds={rounds}"
+        "file read + memcpy: {:.1} MiB/s",
+        baseline / (1 << 20) as f64
     );
-    println!("file read + memcpy: {:.1} MiB/s", baseline / (1 << 20) as f64);
-    println!("DFS -> MEMORY promotion: {:.1} MiB/s", promotion / (1 << 20) as f64);
+    println!(
+        "DFS -> MEMORY promotion: {:.1} MiB/s",
+        promotion / (1 << 20) as f64
+    );
     println!("ratio promotion/baseline: {:.3}", b.ratio);
     Ok(b)
 }

@@ -430,12 +430,18 @@ mod tests {
     fn fenced_target_keeps_its_bytes_until_the_writer_drops() {
         let t = MemoryTier::new(10);
         let target = t.allocate(&k("x"), 7, 10).unwrap();
-        assert_eq!(t.allocate(&k("y"), 8, 1).unwrap_err(), CapacityReason::Allocation);
+        assert_eq!(
+            t.allocate(&k("y"), 8, 1).unwrap_err(),
+            CapacityReason::Allocation
+        );
         target.write_chunk(0, &[1; 5]).unwrap();
         target.fence();
         assert_eq!(target.write_chunk(5, &[1; 5]), Err(Fenced));
         assert_eq!(t.budget().fenced_outstanding(), 10);
-        assert!(!t.publish(target.clone()), "a fenced target is never published");
+        assert!(
+            !t.publish(target.clone()),
+            "a fenced target is never published"
+        );
         assert_eq!(t.budget().used(), 10, "no reuse before the writer drains");
         drop(target);
         assert_eq!(t.budget().used(), 0);

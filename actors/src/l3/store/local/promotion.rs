@@ -170,6 +170,20 @@ pub struct PromotionEngine {
     next_attempt: AtomicU64,
     pub stats: PromotionStats,
     pub hooks: PromotionHooks,
+    /// Tasks whose worker returned (every owner it held is dropped).
+    drained: Mutex<u64>,
+    drained_cv: Condvar,
+}
+
+/// Counts a worker's return on every path, after its owners dropped.
+struct DrainGuard<'a>(&'a PromotionEngine);
+
+impl Drop for DrainGuard<'_> {
+    fn drop(&mut self) {
+        let mut n = self.0.drained.lock();
+        *n += 1;
+        self.0.drained_cv.notify_all();
+    }
 }
 
 enum Slot {
@@ -253,7 +267,21 @@ impl PromotionEngine {
             next_attempt: AtomicU64::new(1),
             stats: PromotionStats::default(),
             hooks: PromotionHooks::default(),
+            drained: Mutex::new(0),
+            drained_cv: Condvar::new(),
         }
+    }
+
+    /// Blocks until `n` tasks in total have left their worker (their writers drained).
+    pub fn wait_drained(&self, n: u64) {
+        let mut d = self.drained.lock();
+        while *d < n {
+            self.drained_cv.wait(&mut d);
+        }
+    }
+
+    pub fn drained(&self) -> u64 {
+        *self.drained.lock()
     }
 
     /// Starts `n` workers that run tasks until the sender side is dropped.
@@ -270,7 +298,9 @@ impl PromotionEngine {
                     .name(format!("tsl3-promote-{i}"))
                     .spawn(move || {
                         while let Ok(task) = rx.recv() {
+                            let guard = DrainGuard(&engine);
                             engine.run(task);
+                            drop(guard);
                         }
                     })
             })
@@ -353,7 +383,9 @@ impl PromotionEngine {
                 self.stats.missing_source.fetch_add(1, Ordering::Relaxed);
                 return Admission::Done(R::MissingSource);
             }
-            Err(ReadError::Invalid) => return Admission::Done(R::Failed(PromotionFailure::Checksum)),
+            Err(ReadError::Invalid) => {
+                return Admission::Done(R::Failed(PromotionFailure::Checksum))
+            }
             Err(ReadError::Io(_)) => return Admission::Done(R::Failed(PromotionFailure::Io)),
         };
         let reject = |c: CapacityReason| {
