@@ -468,7 +468,7 @@ impl Store for DfsStore {
     }
 
     fn query(&self, keys: &[StorageKey]) -> Result<Vec<bool>, StoreError> {
-        Ok(keys.iter().map(|k| matches!(self.stat(k), Ok(_))).collect())
+        Ok(keys.iter().map(|k| self.stat(k).is_ok()).collect())
     }
 
     fn get(
@@ -585,7 +585,7 @@ mod tests {
         let (_d, s) = store();
         let evil = StorageKey("tsl3-00000000000000ab-../../escape".into());
         assert_eq!(
-            s.put(&[evil.clone()], &[b"x"]).unwrap(),
+            s.put(std::slice::from_ref(&evil), &[b"x"]).unwrap(),
             vec![KeyResult::Failed {
                 code: code::BAD_KEY,
                 retired: true

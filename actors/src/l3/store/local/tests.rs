@@ -79,7 +79,10 @@ impl Fx {
     }
     fn read(&self, key: &StorageKey, len: usize) -> (KeyResult, Vec<u8>) {
         let mut d = vec![0u8; len];
-        let r = self.store.get(&[key.clone()], &mut [&mut d]).unwrap();
+        let r = self
+            .store
+            .get(std::slice::from_ref(key), &mut [&mut d])
+            .unwrap();
         (r[0], d)
     }
     fn memory_hits(&self) -> u64 {
