@@ -740,3 +740,12 @@ fn purging_a_namespace_fences_its_live_promotions() {
     assert_eq!(f.store.query(&[k("a")]).unwrap(), vec![false]);
     f.quiescent();
 }
+
+#[test]
+fn bench_promotion_runs_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bench::bench_promotion(dir.path(), 4, 8192, 2, 1).unwrap();
+    assert_eq!((b.objects, b.object_bytes), (4, 8192));
+    assert!(b.baseline_bytes_per_s > 0.0 && b.promotion_bytes_per_s > 0.0);
+    assert!((b.ratio - b.promotion_bytes_per_s / b.baseline_bytes_per_s).abs() < 1e-9);
+}
