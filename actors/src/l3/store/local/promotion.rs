@@ -674,11 +674,13 @@ impl PromotionEngine {
             self.stats.fenced_writers.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        // The staged bytes are no longer read: staging returns before the commit is
+        // observable, so a waiter that saw Committed finds its staging quota free.
+        drop(staged);
+        drop(staging);
         self.hooks.pass(PromotionStage::Commit);
         // 6. Commit (refused if the attempt expired meanwhile).
         self.commit(&a, a.id);
         drop(target);
-        drop(staged);
-        drop(staging);
     }
 }

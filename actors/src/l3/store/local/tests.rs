@@ -417,8 +417,13 @@ fn cancelling_one_waiter_leaves_the_others_result() {
 fn cancel_after_commit_keeps_the_replica() {
     let f = fx(Limits::default());
     f.seed(&k("a"), &payload(1, 64));
+    let g = Gate::new();
+    f.store.hooks().arm_once(PromotionStage::Read, g.clone());
     let t1 = f.store.submit_prefetch(&[k("a")]);
+    g.wait_entered(1);
     let t2 = f.store.submit_prefetch(&[k("a")]);
+    assert_eq!(t1.attempt_ids(), t2.attempt_ids());
+    g.release();
     assert_eq!(t2.wait(), vec![R::Committed]);
     drop(t1);
     assert!(f.store.memory().contains(&k("a")));
