@@ -93,11 +93,11 @@ impl MemoryTarget {
 
     /// Stops every later write. Idempotent.
     pub fn fence(&self) {
-        let _d = self.data.write();
+        let d = self.data.write();
         if !self.fenced.swap(true, Ordering::AcqRel) {
             self.budget
                 .fenced_outstanding
-                .fetch_add(_d.len() as u64, Ordering::AcqRel);
+                .fetch_add(d.len() as u64, Ordering::AcqRel);
         }
     }
 

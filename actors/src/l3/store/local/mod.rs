@@ -156,11 +156,13 @@ impl LocalStore {
         self.engine.tier.evict(key)
     }
 
-    /// Removes one object from both tiers, unless a promotion pins its source.
+    /// Removes one object from both tiers, unless a promotion pins its source; a live
+    /// promotion past its source read is fenced (it would publish a removed object).
     pub fn remove(&self, key: &StorageKey) -> Result<RemoveOutcome, StoreError> {
         if self.engine.pins.is_pinned(key) {
             return Ok(RemoveOutcome::Pinned);
         }
+        self.engine.fence_key(key);
         let in_memory = self.engine.tier.remove(key);
         let in_dfs = self.engine.dfs.remove(key)?;
         Ok(if in_memory || in_dfs {

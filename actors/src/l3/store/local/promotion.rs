@@ -9,6 +9,13 @@
 //! attempt commit, never return a target's bytes to the budget before its writer drained
 //! (expiry only fences), never settle an attempt twice, and never revoke a committed
 //! replica because a waiter went away.
+//!
+//! Lost executors and notifications (seed 003): this store retains conservatively. A
+//! worker that never returns keeps its target's bytes charged to the MEMORY budget and
+//! its staging reserved for the life of the process; expiry fences and unlinks the target
+//! and answers the waiters, but no elapsed-time reaper frees anything a worker can still
+//! touch. A killed process loses only its own MEMORY tier (the OS reclaims it); on the
+//! shared DFS it can leave an invisible `.tmp-*` file, never a visible partial object.
 
 use super::hooks::{PromotionHooks, PromotionStage};
 use super::memory_tier::{MemoryTarget, MemoryTier};
@@ -24,6 +31,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// Attempt ids: global to the process, monotonic, never reused (a stale notification can
+/// never name a newer attempt).
+static NEXT_ATTEMPT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Bytes copied into a target between fence checks.
 pub const PROMOTION_CHUNK: usize = 256 * 1024;
@@ -167,7 +178,6 @@ pub struct PromotionEngine {
     clock: SharedClock,
     limits: PromotionLimits,
     live: Mutex<HashMap<StorageKey, Arc<Attempt>>>,
-    next_attempt: AtomicU64,
     pub stats: PromotionStats,
     pub hooks: PromotionHooks,
     /// Tasks whose worker returned (every owner it held is dropped).
@@ -264,7 +274,6 @@ impl PromotionEngine {
             clock,
             limits,
             live: Mutex::new(HashMap::new()),
-            next_attempt: AtomicU64::new(1),
             stats: PromotionStats::default(),
             hooks: PromotionHooks::default(),
             drained: Mutex::new(0),
@@ -428,7 +437,7 @@ impl PromotionEngine {
                 return Admission::Done(R::AlreadyInMemory);
             }
             let a = Arc::new(Attempt {
-                id: self.next_attempt.fetch_add(1, Ordering::Relaxed),
+                id: NEXT_ATTEMPT_ID.fetch_add(1, Ordering::Relaxed),
                 key: key.clone(),
                 source,
                 deadline_us: self.clock.now_us().saturating_add(self.limits.ttl_us),
@@ -575,6 +584,15 @@ impl PromotionEngine {
             .iter()
             .filter(|a| self.settle(a, fenced, false))
             .count() as u64
+    }
+
+    /// Fails the live attempt of one key being removed (its replica would be stale).
+    pub fn fence_key(&self, key: &StorageKey) -> bool {
+        let fenced = AttemptState::Failed(FailReason::Failure(PromotionFailure::Fenced));
+        match self.live_attempt(key) {
+            Some(a) => self.settle(&a, fenced, false),
+            None => false,
+        }
     }
 
     fn wait_attempt(&self, a: &Attempt) -> PromotionResult {

@@ -754,3 +754,24 @@ fn bench_promotion_runs_side_by_side() {
     assert!(b.baseline_bytes_per_s > 0.0 && b.promotion_bytes_per_s > 0.0);
     assert!((b.ratio - b.promotion_bytes_per_s / b.baseline_bytes_per_s).abs() < 1e-9);
 }
+
+#[test]
+fn removing_an_object_fences_a_promotion_past_its_source_read() {
+    let f = fx(Limits::default());
+    f.seed(&k("a"), &payload(1, 300));
+    let g = Gate::new();
+    f.store.hooks().arm_once(PromotionStage::Target, g.clone());
+    let t = f.store.submit_prefetch(&[k("a")]);
+    g.wait_entered(1);
+    // The source pin was released after revalidation: removal proceeds and fences.
+    assert_eq!(f.store.remove(&k("a")).unwrap(), RemoveOutcome::Removed);
+    assert_eq!(t.wait(), vec![R::Failed(PromotionFailure::Fenced)]);
+    g.release();
+    f.store.engine().wait_drained(1);
+    assert!(
+        !f.store.memory().contains(&k("a")),
+        "a removed object is never published"
+    );
+    assert_eq!(f.read(&k("a"), 300).0, KeyResult::Missing);
+    f.quiescent();
+}
