@@ -8,7 +8,7 @@ use actors::l3::store::{KeyResult, Store};
 use actors::names::env::{DFS_TEST_CHILD, DFS_TEST_DIR};
 use messages::StorageKey;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 const TEST_NAME: &str = "a_writer_killed_mid_write_leaves_no_visible_object";
@@ -20,6 +20,16 @@ fn key() -> StorageKey {
 
 fn payload() -> Vec<u8> {
     (0..LEN).map(|i| (i % 251) as u8).collect()
+}
+
+/// Kills and reaps the child on every path, so a failing assertion leaves no orphan.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Child role: write the large object, park after the first chunk, announce it, and wait
@@ -56,6 +66,7 @@ fn a_writer_killed_mid_write_leaves_no_visible_object() {
         .spawn()
         .unwrap();
     let stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut child = KillOnDrop(child);
     let mut mid_write = false;
     for line in stdout.lines() {
         if line.unwrap().contains("MIDWRITE") {
@@ -66,8 +77,8 @@ fn a_writer_killed_mid_write_leaves_no_visible_object() {
     assert!(mid_write, "the child reached the middle of its write");
     let dfs = DfsStore::open(dir.path(), 2).unwrap();
     assert_eq!(dfs.query(&[key()]).unwrap(), vec![false]);
-    child.kill().unwrap(); // SIGKILL
-    let status = child.wait().unwrap();
+    child.0.kill().unwrap(); // SIGKILL
+    let status = child.0.wait().unwrap();
     assert!(!status.success());
     #[cfg(unix)]
     {

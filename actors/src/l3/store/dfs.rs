@@ -15,7 +15,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::faulty::Gate;
 
@@ -533,15 +533,6 @@ impl Store for DfsStore {
             .map_err(|e| StoreError::new("dfs", format!("remove tombstone of {}: {e}", ns.0)))?;
         Ok(removed)
     }
-}
-
-/// Streaming checksum helper for callers that verify bytes chunk by chunk.
-pub fn checksum_of(chunks: &[&[u8]]) -> u64 {
-    let mut h = Xxh3::new();
-    for c in chunks {
-        h.update(c);
-    }
-    h.digest()
 }
 
 #[cfg(test)]
