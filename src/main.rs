@@ -35,6 +35,20 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// DFS -> MEMORY promotion throughput beside a plain file read + memcpy of the same bytes.
+    Promotion {
+        /// Directory for the DFS tier (a temporary one under it is used and removed).
+        #[arg(long, default_value = ".tsl3/bench")]
+        dir: String,
+        #[arg(long, default_value_t = 64)]
+        objects: usize,
+        #[arg(long, default_value_t = 4 << 20)]
+        object_bytes: usize,
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// StorageTransferManager round cost with outstanding operations and waiting requests.
     Scheduler {
         #[arg(long, default_value_t = 1000)]
@@ -80,6 +94,26 @@ enum BenchCommand {
 
 fn run_bench(which: BenchCommand) -> Result<(), String> {
     match which {
+        BenchCommand::Promotion {
+            dir,
+            objects,
+            object_bytes,
+            workers,
+            rounds,
+        } => {
+            let base =
+                std::path::PathBuf::from(dir).join(format!("promotion-{}", std::process::id()));
+            std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+            let r = actors::l3::store::local::bench::bench_promotion(
+                &base,
+                objects,
+                object_bytes,
+                workers,
+                rounds,
+            );
+            let _ = std::fs::remove_dir_all(&base);
+            r.map(|_| ()).map_err(|e| e.to_string())
+        }
         BenchCommand::Scheduler {
             outstanding,
             waiting,

@@ -16,6 +16,10 @@ pub mod env {
     pub const MESH_SECRET: &str = "TSL3_MESH_SECRET";
     /// Standard OTLP endpoint variable.
     pub const OTEL_EXPORTER_OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+    /// Multi-process DFS tests: set on a re-entered test binary to run the child role.
+    pub const DFS_TEST_CHILD: &str = "TSL3_DFS_TEST_CHILD";
+    /// Multi-process DFS tests: the shared DFS directory of the child.
+    pub const DFS_TEST_DIR: &str = "TSL3_DFS_TEST_DIR";
 }
 
 /// Metric names (Prometheus conventions: `_total` on counters, unit suffixes). Labels are
@@ -57,4 +61,10 @@ pub mod metric {
     pub const PREFIX_TOKENS: &str = "tsl3_prefix_tokens_total"; // + tier = device|host|l3|computed
     pub const REQUESTS: &str = "tsl3_requests_total"; // + fallback_reason
     pub const ROUNDS: &str = "tsl3_rounds_total";
+    pub const PROMOTION_EXPIRED_TOTAL: &str = "tsl3_promotion_expired_total";
+    pub const PROMOTION_CANCELLED_TOTAL: &str = "tsl3_promotion_cancelled_total";
+    /// Label `reason`: quota, allocation, watermark, in_flight_cap (before admission).
+    pub const PROMOTION_REJECTED_TOTAL: &str = "tsl3_promotion_rejected_total";
+    /// Local store GETs served by tier: label `tier` = memory | dfs.
+    pub const LOCAL_GET_TOTAL: &str = "tsl3_local_get_total";
 }

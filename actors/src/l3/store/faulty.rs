@@ -70,7 +70,8 @@ impl Gate {
         s.released = true;
         self.cv.notify_all();
     }
-    fn pass(&self) {
+    /// Enters the gate and blocks until it is released (stores' internal test hooks).
+    pub fn pass(&self) {
         let mut s = self.state.lock();
         s.entered += 1;
         self.cv.notify_all();

@@ -4,7 +4,9 @@
 //! `faulty` (fault injection for tests). The DFS, local and Mooncake stores live beside
 //! them.
 
+pub mod dfs;
 pub mod faulty;
+pub mod local;
 pub mod memory;
 
 use messages::{Namespace, StorageKey};

@@ -1,0 +1,775 @@
+//! DfsStore: the shared-DFS tier. Objects are files under a root directory that may be a
+//! shared mount (NFS/CephFS/3FS) used by many engine hosts at once: `<root>/<namespace>/<rest>`.
+//! It owns the on-disk object format (a header with magic, format version, logical length,
+//! xxh3-64 checksum and a per-write generation) and create-only atomic publication (temp
+//! file, fsync, `hard_link` into place, fsync the directory). It must never publish a
+//! partial object, never replace an existing object, never resolve a key outside its
+//! namespace directory, and never return unvalidated bytes as a success.
+
+use super::{KeyResult, Store, StoreError};
+use messages::identity::KEY_PREFIX;
+use messages::{Namespace, StorageKey};
+use parking_lot::{Condvar, Mutex};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::faulty::Gate;
+
+/// File magic of a DFS object.
+pub const DFS_MAGIC: [u8; 8] = *b"TSL3DFS\0";
+/// On-disk format version of a DFS object.
+pub const DFS_FORMAT_VERSION: u32 = 1;
+/// Header bytes before the payload.
+pub const DFS_HEADER_LEN: usize = 40;
+/// Payload bytes written per `write` call (a write hook runs after each chunk).
+pub const DFS_WRITE_CHUNK: usize = 1 << 20;
+/// Prefix of temporary files and tombstones: never a valid object name.
+const TEMP_PREFIX: &str = ".tmp-";
+const TOMBSTONE_PREFIX: &str = ".tombstone-";
+
+/// Native codes of retired DFS failures (negative, distinct from errno values).
+pub mod code {
+    /// The key is not `tsl3-<16hex>-<name>` or would escape its namespace directory.
+    pub const BAD_KEY: i64 = -2001;
+    /// An I/O error without an OS errno.
+    pub const IO: i64 = -2002;
+}
+
+/// The identity a reader can prove: a generation is unique per write, so equal
+/// (generation, checksum, length) means the very object that was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectIdentity {
+    pub len: u64,
+    pub checksum: u64,
+    pub generation: u64,
+}
+
+/// The fixed-size object header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectHeader {
+    pub version: u32,
+    pub identity: ObjectIdentity,
+}
+
+impl ObjectHeader {
+    pub fn encode(&self) -> [u8; DFS_HEADER_LEN] {
+        let mut h = [0u8; DFS_HEADER_LEN];
+        h[0..8].copy_from_slice(&DFS_MAGIC);
+        h[8..12].copy_from_slice(&self.version.to_le_bytes());
+        // 12..16 reserved (zero).
+        h[16..24].copy_from_slice(&self.identity.len.to_le_bytes());
+        h[24..32].copy_from_slice(&self.identity.checksum.to_le_bytes());
+        h[32..40].copy_from_slice(&self.identity.generation.to_le_bytes());
+        h
+    }
+
+    /// None when the magic or version is not ours.
+    pub fn decode(h: &[u8; DFS_HEADER_LEN]) -> Option<Self> {
+        if h[0..8] != DFS_MAGIC {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        let version = u32_at(8);
+        if version != DFS_FORMAT_VERSION {
+            return None;
+        }
+        Some(Self {
+            version,
+            identity: ObjectIdentity {
+                len: u64_at(16),
+                checksum: u64_at(24),
+                generation: u64_at(32),
+            },
+        })
+    }
+}
+
+/// A key split at its namespace: `<namespace>/<name>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectPath<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+/// Splits and validates a key: `tsl3-<16 hex>-<name>`, where `name` is one plain path
+/// component (no separators, no NUL, no `..`, not starting with '.').
+pub fn split_key(key: &StorageKey) -> Option<ObjectPath<'_>> {
+    let s = key.as_str();
+    let ns_len = KEY_PREFIX.len() + 16;
+    if !s.starts_with(KEY_PREFIX) || s.len() <= ns_len + 1 || !s.is_char_boundary(ns_len) {
+        return None;
+    }
+    let (namespace, rest) = s.split_at(ns_len);
+    if !namespace[KEY_PREFIX.len()..]
+        .bytes()
+        .all(|b| b.is_ascii_hexdigit())
+    {
+        return None;
+    }
+    let name = rest.strip_prefix('-')?;
+    if name.is_empty()
+        || name.starts_with('.')
+        || name.contains("..")
+        || name.contains(['/', '\\', '\0'])
+        || name.len() > 200
+    {
+        return None;
+    }
+    Some(ObjectPath { namespace, name })
+}
+
+/// Whether a namespace string is a valid directory name (`tsl3-<16 hex>`).
+fn valid_namespace(ns: &str) -> bool {
+    ns.len() == KEY_PREFIX.len() + 16
+        && ns.starts_with(KEY_PREFIX)
+        && ns[KEY_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
+}
+
+/// A generation unique per write across processes and hosts: a random u64 (never 0).
+pub fn new_generation() -> u64 {
+    loop {
+        let g: u64 = rand::random();
+        if g != 0 {
+            return g;
+        }
+    }
+}
+
+/// A counting semaphore bounding concurrent file I/O (`dfs_io_concurrency`).
+#[derive(Debug)]
+pub struct IoLimiter {
+    limit: usize,
+    used: Mutex<usize>,
+    cv: Condvar,
+    peak: AtomicU64,
+}
+
+/// One held I/O slot; released on drop.
+#[derive(Debug)]
+pub struct IoPermit<'a> {
+    limiter: &'a IoLimiter,
+}
+
+impl IoLimiter {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit: limit.max(1),
+            used: Mutex::new(0),
+            cv: Condvar::new(),
+            peak: AtomicU64::new(0),
+        }
+    }
+    pub fn acquire(&self) -> IoPermit<'_> {
+        let mut used = self.used.lock();
+        while *used >= self.limit {
+            self.cv.wait(&mut used);
+        }
+        *used += 1;
+        self.peak.fetch_max(*used as u64, Ordering::Relaxed);
+        IoPermit { limiter: self }
+    }
+    /// The most slots ever held at once.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for IoPermit<'_> {
+    fn drop(&mut self) {
+        let mut used = self.limiter.used.lock();
+        *used -= 1;
+        self.limiter.cv.notify_one();
+    }
+}
+
+/// Counters of the DFS tier.
+#[derive(Debug, Default)]
+pub struct DfsStats {
+    pub objects_written: AtomicU64,
+    pub already_exists: AtomicU64,
+    pub reads_ok: AtomicU64,
+    pub reads_missing: AtomicU64,
+    pub reads_invalid: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+}
+
+/// Test hooks: a gate passed after each written payload chunk of a PUT.
+#[derive(Debug, Default)]
+pub struct DfsHooks {
+    pub after_write_chunk: Mutex<Option<Arc<Gate>>>,
+}
+
+/// Why a validated read failed.
+#[derive(Debug)]
+pub enum ReadError {
+    Missing,
+    /// Not a valid object: bad key, bad magic/version, wrong length, checksum mismatch.
+    Invalid,
+    Io(io::Error),
+}
+
+/// The shared-DFS store.
+#[derive(Debug)]
+pub struct DfsStore {
+    root: PathBuf,
+    io: IoLimiter,
+    pub stats: DfsStats,
+    pub hooks: DfsHooks,
+}
+
+fn io_code(e: &io::Error) -> i64 {
+    e.raw_os_error().map(|c| c as i64).unwrap_or(code::IO)
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl DfsStore {
+    /// A store rooted at `root` (created if absent) with `io_concurrency` file slots.
+    pub fn open(root: impl Into<PathBuf>, io_concurrency: u32) -> Result<Self, StoreError> {
+        let root = root.into();
+        fs::create_dir_all(&root)
+            .map_err(|e| StoreError::new("dfs", format!("create {}: {e}", root.display())))?;
+        Ok(Self {
+            root,
+            io: IoLimiter::new(io_concurrency as usize),
+            stats: DfsStats::default(),
+            hooks: DfsHooks::default(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn io_limiter(&self) -> &IoLimiter {
+        &self.io
+    }
+
+    /// The file of a key, or None for a key that is not a plain object name.
+    pub fn object_path(&self, key: &StorageKey) -> Option<PathBuf> {
+        let p = split_key(key)?;
+        Some(self.root.join(p.namespace).join(p.name))
+    }
+
+    fn read_header(file: &mut File) -> Result<ObjectHeader, ReadError> {
+        let mut h = [0u8; DFS_HEADER_LEN];
+        match file.read_exact(&mut h) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(ReadError::Invalid),
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+        let header = ObjectHeader::decode(&h).ok_or(ReadError::Invalid)?;
+        let size = file.metadata().map_err(ReadError::Io)?.len();
+        if size != DFS_HEADER_LEN as u64 + header.identity.len {
+            return Err(ReadError::Invalid);
+        }
+        Ok(header)
+    }
+
+    fn open_object(&self, key: &StorageKey) -> Result<File, ReadError> {
+        let path = self.object_path(key).ok_or(ReadError::Invalid)?;
+        File::open(&path).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                ReadError::Missing
+            } else {
+                ReadError::Io(e)
+            }
+        })
+    }
+
+    /// The identity of the stored object (reads the header only).
+    pub fn stat(&self, key: &StorageKey) -> Result<ObjectIdentity, ReadError> {
+        let _permit = self.io.acquire();
+        let mut f = self.open_object(key)?;
+        Ok(Self::read_header(&mut f)?.identity)
+    }
+
+    /// Reads a whole object into a fresh buffer after validating length and checksum.
+    pub fn read_object(&self, key: &StorageKey) -> Result<(ObjectIdentity, Vec<u8>), ReadError> {
+        let _permit = self.io.acquire();
+        let mut f = self.open_object(key)?;
+        let h = Self::read_header(&mut f)?;
+        let len = usize::try_from(h.identity.len).map_err(|_| ReadError::Invalid)?;
+        let mut buf = vec![0u8; len];
+        read_payload(&mut f, &mut buf)?;
+        if xxh3_64(&buf) != h.identity.checksum {
+            return Err(ReadError::Invalid);
+        }
+        self.stats
+            .bytes_read
+            .fetch_add(len as u64, Ordering::Relaxed);
+        Ok((h.identity, buf))
+    }
+
+    /// Reads one key into `dest` with MemoryStore's contract: exact length → Ok; a longer
+    /// destination → ShortRead (the object's bytes land first); a shorter one → Invalid.
+    pub fn get_one(&self, key: &StorageKey, dest: &mut [u8]) -> KeyResult {
+        let _permit = self.io.acquire();
+        let r = (|| -> Result<KeyResult, ReadError> {
+            let mut f = self.open_object(key)?;
+            let h = Self::read_header(&mut f)?;
+            let len = h.identity.len;
+            if len > dest.len() as u64 {
+                return Err(ReadError::Invalid);
+            }
+            let body = &mut dest[..len as usize];
+            read_payload(&mut f, body)?;
+            if xxh3_64(body) != h.identity.checksum {
+                return Err(ReadError::Invalid);
+            }
+            self.stats.bytes_read.fetch_add(len, Ordering::Relaxed);
+            if len < dest.len() as u64 {
+                Ok(KeyResult::ShortRead { bytes: len })
+            } else {
+                Ok(KeyResult::Ok { bytes: len })
+            }
+        })();
+        match r {
+            Ok(ok) => {
+                self.stats.reads_ok.fetch_add(1, Ordering::Relaxed);
+                ok
+            }
+            Err(ReadError::Missing) => {
+                self.stats.reads_missing.fetch_add(1, Ordering::Relaxed);
+                KeyResult::Missing
+            }
+            Err(ReadError::Invalid) => {
+                self.stats.reads_invalid.fetch_add(1, Ordering::Relaxed);
+                KeyResult::Invalid
+            }
+            Err(ReadError::Io(e)) => KeyResult::Failed {
+                code: io_code(&e),
+                retired: true,
+            },
+        }
+    }
+
+    /// Create-only atomic publication of one object: Ok when this call published it,
+    /// AlreadyExists when an object (from any process) already holds the key.
+    pub fn put_one(&self, key: &StorageKey, src: &[u8]) -> KeyResult {
+        let Some(p) = split_key(key) else {
+            return KeyResult::Failed {
+                code: code::BAD_KEY,
+                retired: true,
+            };
+        };
+        let _permit = self.io.acquire();
+        let dir = self.root.join(p.namespace);
+        let target = dir.join(p.name);
+        if target.exists() {
+            self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
+            return KeyResult::AlreadyExists;
+        }
+        let generation = new_generation();
+        let tmp = dir.join(format!(
+            "{TEMP_PREFIX}{}-{:016x}-{}",
+            p.name,
+            generation,
+            std::process::id()
+        ));
+        let r = (|| -> io::Result<KeyResult> {
+            fs::create_dir_all(&dir)?;
+            let header = ObjectHeader {
+                version: DFS_FORMAT_VERSION,
+                identity: ObjectIdentity {
+                    len: src.len() as u64,
+                    checksum: xxh3_64(src),
+                    generation,
+                },
+            };
+            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            f.write_all(&header.encode())?;
+            for chunk in src.chunks(DFS_WRITE_CHUNK) {
+                f.write_all(chunk)?;
+                let gate = self.hooks.after_write_chunk.lock().clone();
+                if let Some(g) = gate {
+                    g.pass();
+                }
+            }
+            f.sync_all()?;
+            drop(f);
+            match fs::hard_link(&tmp, &target) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    return Ok(KeyResult::AlreadyExists)
+                }
+                Err(e) => return Err(e),
+            }
+            Ok(KeyResult::Ok {
+                bytes: src.len() as u64,
+            })
+        })();
+        let _ = fs::remove_file(&tmp);
+        match r {
+            Ok(KeyResult::Ok { bytes }) => {
+                // The link is the publication; make the directory entry durable.
+                if let Err(e) = fsync_dir(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "dfs directory fsync failed");
+                }
+                self.stats.objects_written.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+                KeyResult::Ok { bytes }
+            }
+            Ok(other) => {
+                self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
+                other
+            }
+            Err(e) => KeyResult::Failed {
+                code: io_code(&e),
+                retired: true,
+            },
+        }
+    }
+
+    /// Unlinks one object (administrative; readers holding it open keep their copy).
+    pub fn remove(&self, key: &StorageKey) -> Result<bool, StoreError> {
+        let path = self
+            .object_path(key)
+            .ok_or_else(|| StoreError::new("dfs", format!("invalid key {key}")))?;
+        let _permit = self.io.acquire();
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(StoreError::new("dfs", format!("remove {key}: {e}"))),
+        }
+    }
+}
+
+fn read_payload(f: &mut File, buf: &mut [u8]) -> Result<(), ReadError> {
+    match f.read_exact(buf) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(ReadError::Invalid),
+        Err(e) => Err(ReadError::Io(e)),
+    }
+}
+
+impl Store for DfsStore {
+    fn name(&self) -> &'static str {
+        "dfs"
+    }
+
+    /// File I/O completes synchronously: a failed call no longer touches the buffers.
+    fn failures_retire(&self) -> bool {
+        true
+    }
+
+    fn query(&self, keys: &[StorageKey]) -> Result<Vec<bool>, StoreError> {
+        Ok(keys.iter().map(|k| self.stat(k).is_ok()).collect())
+    }
+
+    fn get(
+        &self,
+        keys: &[StorageKey],
+        dests: &mut [&mut [u8]],
+    ) -> Result<Vec<KeyResult>, StoreError> {
+        if keys.len() != dests.len() {
+            return Err(StoreError::new(
+                "dfs",
+                "keys and destinations differ in count",
+            ));
+        }
+        Ok(keys
+            .iter()
+            .zip(dests.iter_mut())
+            .map(|(k, d)| self.get_one(k, d))
+            .collect())
+    }
+
+    fn put(&self, keys: &[StorageKey], srcs: &[&[u8]]) -> Result<Vec<KeyResult>, StoreError> {
+        if keys.len() != srcs.len() {
+            return Err(StoreError::new("dfs", "keys and sources differ in count"));
+        }
+        Ok(keys
+            .iter()
+            .zip(srcs)
+            .map(|(k, s)| self.put_one(k, s))
+            .collect())
+    }
+
+    /// Renames the namespace directory to a tombstone (one atomic step: no new reader finds
+    /// it), then removes the tombstone. Returns the number of objects removed.
+    fn remove_namespace(&self, ns: &Namespace) -> Result<u64, StoreError> {
+        if !valid_namespace(ns.as_str()) {
+            return Err(StoreError::new(
+                "dfs",
+                format!("invalid namespace {}", ns.0),
+            ));
+        }
+        let _permit = self.io.acquire();
+        let dir = self.root.join(ns.as_str());
+        let tomb = self.root.join(format!(
+            "{TOMBSTONE_PREFIX}{}-{:016x}",
+            ns.as_str(),
+            new_generation()
+        ));
+        match fs::rename(&dir, &tomb) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(StoreError::new("dfs", format!("purge {}: {e}", ns.0))),
+        }
+        let _ = fsync_dir(&self.root);
+        let removed = fs::read_dir(&tomb)
+            .map(|it| {
+                it.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count() as u64
+            })
+            .unwrap_or(0);
+        fs::remove_dir_all(&tomb)
+            .map_err(|e| StoreError::new("dfs", format!("remove tombstone of {}: {e}", ns.0)))?;
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, SeekFrom};
+
+    fn ns(n: u64) -> Namespace {
+        Namespace(format!("tsl3-{n:016x}"))
+    }
+    fn k(n: u64, name: &str) -> StorageKey {
+        StorageKey(format!("tsl3-{n:016x}-{name}"))
+    }
+    fn store() -> (tempfile::TempDir, DfsStore) {
+        let d = tempfile::tempdir().unwrap();
+        let s = DfsStore::open(d.path().join("dfs"), 4).unwrap();
+        (d, s)
+    }
+
+    #[test]
+    fn keys_split_at_the_namespace_and_never_escape() {
+        let key = k(0xab, "00ff-g1-p2-s0");
+        let p = split_key(&key).unwrap();
+        assert_eq!(p.namespace, "tsl3-00000000000000ab");
+        assert_eq!(p.name, "00ff-g1-p2-s0");
+        for bad in [
+            "tsl3-00000000000000ab-../x",
+            "tsl3-00000000000000ab-a/b",
+            "tsl3-00000000000000ab-..",
+            "tsl3-00000000000000ab-a..b",
+            "tsl3-00000000000000ab-.hidden",
+            "tsl3-00000000000000ab-a\\b",
+            "tsl3-00000000000000ab-",
+            "tsl3-zz000000000000ab-x",
+            "tsl3-00000000000000ab",
+            "other-00000000000000ab-x",
+            "/etc/passwd",
+        ] {
+            assert!(split_key(&StorageKey(bad.into())).is_none(), "{bad}");
+        }
+        let (_d, s) = store();
+        let evil = StorageKey("tsl3-00000000000000ab-../../escape".into());
+        assert_eq!(
+            s.put(std::slice::from_ref(&evil), &[b"x"]).unwrap(),
+            vec![KeyResult::Failed {
+                code: code::BAD_KEY,
+                retired: true
+            }]
+        );
+        let mut d = [0u8; 1];
+        assert_eq!(
+            s.get(&[evil], &mut [&mut d]).unwrap(),
+            vec![KeyResult::Invalid]
+        );
+        assert!(!s.root().parent().unwrap().join("escape").exists());
+    }
+
+    #[test]
+    fn create_only_exact_bytes_short_and_missing() {
+        let (_d, s) = store();
+        let r = s
+            .put(&[k(1, "a"), k(1, "b")], &[b"hello", b"world!"])
+            .unwrap();
+        assert_eq!(
+            r,
+            vec![KeyResult::Ok { bytes: 5 }, KeyResult::Ok { bytes: 6 }]
+        );
+        assert_eq!(
+            s.put(&[k(1, "a")], &[b"HELLO"]).unwrap(),
+            vec![KeyResult::AlreadyExists]
+        );
+        let id1 = s.stat(&k(1, "a")).unwrap();
+        assert_eq!(id1.len, 5);
+        assert_eq!(id1.checksum, xxh3_64(b"hello"));
+        assert_eq!(s.query(&[k(1, "a"), k(1, "z")]).unwrap(), vec![true, false]);
+        let (mut a, mut z, mut long, mut short) = ([0u8; 5], [0u8; 5], [0u8; 8], [0u8; 3]);
+        let r = s
+            .get(
+                &[k(1, "a"), k(1, "z"), k(1, "b"), k(1, "b")],
+                &mut [&mut a, &mut z, &mut long, &mut short],
+            )
+            .unwrap();
+        assert_eq!(
+            r,
+            vec![
+                KeyResult::Ok { bytes: 5 },
+                KeyResult::Missing,
+                KeyResult::ShortRead { bytes: 6 },
+                KeyResult::Invalid
+            ]
+        );
+        assert_eq!(&a, b"hello", "create-only: the first value stays");
+        assert_eq!(&long[..6], b"world!");
+        // No temporary file remains after publication.
+        let names: Vec<String> = fs::read_dir(s.root().join(ns(1).as_str()))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn generations_differ_per_write() {
+        let (_d, s) = store();
+        s.put(&[k(1, "a")], &[b"same"]).unwrap();
+        let g1 = s.stat(&k(1, "a")).unwrap();
+        assert!(s.remove(&k(1, "a")).unwrap());
+        s.put(&[k(1, "a")], &[b"same"]).unwrap();
+        let g2 = s.stat(&k(1, "a")).unwrap();
+        assert_eq!(g1.checksum, g2.checksum);
+        assert_ne!(g1.generation, g2.generation);
+    }
+
+    #[test]
+    fn corrupted_payload_header_or_length_is_invalid() {
+        let (_d, s) = store();
+        let data = vec![7u8; 1000];
+        s.put(&[k(2, "a"), k(2, "b"), k(2, "c")], &[&data, &data, &data])
+            .unwrap();
+        // Flip a payload byte.
+        let mut f = OpenOptions::new()
+            .write(true)
+            .open(s.object_path(&k(2, "a")).unwrap())
+            .unwrap();
+        f.seek(SeekFrom::Start(DFS_HEADER_LEN as u64 + 500))
+            .unwrap();
+        f.write_all(&[8]).unwrap();
+        // Truncate another.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(s.object_path(&k(2, "b")).unwrap())
+            .unwrap();
+        f.set_len(DFS_HEADER_LEN as u64 + 999).unwrap();
+        // Break the magic of the third.
+        let mut f = OpenOptions::new()
+            .write(true)
+            .open(s.object_path(&k(2, "c")).unwrap())
+            .unwrap();
+        f.write_all(b"X").unwrap();
+        let (mut a, mut b, mut c) = (vec![0u8; 1000], vec![0u8; 1000], vec![0u8; 1000]);
+        let r = s
+            .get(
+                &[k(2, "a"), k(2, "b"), k(2, "c")],
+                &mut [&mut a, &mut b, &mut c],
+            )
+            .unwrap();
+        assert_eq!(r, vec![KeyResult::Invalid; 3]);
+        assert!(matches!(s.read_object(&k(2, "a")), Err(ReadError::Invalid)));
+        assert_eq!(s.stats.reads_invalid.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn purge_is_one_namespace_only() {
+        let (_d, s) = store();
+        s.put(&[k(1, "a"), k(1, "b"), k(2, "a")], &[b"x", b"y", b"z"])
+            .unwrap();
+        assert_eq!(s.remove_namespace(&ns(1)).unwrap(), 2);
+        assert_eq!(s.query(&[k(1, "a"), k(2, "a")]).unwrap(), vec![false, true]);
+        assert_eq!(s.remove_namespace(&ns(1)).unwrap(), 0);
+        assert!(s.remove_namespace(&Namespace("../x".into())).is_err());
+        // No tombstone remains.
+        let left: Vec<_> = fs::read_dir(s.root()).unwrap().collect();
+        assert_eq!(left.len(), 1);
+        // The namespace is writable again.
+        assert_eq!(
+            s.put(&[k(1, "a")], &[b"new"]).unwrap(),
+            vec![KeyResult::Ok { bytes: 3 }]
+        );
+    }
+
+    #[test]
+    fn a_paused_writer_publishes_nothing_until_it_finishes() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Arc::new(DfsStore::open(d.path(), 4).unwrap());
+        let g = Gate::new();
+        *s.hooks.after_write_chunk.lock() = Some(g.clone());
+        let data: Vec<u8> = (0..DFS_WRITE_CHUNK * 2 + 10).map(|i| i as u8).collect();
+        let s2 = s.clone();
+        let d2 = data.clone();
+        let t = std::thread::spawn(move || s2.put(&[k(3, "big")], &[&d2]).unwrap());
+        g.wait_entered(1);
+        assert_eq!(s.query(&[k(3, "big")]).unwrap(), vec![false]);
+        let mut dest = vec![0u8; data.len()];
+        assert_eq!(
+            s.get(&[k(3, "big")], &mut [&mut dest]).unwrap(),
+            vec![KeyResult::Missing]
+        );
+        g.release();
+        assert_eq!(
+            t.join().unwrap(),
+            vec![KeyResult::Ok {
+                bytes: data.len() as u64
+            }]
+        );
+        let (_, bytes) = s.read_object(&k(3, "big")).unwrap();
+        assert_eq!(bytes, data);
+    }
+
+    #[test]
+    fn concurrent_io_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Arc::new(DfsStore::open(d.path(), 2).unwrap());
+        let g = Gate::new();
+        *s.hooks.after_write_chunk.lock() = Some(g.clone());
+        let threads: Vec<_> = (0..5)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || s.put(&[k(4, &format!("o{i}"))], &[b"abc"]).unwrap())
+            })
+            .collect();
+        g.wait_entered(2);
+        // Two writers hold both slots at the gate; the others wait for a slot.
+        assert_eq!(g.entered(), 2);
+        g.release();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), vec![KeyResult::Ok { bytes: 3 }]);
+        }
+        assert_eq!(s.io_limiter().peak(), 2);
+    }
+
+    #[test]
+    fn racing_creators_publish_exactly_one_object() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Arc::new(DfsStore::open(d.path(), 8).unwrap());
+        let threads: Vec<_> = (0..6u8)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || s.put_one(&k(5, "race"), &[i; 64]))
+            })
+            .collect();
+        let results: Vec<KeyResult> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let oks = results
+            .iter()
+            .filter(|r| matches!(r, KeyResult::Ok { .. }))
+            .count();
+        assert_eq!(oks, 1, "{results:?}");
+        let (_, bytes) = s.read_object(&k(5, "race")).unwrap();
+        assert!(bytes.iter().all(|b| *b == bytes[0]));
+    }
+}

@@ -1,0 +1,461 @@
+//! The in-process MEMORY tier of the local store: a byte budget, resident replicas in LRU
+//! order, leases that keep a replica from eviction while it is read, and MEMORY targets.
+//! A target is an Arc'd buffer with a `fenced` flag: fencing (fail, expire, remove) stops
+//! every later write and unlinks it, and its bytes return to the budget only when the last
+//! Arc drops, i.e. when its writer has drained. It must never return a target's bytes to
+//! the budget on elapsed time alone, and never let a reader see an unpublished target.
+
+use messages::{Namespace, StorageKey};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::l3::store::CapacityReason;
+
+/// The MEMORY byte budget, charged by targets from allocation until their last Arc drops.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    capacity: u64,
+    used: AtomicU64,
+    /// Bytes of fenced targets not yet drained (their writer still holds them).
+    fenced_outstanding: AtomicU64,
+}
+
+impl MemoryBudget {
+    fn try_reserve(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(n).filter(|t| *t <= self.capacity)
+            })
+            .is_ok()
+    }
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+    pub fn fenced_outstanding(&self) -> u64 {
+        self.fenced_outstanding.load(Ordering::Acquire)
+    }
+}
+
+/// A target write was refused: the target is fenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fenced;
+
+/// One MEMORY allocation: written by one writer, then published as a replica (or fenced).
+#[derive(Debug)]
+pub struct MemoryTarget {
+    key: StorageKey,
+    target_id: u64,
+    /// The promotion attempt that owns it (0: a write-through PUT).
+    attempt_id: u64,
+    data: RwLock<Box<[u8]>>,
+    fenced: AtomicBool,
+    budget: Arc<MemoryBudget>,
+}
+
+impl MemoryTarget {
+    pub fn key(&self) -> &StorageKey {
+        &self.key
+    }
+    pub fn target_id(&self) -> u64 {
+        self.target_id
+    }
+    pub fn attempt_id(&self) -> u64 {
+        self.attempt_id
+    }
+    pub fn len(&self) -> u64 {
+        self.data.read().len() as u64
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Writes one chunk unless fenced; the check and the copy happen under the write lock,
+    /// so no byte lands after `fence` returned.
+    pub fn write_chunk(&self, offset: usize, bytes: &[u8]) -> Result<(), Fenced> {
+        let mut d = self.data.write();
+        if self.fenced.load(Ordering::Acquire) {
+            return Err(Fenced);
+        }
+        let end = offset.checked_add(bytes.len()).ok_or(Fenced)?;
+        let dst = d.get_mut(offset..end).ok_or(Fenced)?;
+        dst.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Stops every later write. Idempotent.
+    pub fn fence(&self) {
+        let d = self.data.write();
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            self.budget
+                .fenced_outstanding
+                .fetch_add(d.len() as u64, Ordering::AcqRel);
+        }
+    }
+
+    pub fn checksum(&self) -> u64 {
+        xxh3_64(&self.data.read())
+    }
+
+    /// A copy of the bytes (verification helper).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.data.read().to_vec()
+    }
+
+    /// Copies the replica into `dest` with the store contract: exact → Ok; a longer
+    /// destination → ShortRead; a shorter one → Invalid.
+    pub fn read_into(&self, dest: &mut [u8]) -> crate::l3::store::KeyResult {
+        use crate::l3::store::KeyResult;
+        let d = self.data.read();
+        let len = d.len();
+        if len > dest.len() {
+            return KeyResult::Invalid;
+        }
+        dest[..len].copy_from_slice(&d);
+        if len < dest.len() {
+            KeyResult::ShortRead { bytes: len as u64 }
+        } else {
+            KeyResult::Ok { bytes: len as u64 }
+        }
+    }
+}
+
+impl Drop for MemoryTarget {
+    /// The last owner is gone (the writer drained): the bytes return to the budget.
+    fn drop(&mut self) {
+        let len = self.data.get_mut().len() as u64;
+        if *self.fenced.get_mut() {
+            self.budget
+                .fenced_outstanding
+                .fetch_sub(len, Ordering::AcqRel);
+        }
+        self.budget.used.fetch_sub(len, Ordering::AcqRel);
+    }
+}
+
+#[derive(Debug)]
+struct Resident {
+    target: Arc<MemoryTarget>,
+    last_use: u64,
+    leases: u32,
+}
+
+#[derive(Debug, Default)]
+struct TierState {
+    map: HashMap<StorageKey, Resident>,
+    lru: BTreeMap<u64, StorageKey>,
+    tick: u64,
+    /// Bytes of resident, unleased replicas (what eviction could free).
+    evictable_bytes: u64,
+}
+
+impl TierState {
+    fn touch(&mut self, key: &StorageKey) {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(r) = self.map.get_mut(key) {
+            self.lru.remove(&r.last_use);
+            r.last_use = tick;
+            self.lru.insert(tick, key.clone());
+        }
+    }
+    fn unlink(&mut self, key: &StorageKey) -> Option<Arc<MemoryTarget>> {
+        let r = self.map.remove(key)?;
+        self.lru.remove(&r.last_use);
+        if r.leases == 0 {
+            self.evictable_bytes -= r.target.len();
+        }
+        Some(r.target)
+    }
+}
+
+/// Counters of the MEMORY tier.
+#[derive(Debug, Default)]
+pub struct TierStats {
+    pub evictions: AtomicU64,
+    pub published: AtomicU64,
+    pub insert_skipped_full: AtomicU64,
+}
+
+/// The MEMORY tier.
+#[derive(Debug)]
+pub struct MemoryTier {
+    state: Mutex<TierState>,
+    budget: Arc<MemoryBudget>,
+    next_target: AtomicU64,
+    pub stats: TierStats,
+}
+
+/// A lease on a resident replica: it cannot be evicted while the lease lives.
+#[derive(Debug)]
+pub struct Lease<'a> {
+    tier: &'a MemoryTier,
+    target: Arc<MemoryTarget>,
+}
+
+impl Lease<'_> {
+    pub fn target(&self) -> &MemoryTarget {
+        &self.target
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let mut st = self.tier.state.lock();
+        let key = self.target.key.clone();
+        if let Some(r) = st.map.get_mut(&key) {
+            if r.target.target_id == self.target.target_id {
+                r.leases -= 1;
+                if r.leases == 0 {
+                    let len = r.target.len();
+                    st.evictable_bytes += len;
+                }
+            }
+        }
+    }
+}
+
+impl MemoryTier {
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            state: Mutex::new(TierState::default()),
+            budget: Arc::new(MemoryBudget {
+                capacity,
+                used: AtomicU64::new(0),
+                fenced_outstanding: AtomicU64::new(0),
+            }),
+            next_target: AtomicU64::new(1),
+            stats: TierStats::default(),
+        }
+    }
+
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    pub fn contains(&self, key: &StorageKey) -> bool {
+        self.state.lock().map.contains_key(key)
+    }
+
+    pub fn resident_count(&self) -> usize {
+        self.state.lock().map.len()
+    }
+
+    /// Whether `len` more bytes could be made available by evicting unleased replicas:
+    /// the watermark gate of admission (leased replicas and live/fenced targets stay).
+    pub fn admits(&self, len: u64) -> bool {
+        let st = self.state.lock();
+        let pinned = self.budget.used().saturating_sub(st.evictable_bytes);
+        pinned
+            .checked_add(len)
+            .is_some_and(|t| t <= self.budget.capacity)
+    }
+
+    /// A lease on a resident replica (bumps its LRU position).
+    pub fn lease(&self, key: &StorageKey) -> Option<Lease<'_>> {
+        let mut st = self.state.lock();
+        st.touch(key);
+        let r = st.map.get_mut(key)?;
+        r.leases += 1;
+        let first = r.leases == 1;
+        let target = r.target.clone();
+        if first {
+            st.evictable_bytes -= target.len();
+        }
+        Some(Lease { tier: self, target })
+    }
+
+    /// Allocates a target of `len` bytes, evicting unleased replicas in LRU order if needed.
+    pub fn allocate(
+        &self,
+        key: &StorageKey,
+        attempt_id: u64,
+        len: u64,
+    ) -> Result<Arc<MemoryTarget>, CapacityReason> {
+        if len > self.budget.capacity {
+            return Err(CapacityReason::Allocation);
+        }
+        let size = usize::try_from(len).map_err(|_| CapacityReason::Allocation)?;
+        loop {
+            if self.budget.try_reserve(len) {
+                return Ok(Arc::new(MemoryTarget {
+                    key: key.clone(),
+                    target_id: self.next_target.fetch_add(1, Ordering::Relaxed),
+                    attempt_id,
+                    data: RwLock::new(vec![0u8; size].into_boxed_slice()),
+                    fenced: AtomicBool::new(false),
+                    budget: self.budget.clone(),
+                }));
+            }
+            // Evict one unleased replica (dropped outside the lock), then retry.
+            let victim = {
+                let mut st = self.state.lock();
+                let k = st
+                    .lru
+                    .values()
+                    .find(|k| st.map.get(*k).is_some_and(|r| r.leases == 0))
+                    .cloned();
+                match k {
+                    Some(k) => st.unlink(&k),
+                    None => return Err(CapacityReason::Allocation),
+                }
+            };
+            if victim.is_some() {
+                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(victim);
+        }
+    }
+
+    /// Publishes a fully written, unfenced target as the key's replica. If a replica is
+    /// already resident it stays (create-only): returns false and the target is dropped.
+    pub fn publish(&self, target: Arc<MemoryTarget>) -> bool {
+        if target.is_fenced() {
+            return false;
+        }
+        let mut st = self.state.lock();
+        if st.map.contains_key(&target.key) {
+            return false;
+        }
+        st.tick += 1;
+        let tick = st.tick;
+        let len = target.len();
+        st.lru.insert(tick, target.key.clone());
+        st.map.insert(
+            target.key.clone(),
+            Resident {
+                target,
+                last_use: tick,
+                leases: 0,
+            },
+        );
+        st.evictable_bytes += len;
+        self.stats.published.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Best-effort insertion of a copy (write-through PUT): skipped when MEMORY is full.
+    pub fn insert_copy(&self, key: &StorageKey, bytes: &[u8]) -> bool {
+        if self.contains(key) {
+            return false;
+        }
+        let Ok(t) = self.allocate(key, 0, bytes.len() as u64) else {
+            self.stats
+                .insert_skipped_full
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        };
+        if t.write_chunk(0, bytes).is_err() {
+            return false;
+        }
+        self.publish(t)
+    }
+
+    /// Evicts one unleased replica. Returns false when absent or leased.
+    pub fn evict(&self, key: &StorageKey) -> bool {
+        let victim = {
+            let mut st = self.state.lock();
+            match st.map.get(key) {
+                Some(r) if r.leases == 0 => st.unlink(key),
+                _ => None,
+            }
+        };
+        if victim.is_some() {
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        victim.is_some()
+    }
+
+    /// Fences and unlinks a replica regardless of leases (an administrative removal:
+    /// holders keep their Arc; the bytes return when the last one drops).
+    pub fn remove(&self, key: &StorageKey) -> bool {
+        let t = self.state.lock().unlink(key);
+        match t {
+            Some(t) => {
+                t.fence();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes every replica of a namespace. Returns how many.
+    pub fn remove_namespace(&self, ns: &Namespace) -> u64 {
+        let victims: Vec<Arc<MemoryTarget>> = {
+            let mut st = self.state.lock();
+            let keys: Vec<StorageKey> = st.map.keys().filter(|k| ns.owns(k)).cloned().collect();
+            keys.iter().filter_map(|k| st.unlink(k)).collect()
+        };
+        for t in &victims {
+            t.fence();
+        }
+        victims.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(s: &str) -> StorageKey {
+        StorageKey(format!("tsl3-0000000000000001-{s}"))
+    }
+
+    #[test]
+    fn lru_eviction_skips_leased_replicas() {
+        let t = MemoryTier::new(30);
+        assert!(t.insert_copy(&k("a"), &[1; 10]));
+        assert!(t.insert_copy(&k("b"), &[2; 10]));
+        assert!(t.insert_copy(&k("c"), &[3; 10]));
+        let lease_a = t.lease(&k("a")).unwrap();
+        // "a" is the oldest but leased: "b" goes.
+        assert!(t.insert_copy(&k("d"), &[4; 10]));
+        assert!(t.contains(&k("a")) && !t.contains(&k("b")));
+        assert!(!t.evict(&k("a")), "a leased replica is not evictable");
+        drop(lease_a);
+        assert!(t.evict(&k("a")));
+        assert_eq!(t.budget().used(), 20);
+        assert_eq!(t.stats.evictions.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn fenced_target_keeps_its_bytes_until_the_writer_drops() {
+        let t = MemoryTier::new(10);
+        let target = t.allocate(&k("x"), 7, 10).unwrap();
+        assert_eq!(
+            t.allocate(&k("y"), 8, 1).unwrap_err(),
+            CapacityReason::Allocation
+        );
+        target.write_chunk(0, &[1; 5]).unwrap();
+        target.fence();
+        assert_eq!(target.write_chunk(5, &[1; 5]), Err(Fenced));
+        assert_eq!(t.budget().fenced_outstanding(), 10);
+        assert!(
+            !t.publish(target.clone()),
+            "a fenced target is never published"
+        );
+        assert_eq!(t.budget().used(), 10, "no reuse before the writer drains");
+        drop(target);
+        assert_eq!(t.budget().used(), 0);
+        assert_eq!(t.budget().fenced_outstanding(), 0);
+        assert!(t.allocate(&k("y"), 8, 10).is_ok());
+    }
+
+    #[test]
+    fn watermark_counts_only_evictable_bytes() {
+        let t = MemoryTier::new(20);
+        t.insert_copy(&k("a"), &[0; 10]);
+        assert!(t.admits(20));
+        let _l = t.lease(&k("a")).unwrap();
+        assert!(!t.admits(11));
+        assert!(t.admits(10));
+    }
+}
