@@ -6,6 +6,7 @@
 
 pub mod faulty;
 pub mod memory;
+pub mod mooncake;
 
 use messages::{Namespace, StorageKey};
 
