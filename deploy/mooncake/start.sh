@@ -2,7 +2,7 @@
 # Starts a local Mooncake master and an independent storage owner on loopback, and waits
 # until the master reports service_ready and a non-zero Mem Storage capacity (the owner's
 # segment is mounted). Idempotent: a part already running is left alone.
-#   start.sh [all|master|owner]      (default all)
+#   start.sh [all|master|owner|ready]   (default all; ready: only wait for readiness)
 # Environment (see common.sh): MOONCAKE_INSTANCE, MOONCAKE_RPC_PORT, MOONCAKE_HTTP_PORT,
 # MOONCAKE_METRICS_PORT, MOONCAKE_OWNER_PORT, MOONCAKE_SEGMENT_SIZE, MOONCAKE_LEASE_TTL_MS,
 # MOONCAKE_MASTER_EXTRA_ARGS. PIDs: deploy/.mooncake/<instance>-{master,owner}.pid; logs
@@ -24,11 +24,12 @@ fail() {
   exit 1
 }
 
-# Polls a condition for up to $1 tenths of a second.
+# Polls a condition for up to $2 tenths of a second while part $1's process lives.
 wait_for() {
-  local tenths="$1"; shift
+  local part="$1" tenths="$2"; shift 2
   for _ in $(seq "$tenths"); do
     if "$@"; then return 0; fi
+    mc_alive "$part" || fail "the $part exited during startup"
     sleep 0.1
   done
   return 1
@@ -51,7 +52,7 @@ start_master() {
     --default_kv_lease_ttl="$MOONCAKE_LEASE_TTL_MS" ${MOONCAKE_MASTER_EXTRA_ARGS:-} \
     >"$(mc_file master.log)" 2>&1 </dev/null &
   echo $! >"$(mc_file master.pid)"
-  wait_for 300 master_ready || fail "master did not report service_ready on $METRICS/health"
+  wait_for master 300 master_ready || fail "master did not report service_ready on $METRICS/health"
   echo "mooncake master ($MOONCAKE_INSTANCE) ready: rpc 127.0.0.1:$MOONCAKE_RPC_PORT pid $(cat "$(mc_file master.pid)")" >&2
 }
 
@@ -64,13 +65,21 @@ start_owner() {
     --metadata_server="http://127.0.0.1:$MOONCAKE_HTTP_PORT/metadata" \
     >"$(mc_file owner.log)" 2>&1 </dev/null &
   echo $! >"$(mc_file owner.pid)"
-  wait_for 300 capacity_ready || fail "the owner's segment did not show up in $METRICS/metrics/summary"
+  wait_for owner 300 capacity_ready || fail "the owner's segment did not show up in $METRICS/metrics/summary"
   echo "mooncake owner ($MOONCAKE_INSTANCE) mounted $MOONCAKE_SEGMENT_SIZE: pid $(cat "$(mc_file owner.pid)")" >&2
+}
+
+# Waits until the master serves and a segment is mounted (after a master restart, the
+# running owner remounts on its own).
+wait_ready() {
+  wait_for master 300 master_ready || fail "master not ready"
+  wait_for owner 300 capacity_ready || fail "no mounted segment on $METRICS/metrics/summary"
 }
 
 case "$WHAT" in
   all) start_master; start_owner ;;
+  ready) wait_ready ;;
   master) start_master ;;
   owner) start_owner ;;
-  *) fail "usage: start.sh [all|master|owner]" ;;
+  *) fail "usage: start.sh [all|master|owner|ready]" ;;
 esac

@@ -81,7 +81,7 @@ pub fn exist_result(code: i32) -> Result<bool, Malformed> {
         c if c == super::ffi::UNWRITTEN_I32 as i64 => {
             Err(Malformed("a QUERY result slot was left unwritten".into()))
         }
-        c => Err(Malformed(format!("existence check returned {c}"))),
+        c => Err(Malformed(format!("existence check failed with {c}"))),
     }
 }
 
@@ -204,8 +204,10 @@ mod tests {
     #[test]
     fn namespace_pattern_escapes_metacharacters() {
         assert_eq!(namespace_pattern("tsl3.v1+x"), "^tsl3\\.v1\\+x-");
-        assert_eq!(namespace_pattern("a(b)[c]{d}|e*f?g^h$i\\j"),
-            "^a\\(b\\)\\[c\\]\\{d\\}\\|e\\*f\\?g\\^h\\$i\\\\j-");
+        assert_eq!(
+            namespace_pattern("a(b)[c]{d}|e*f?g^h$i\\j"),
+            "^a\\(b\\)\\[c\\]\\{d\\}\\|e\\*f\\?g\\^h\\$i\\\\j-"
+        );
         assert_eq!(namespace_pattern("plain"), "^plain-");
     }
 }

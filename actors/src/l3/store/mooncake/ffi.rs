@@ -33,7 +33,9 @@ pub enum FfiError {
     Create,
     #[error("{what} contains a NUL byte")]
     Nul { what: &'static str },
-    #[error("this library has no mooncake_store_setup_with_tenant; tenant {0:?} cannot be selected")]
+    #[error(
+        "this library has no mooncake_store_setup_with_tenant; tenant {0:?} cannot be selected"
+    )]
     NoTenantSupport(String),
 }
 

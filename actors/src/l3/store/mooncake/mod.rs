@@ -213,7 +213,8 @@ impl Store for MooncakeStore {
             .into_iter()
             .zip(srcs)
             .map(|(c, s)| {
-                codes::put_result(c, s.len() as u64).map_err(|e| StoreError::new(NAME, e.to_string()))
+                codes::put_result(c, s.len() as u64)
+                    .map_err(|e| StoreError::new(NAME, e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         for r in &results {
