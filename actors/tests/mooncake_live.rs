@@ -14,6 +14,8 @@ use actors::l3::store::{KeyResult, Store};
 use actors::names::env;
 use messages::settings::MooncakeStoreSettings;
 use messages::{HostRange, Namespace, StorageKey};
+use std::io::Write;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::Ordering;
@@ -27,22 +29,45 @@ fn required() -> bool {
     std::env::var(env::MOONCAKE_REQUIRE_MASTER).is_ok_and(|v| v == "1")
 }
 
-/// The shared instance's settings, or None (skipped loudly) when it is not configured.
+/// Skips loudly (written straight to stderr, so the test harness's capture cannot hide
+/// it), or fails under MOONCAKE_REQUIRE_MASTER=1.
+fn skip(test: &str, why: &str) {
+    assert!(
+        !required(),
+        "{} is 1 but {test}: {why}",
+        env::MOONCAKE_REQUIRE_MASTER
+    );
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
+}
+
+/// The shared instance's settings, or None (skipped loudly) when there is no library or no
+/// master listening.
 fn shared(test: &str) -> Option<MooncakeStoreSettings> {
     let lib = std::env::var(env::MOONCAKE_STORE_LIBRARY).unwrap_or_default();
     let master = std::env::var(env::MOONCAKE_MASTER).unwrap_or_default();
     if lib.is_empty() || master.is_empty() {
-        let why = format!(
-            "{test}: ${} or ${} unset (run deploy/mooncake/install.sh, start.sh and source env.sh)",
-            env::MOONCAKE_STORE_LIBRARY,
-            env::MOONCAKE_MASTER
+        skip(
+            test,
+            &format!(
+                "${} or ${} unset (run deploy/mooncake/install.sh and start.sh, then source deploy/mooncake/env.sh)",
+                env::MOONCAKE_STORE_LIBRARY,
+                env::MOONCAKE_MASTER
+            ),
         );
-        assert!(
-            !required(),
-            "{} is 1 but {why}",
-            env::MOONCAKE_REQUIRE_MASTER
-        );
-        eprintln!("SKIPPED: {why}");
+        return None;
+    }
+    if !std::path::Path::new(&lib).exists() {
+        skip(test, &format!("the library {lib} does not exist"));
+        return None;
+    }
+    // A quick probe: a client setup against a dead master retries for ~90 s.
+    let listening = master
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
+    if !listening {
+        skip(test, &format!("no Mooncake master listening on {master}"));
         return None;
     }
     let metadata = std::env::var(env::MOONCAKE_METADATA_SERVER)
@@ -672,4 +697,22 @@ fn full_segment_is_capacity_not_failure() {
             .all(|r| *r == KeyResult::Ok { bytes: mib as u64 }),
         "{again:?}"
     );
+}
+
+#[test]
+fn bench_runs_both_clients_against_the_same_master() {
+    let Some(s) = shared("bench_runs_both_clients_against_the_same_master") else {
+        return;
+    };
+    let Ok(python) = std::env::var(env::MOONCAKE_PYTHON) else {
+        skip(
+            "bench_runs_both_clients_against_the_same_master",
+            "$MOONCAKE_PYTHON unset (source deploy/mooncake/env.sh)",
+        );
+        return;
+    };
+    // A small run (the figures are reported, never asserted): both clients verify bytes.
+    let r = actors::l3::store::mooncake::bench::bench_mooncake(&s, &python, 16, 64 * 1024).unwrap();
+    assert!(r.tsl3.put_gib_s > 0.0 && r.python.get_gib_s > 0.0);
+    eprintln!("{}", r.render());
 }

@@ -1,1 +1,280 @@
-pub fn placeholder() {}
+//! `engine-host bench mooncake`: GET and PUT throughput of N objects through MooncakeStore
+//! and through Mooncake's own Python client (`MooncakeDistributedStore` of the master's
+//! venv), against the same master in the same run, with their ratio. It owns only the
+//! measurement; it never runs in tests' timing assertions (figures are reported, not
+//! checked) and never touches another namespace than the fresh ones it creates and removes.
+
+use super::MooncakeStore;
+use crate::host::HostCacheStorage;
+use crate::l3::store::{KeyResult, Store};
+use messages::settings::MooncakeStoreSettings;
+use messages::{HostRange, Namespace, StorageKey};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Throughput of one client, in GiB/s.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientFigures {
+    pub client: &'static str,
+    pub put_gib_s: f64,
+    pub get_gib_s: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MooncakeBenchReport {
+    pub objects: usize,
+    pub object_bytes: usize,
+    pub tsl3: ClientFigures,
+    pub python: ClientFigures,
+}
+
+impl MooncakeBenchReport {
+    /// tsl3 / Python for PUT and GET (1.0: the same throughput).
+    pub fn ratios(&self) -> (f64, f64) {
+        (
+            self.tsl3.put_gib_s / self.python.put_gib_s,
+            self.tsl3.get_gib_s / self.python.get_gib_s,
+        )
+    }
+
+    pub fn render(&self) -> String {
+        let (put, get) = self.ratios();
+        format!(
+            "mooncake bench: {} x {} KiB, one batch each, same master\n\
+             {:<8} PUT {:>7.3} GiB/s  GET {:>7.3} GiB/s\n\
+             {:<8} PUT {:>7.3} GiB/s  GET {:>7.3} GiB/s\n\
+             ratio tsl3/python: PUT {:.2}  GET {:.2}",
+            self.objects,
+            self.object_bytes / 1024,
+            self.tsl3.client,
+            self.tsl3.put_gib_s,
+            self.tsl3.get_gib_s,
+            self.python.client,
+            self.python.put_gib_s,
+            self.python.get_gib_s,
+            put,
+            get
+        )
+    }
+}
+
+fn gib_s(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64 / secs.max(1e-9)
+}
+
+fn fresh_namespace(client: &str) -> Namespace {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    Namespace(format!(
+        "tsl3bench-{client}-{}-{nanos:x}",
+        std::process::id()
+    ))
+}
+
+/// Runs both clients. `python` is the interpreter of the master's venv (deploy/mooncake/
+/// env.sh exports it as $MOONCAKE_PYTHON).
+pub fn bench_mooncake(
+    settings: &MooncakeStoreSettings,
+    python: &str,
+    objects: usize,
+    object_bytes: usize,
+) -> Result<MooncakeBenchReport, String> {
+    if objects == 0 || object_bytes == 0 {
+        return Err("objects and object_bytes must be greater than 0".into());
+    }
+    let tsl3 = bench_tsl3(settings, objects, object_bytes)?;
+    let python = bench_python(settings, python, objects, object_bytes)?;
+    Ok(MooncakeBenchReport {
+        objects,
+        object_bytes,
+        tsl3,
+        python,
+    })
+}
+
+fn bench_tsl3(
+    settings: &MooncakeStoreSettings,
+    objects: usize,
+    object_bytes: usize,
+) -> Result<ClientFigures, String> {
+    let store = MooncakeStore::connect(settings).map_err(|e| e.to_string())?;
+    let total = objects * object_bytes;
+    let host: Arc<HostCacheStorage> =
+        HostCacheStorage::new(2 * total as u64).map_err(|e| e.to_string())?;
+    store.register_host(&host).map_err(|e| e.to_string())?;
+    let pattern: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+    host.write(0, &pattern).map_err(|e| e.to_string())?;
+    let ns = fresh_namespace("tsl3");
+    let keys: Vec<StorageKey> = (0..objects as u32)
+        .map(|p| ns.key(0xbe4c, 0, p, 0))
+        .collect();
+    let ranges = |base: u64| -> Vec<HostRange> {
+        (0..objects)
+            .map(|i| HostRange::new(base + (i * object_bytes) as u64, object_bytes as u64))
+            .collect()
+    };
+    let srcs: Vec<&[u8]> = ranges(0)
+        .into_iter()
+        // SAFETY: the source half of this bench's own allocation; nothing writes it now.
+        .map(|r| unsafe { host.range(r) }.map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let t = Instant::now();
+    let put = store.put(&keys, &srcs).map_err(|e| e.to_string())?;
+    let put_s = t.elapsed().as_secs_f64();
+    if let Some(bad) = put.iter().find(|r| !matches!(r, KeyResult::Ok { .. })) {
+        return Err(format!("tsl3 PUT row failed: {bad:?}"));
+    }
+    let mut dests: Vec<&mut [u8]> = ranges(total as u64)
+        .into_iter()
+        // SAFETY: the destination half, disjoint from the sources, owned by this bench.
+        .map(|r| unsafe { host.range_mut(r) }.map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let t = Instant::now();
+    let got = store.get(&keys, &mut dests).map_err(|e| e.to_string())?;
+    let get_s = t.elapsed().as_secs_f64();
+    drop(dests);
+    if let Some(bad) = got.iter().find(|r| {
+        **r != KeyResult::Ok {
+            bytes: object_bytes as u64,
+        }
+    }) {
+        return Err(format!("tsl3 GET row failed: {bad:?}"));
+    }
+    if host
+        .read(HostRange::new(total as u64, total as u64))
+        .map_err(|e| e.to_string())?
+        != pattern
+    {
+        return Err("tsl3 GET bytes differ from the PUT bytes".into());
+    }
+    let _ = store.remove_namespace(&ns);
+    let _ = store.close();
+    Ok(ClientFigures {
+        client: "tsl3",
+        put_gib_s: gib_s(total, put_s),
+        get_gib_s: gib_s(total, get_s),
+    })
+}
+
+/// The same batches through `mooncake.store.MooncakeDistributedStore`; prints
+/// "<put seconds> <get seconds>".
+const PYTHON_BENCH: &str = r#"
+import ctypes, sys, time
+from mooncake.store import MooncakeDistributedStore
+master, metadata, ns, n, size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+s = MooncakeDistributedStore()
+rc = s.setup("127.0.0.1", metadata, 0, 0, "tcp", "", master)
+if rc != 0:
+    sys.exit("setup returned %d" % rc)
+total = n * size
+src = (ctypes.c_ubyte * total).from_buffer(bytearray(bytes(i % 251 for i in range(251)) * (total // 251 + 1))[:total])
+dst = (ctypes.c_ubyte * total)()
+for buf in (src, dst):
+    if s.register_buffer(ctypes.addressof(buf), total) != 0:
+        sys.exit("register_buffer failed")
+keys = ["%s-%032x-g0-p%d-s0" % (ns, 0xbe4c, i) for i in range(n)]
+sp = [ctypes.addressof(src) + i * size for i in range(n)]
+dp = [ctypes.addressof(dst) + i * size for i in range(n)]
+sizes = [size] * n
+t = time.perf_counter(); r = s.batch_put_from(keys, sp, sizes); put = time.perf_counter() - t
+if any(x != 0 for x in r):
+    sys.exit("put rows failed: %r" % sorted(set(r)))
+t = time.perf_counter(); r = s.batch_get_into(keys, dp, sizes); get = time.perf_counter() - t
+if any(x != size for x in r):
+    sys.exit("get rows failed: %r" % sorted(set(r)))
+if bytes(dst) != bytes(src):
+    sys.exit("get bytes differ")
+s.remove_by_regex("^" + ns.replace(".", "\\.") + "-", True)
+print(put, get)
+"#;
+
+fn bench_python(
+    settings: &MooncakeStoreSettings,
+    python: &str,
+    objects: usize,
+    object_bytes: usize,
+) -> Result<ClientFigures, String> {
+    let ns = fresh_namespace("python");
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(PYTHON_BENCH)
+        .arg(&settings.master_server_addr)
+        .arg(&settings.metadata_server)
+        .arg(&ns.0)
+        .arg(objects.to_string())
+        .arg(object_bytes.to_string())
+        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        return Err(format!(
+            "python bench failed ({}): {}",
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
+    }
+    let secs: Vec<f64> = stdout
+        .split_whitespace()
+        .rev()
+        .take(2)
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let [get_s, put_s] = secs[..] else {
+        return Err(format!("python bench printed {stdout:?}"));
+    };
+    let total = objects * object_bytes;
+    Ok(ClientFigures {
+        client: "python",
+        put_gib_s: gib_s(total, put_s),
+        get_gib_s: gib_s(total, get_s),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_ratios_and_rendering() {
+        let r = MooncakeBenchReport {
+            objects: 1000,
+            object_bytes: 65536,
+            tsl3: ClientFigures {
+                client: "tsl3",
+                put_gib_s: 1.0,
+                get_gib_s: 1.5,
+            },
+            python: ClientFigures {
+                client: "python",
+                put_gib_s: 2.0,
+                get_gib_s: 1.5,
+            },
+        };
+        assert_eq!(r.ratios(), (0.5, 1.0));
+        let text = r.render();
+        assert!(text.contains("1000 x 64 KiB"), "{text}");
+        assert!(text.contains("PUT 0.50  GET 1.00"), "{text}");
+    }
+
+    #[test]
+    fn empty_bench_is_rejected_before_connecting() {
+        let s = MooncakeStoreSettings {
+            library_path: "/nonexistent".into(),
+            local_hostname: "127.0.0.1".into(),
+            metadata_server: "P2PHANDSHAKE".into(),
+            master_server_addr: "127.0.0.1:1".into(),
+            protocol: "tcp".into(),
+            device_name: String::new(),
+            global_segment_size: 0,
+            local_buffer_size: 0,
+            tenant_id: "default".into(),
+        };
+        assert!(bench_mooncake(&s, "python3", 0, 1).is_err());
+    }
+}
