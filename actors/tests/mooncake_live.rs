@@ -294,13 +294,27 @@ fn byte_round_trips_into_different_host_offsets() {
         vec![false, true]
     );
 
-    // Removal of the namespace leaves safely retired misses.
+    // Removal of the namespace leaves safely retired misses, and spares a longer namespace
+    // that starts with this one and a '-'.
+    let longer = Namespace(format!("{}-x", ns.0));
+    let spared = longer.key(0xabc0, 0, 0, 0);
+    assert_eq!(
+        store
+            .put(std::slice::from_ref(&spared), &[&payloads[0]])
+            .unwrap(),
+        vec![KeyResult::Ok { bytes: PAGE as u64 }]
+    );
     let removed = store.remove_namespace(&ns).unwrap();
     assert_eq!(removed, 8);
+    assert_eq!(
+        store.query(std::slice::from_ref(&spared)).unwrap(),
+        vec![true]
+    );
+    assert_eq!(store.remove_namespace(&longer).unwrap(), 1);
     assert_eq!(store.query(&ks).unwrap(), vec![false; 8]);
     let got = get_into_host(&store, &host, &ks, &dst_offsets, PAGE).unwrap();
     assert_eq!(got, vec![KeyResult::Missing; 8]);
-    assert_eq!(store.counters.backend_calls.load(Ordering::Relaxed), 10);
+    assert_eq!(store.counters.backend_calls.load(Ordering::Relaxed), 13);
     store.close().unwrap();
 }
 
@@ -325,12 +339,16 @@ fn objects_outlive_their_writer() {
         return;
     };
     let ns = fresh_namespace("outlive");
-    let status = Command::new(std::env::current_exe().unwrap())
+    let writer = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "objects_outlive_their_writer", "--nocapture"])
         .env(WRITER_ENV, &ns.0)
-        .status()
+        .output()
         .unwrap();
-    assert!(status.success(), "the writer subprocess failed");
+    assert!(
+        writer.status.success(),
+        "the writer subprocess failed: {}",
+        String::from_utf8_lossy(&writer.stderr)
+    );
     // The writer has exited; a new reader with a new Host allocation restores the objects.
     let store = connect(&s);
     let host = HostCacheStorage::new(8 * PAGE as u64).unwrap();

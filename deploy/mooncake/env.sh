@@ -6,6 +6,7 @@
 #   MOONCAKE_METADATA_SERVER  http://127.0.0.1:<http port>/metadata
 #   MC_TCP_BIND_ADDRESS       127.0.0.1 (otherwise the transfer engine advertises the first
 #                             non-loopback interface)
+#   MOONCAKE_PYTHON           the master venv's interpreter (its Python client, for the bench)
 # shellcheck source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 if mc_paths; then
@@ -17,5 +18,8 @@ if mc_paths; then
   export MOONCAKE_MASTER="127.0.0.1:$MOONCAKE_RPC_PORT"
   export MOONCAKE_METADATA_SERVER="http://127.0.0.1:$MOONCAKE_HTTP_PORT/metadata"
   export MC_TCP_BIND_ADDRESS=127.0.0.1
+  # The clients' glog: warnings and errors only (expected failures in the live tests still
+  # log their cause).
+  export GLOG_minloglevel="${GLOG_minloglevel:-1}"
   export MOONCAKE_PYTHON MOONCAKE_MASTER_BIN MOONCAKE_OWNER_BIN
 fi

@@ -95,8 +95,10 @@ pub fn put_success(r: &KeyResult) -> (bool, bool) {
     }
 }
 
-/// `^<namespace>-`, with every regex metacharacter of the namespace escaped, so that
-/// `remove_by_regex` removes exactly the namespace's objects (Namespace::owns).
+/// `^<namespace>-` followed by the rest of Namespace::key's format, with every regex
+/// metacharacter of the namespace escaped, so that `remove_by_regex` removes exactly the
+/// namespace's objects: not those of a longer namespace that merely starts with this one
+/// and a '-'.
 pub fn namespace_pattern(namespace: &str) -> String {
     let mut p = String::with_capacity(namespace.len() * 2 + 2);
     p.push('^');
@@ -109,7 +111,7 @@ pub fn namespace_pattern(namespace: &str) -> String {
         }
         p.push(c);
     }
-    p.push('-');
+    p.push_str("-[0-9a-f]{32}-g[0-9]+-p[0-9]+-s[0-9]+$");
     p
 }
 
@@ -203,11 +205,15 @@ mod tests {
 
     #[test]
     fn namespace_pattern_escapes_metacharacters() {
-        assert_eq!(namespace_pattern("tsl3.v1+x"), "^tsl3\\.v1\\+x-");
+        const REST: &str = "-[0-9a-f]{32}-g[0-9]+-p[0-9]+-s[0-9]+$";
+        assert_eq!(
+            namespace_pattern("tsl3.v1+x"),
+            format!("^tsl3\\.v1\\+x{REST}")
+        );
         assert_eq!(
             namespace_pattern("a(b)[c]{d}|e*f?g^h$i\\j"),
-            "^a\\(b\\)\\[c\\]\\{d\\}\\|e\\*f\\?g\\^h\\$i\\\\j-"
+            format!("^a\\(b\\)\\[c\\]\\{{d\\}}\\|e\\*f\\?g\\^h\\$i\\\\j{REST}")
         );
-        assert_eq!(namespace_pattern("plain"), "^plain-");
+        assert_eq!(namespace_pattern("plain"), format!("^plain{REST}"));
     }
 }
