@@ -31,7 +31,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "apt-get install ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >"$STATE/apt.log" 2>&1 \
+    || { tail -n 20 "$STATE/apt.log" >&2; exit 1; }
 fi
 
 # 2. The master venv (master, storage owner, Python client).
@@ -52,7 +53,9 @@ if [ ! -f "$stamp" ]; then
   log "downloading $STORE_WHEEL and $CUDART_WHEEL"
   rm -rf "$LIB" "$STATE/wheels"
   mkdir -p "$LIB" "$STATE/wheels"
-  "$VENV/bin/pip" download -q --no-deps -d "$STATE/wheels" "$STORE_WHEEL" "$CUDART_WHEEL" >&2
+  # The C library does not depend on the interpreter; pin the tag the wheel is published for.
+  "$VENV/bin/pip" download -q --no-deps --only-binary=:all: --python-version 3.11 \
+    -d "$STATE/wheels" "$STORE_WHEEL" "$CUDART_WHEEL" >&2
   for whl in "$STATE"/wheels/*.whl; do
     "$PY" -m zipfile -e "$whl" "$LIB"
   done
