@@ -5,12 +5,10 @@
 //! checked) and never touches another namespace than the fresh ones it creates and removes.
 
 use super::MooncakeStore;
-use crate::host::HostCacheStorage;
 use crate::l3::store::{KeyResult, Store};
 use messages::settings::MooncakeStoreSettings;
-use messages::{HostRange, Namespace, StorageKey};
+use messages::{Namespace, StorageKey};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Throughput of one client, in GiB/s.
@@ -102,25 +100,15 @@ fn bench_tsl3(
 ) -> Result<ClientFigures, String> {
     let store = MooncakeStore::connect(settings).map_err(|e| e.to_string())?;
     let total = objects * object_bytes;
-    let host: Arc<HostCacheStorage> =
-        HostCacheStorage::new(2 * total as u64).map_err(|e| e.to_string())?;
-    store.register_host(&host).map_err(|e| e.to_string())?;
-    let pattern: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
-    host.write(0, &pattern).map_err(|e| e.to_string())?;
+    let sources: Vec<Vec<u8>> = (0..objects)
+        .map(|i| (0..object_bytes).map(|b| ((i + b) % 251) as u8).collect())
+        .collect();
+    let mut landed: Vec<Vec<u8>> = vec![vec![0u8; object_bytes]; objects];
     let ns = fresh_namespace("tsl3");
     let keys: Vec<StorageKey> = (0..objects as u32)
         .map(|p| ns.key(0xbe4c, 0, p, 0))
         .collect();
-    let ranges = |base: u64| -> Vec<HostRange> {
-        (0..objects)
-            .map(|i| HostRange::new(base + (i * object_bytes) as u64, object_bytes as u64))
-            .collect()
-    };
-    let srcs: Vec<&[u8]> = ranges(0)
-        .into_iter()
-        // SAFETY: the source half of this bench's own allocation; nothing writes it now.
-        .map(|r| unsafe { host.range(r) }.map_err(|e| e.to_string()))
-        .collect::<Result<_, _>>()?;
+    let srcs: Vec<&[u8]> = sources.iter().map(|s| s.as_slice()).collect();
     // Warm-up (untimed): the first transfer opens the connections to the owner.
     let warm = ns.key(0xbe4c, 1, 0, 0);
     store
@@ -132,15 +120,10 @@ fn bench_tsl3(
     if let Some(bad) = put.iter().find(|r| !matches!(r, KeyResult::Ok { .. })) {
         return Err(format!("tsl3 PUT row failed: {bad:?}"));
     }
-    let mut dests: Vec<&mut [u8]> = ranges(total as u64)
-        .into_iter()
-        // SAFETY: the destination half, disjoint from the sources, owned by this bench.
-        .map(|r| unsafe { host.range_mut(r) }.map_err(|e| e.to_string()))
-        .collect::<Result<_, _>>()?;
+    let mut dests: Vec<&mut [u8]> = landed.iter_mut().map(|d| d.as_mut_slice()).collect();
     let t = Instant::now();
     let got = store.get(&keys, &mut dests).map_err(|e| e.to_string())?;
     let get_s = t.elapsed().as_secs_f64();
-    drop(dests);
     if let Some(bad) = got.iter().find(|r| {
         **r != KeyResult::Ok {
             bytes: object_bytes as u64,
@@ -148,11 +131,7 @@ fn bench_tsl3(
     }) {
         return Err(format!("tsl3 GET row failed: {bad:?}"));
     }
-    if host
-        .read(HostRange::new(total as u64, total as u64))
-        .map_err(|e| e.to_string())?
-        != pattern
-    {
+    if landed != sources {
         return Err("tsl3 GET bytes differ from the PUT bytes".into());
     }
     let _ = store.remove_namespace(&ns);

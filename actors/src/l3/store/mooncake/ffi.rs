@@ -7,6 +7,7 @@
 //! and never keeps a pointer it was handed beyond one call, except registered buffers,
 //! whose lifetime the caller (MooncakeStore) keeps.
 
+use crate::host::HostCacheStorage;
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::NonNull;
@@ -33,6 +34,8 @@ pub enum FfiError {
     Create,
     #[error("{what} contains a NUL byte")]
     Nul { what: &'static str },
+    #[error("a Host allocation of {0} bytes exceeds the address space")]
+    TooLarge(u64),
     #[error(
         "this library has no mooncake_store_setup_with_tenant; tenant {0:?} cannot be selected"
     )]
@@ -395,23 +398,27 @@ impl MooncakeClient {
         Ok(unsafe { (self.lib.remove_by_regex)(self.handle.as_ptr(), p.as_ptr(), force as c_int) })
     }
 
-    /// Registers `len` bytes at `ptr` for zero-copy transfers.
-    ///
-    /// # Safety
-    /// The memory must stay allocated until `unregister_buffer` (or process exit): the
-    /// transfer engine may address it at any time while registered.
-    pub unsafe fn register_buffer(&self, ptr: *mut u8, len: usize) -> i32 {
-        // SAFETY: the caller keeps the memory alive while registered (this fn's contract).
-        unsafe { (self.lib.register_buffer)(self.handle.as_ptr(), ptr.cast(), len) }
+    /// Registers a whole Host allocation for zero-copy transfers. The caller keeps the
+    /// Arc (and so the memory) until `unregister_host` succeeded.
+    pub fn register_host(&self, host: &Arc<HostCacheStorage>) -> Result<i32, FfiError> {
+        let len = usize::try_from(host.len()).map_err(|_| FfiError::TooLarge(host.len()))?;
+        // SAFETY: `host` is a live allocation of `len` bytes from `base_ptr`; MooncakeStore
+        // holds an Arc to it until `unregister_host` returned 0 (or retains it for the
+        // process otherwise), so it outlives the registration (the live round trips read
+        // through the registration after dropping their own handle).
+        Ok(
+            unsafe {
+                (self.lib.register_buffer)(self.handle.as_ptr(), host.base_ptr().cast(), len)
+            },
+        )
     }
 
-    /// Unregisters a buffer registered earlier at `ptr`.
-    pub fn unregister_buffer(&self, ptr: *mut u8) -> i32 {
+    /// Unregisters a Host allocation registered earlier.
+    pub fn unregister_host(&self, host: &HostCacheStorage) -> i32 {
         // SAFETY: only the address is passed; the library looks it up in its own table.
-        unsafe { (self.lib.unregister_buffer)(self.handle.as_ptr(), ptr.cast()) }
+        unsafe { (self.lib.unregister_buffer)(self.handle.as_ptr(), host.base_ptr().cast()) }
     }
 }
-
 impl Drop for MooncakeClient {
     fn drop(&mut self) {
         // SAFETY: the handle came from `create` and is destroyed exactly once, here; the

@@ -121,16 +121,11 @@ impl MooncakeStore {
         if reg.iter().any(|h| Arc::ptr_eq(h, host)) {
             return Ok(());
         }
-        let len = usize::try_from(host.len())
-            .map_err(|_| StoreError::new(NAME, "Host allocation larger than the address space"))?;
-        // SAFETY: the allocation stays alive while registered: `registered` holds an Arc to
-        // it until `close` unregisters it (tested by the live round trips, which drop their
-        // own handle before reading through the registration).
-        let rc = unsafe { self.client.register_buffer(host.base_ptr(), len) };
+        let rc = self.client.register_host(host).map_err(ffi_err)?;
         if rc != 0 {
             return Err(StoreError::new(
                 NAME,
-                format!("register_buffer of {len} Host bytes returned {rc}"),
+                format!("register_buffer of {} Host bytes returned {rc}", host.len()),
             ));
         }
         reg.push(host.clone());
@@ -249,7 +244,7 @@ impl Store for MooncakeStore {
         let mut reg = self.registered.lock();
         let mut failed = Vec::new();
         for host in reg.drain(..) {
-            let rc = self.client.unregister_buffer(host.base_ptr());
+            let rc = self.client.unregister_host(&host);
             if rc != 0 {
                 // Still possibly addressed by the library: keep it for the process.
                 host.retain_for_process();
