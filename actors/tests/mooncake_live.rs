@@ -731,7 +731,8 @@ fn bench_runs_both_clients_against_the_same_master() {
         return;
     };
     // A small run (the figures are reported, never asserted): both clients verify bytes.
-    let r = actors::l3::store::mooncake::bench::bench_mooncake(&s, &python, 16, 64 * 1024).unwrap();
+    let r =
+        actors::l3::store::mooncake::bench::bench_mooncake(&s, &python, 16, 64 * 1024, 1).unwrap();
     assert!(r.tsl3.put_gib_s > 0.0 && r.python.get_gib_s > 0.0);
     eprintln!("{}", r.render());
 }

@@ -23,6 +23,7 @@ pub struct ClientFigures {
 pub struct MooncakeBenchReport {
     pub objects: usize,
     pub object_bytes: usize,
+    pub rounds: usize,
     pub tsl3: ClientFigures,
     pub python: ClientFigures,
 }
@@ -39,12 +40,13 @@ impl MooncakeBenchReport {
     pub fn render(&self) -> String {
         let (put, get) = self.ratios();
         format!(
-            "mooncake bench: {} x {} KiB, one batch each, same master\n\
+            "mooncake bench: {} x {} KiB, one batch each, same master, median of {} rounds\n\
              {:<8} PUT {:>7.3} GiB/s  GET {:>7.3} GiB/s\n\
              {:<8} PUT {:>7.3} GiB/s  GET {:>7.3} GiB/s\n\
              ratio tsl3/python: PUT {:.2}  GET {:.2}",
             self.objects,
             self.object_bytes / 1024,
+            self.rounds,
             self.tsl3.client,
             self.tsl3.put_gib_s,
             self.tsl3.get_gib_s,
@@ -74,23 +76,45 @@ fn fresh_namespace(client: &str) -> Namespace {
 
 /// Runs both clients, each after an untimed one-object warm-up. `python` is the interpreter of the master's venv (deploy/mooncake/
 /// env.sh exports it as $MOONCAKE_PYTHON).
+/// The clients alternate for `rounds` rounds (each on a fresh namespace) and each figure
+/// is the median of its rounds, which tames a shared machine's noise.
 pub fn bench_mooncake(
     settings: &MooncakeStoreSettings,
     python: &str,
     objects: usize,
     object_bytes: usize,
+    rounds: usize,
 ) -> Result<MooncakeBenchReport, String> {
-    if objects == 0 || object_bytes == 0 {
-        return Err("objects and object_bytes must be greater than 0".into());
+    if objects == 0 || object_bytes == 0 || rounds == 0 {
+        return Err("objects, object_bytes and rounds must be greater than 0".into());
     }
-    let tsl3 = bench_tsl3(settings, objects, object_bytes)?;
-    let python = bench_python(settings, python, objects, object_bytes)?;
+    let mut ours = Vec::with_capacity(rounds);
+    let mut theirs = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        ours.push(bench_tsl3(settings, objects, object_bytes)?);
+        theirs.push(bench_python(settings, python, objects, object_bytes)?);
+    }
     Ok(MooncakeBenchReport {
         objects,
         object_bytes,
-        tsl3,
-        python,
+        rounds,
+        tsl3: median(&ours),
+        python: median(&theirs),
     })
+}
+
+/// Per-figure median (the upper one for an even count).
+fn median(runs: &[ClientFigures]) -> ClientFigures {
+    let pick = |f: fn(&ClientFigures) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    ClientFigures {
+        client: runs[0].client,
+        put_gib_s: pick(|r| r.put_gib_s),
+        get_gib_s: pick(|r| r.get_gib_s),
+    }
 }
 
 fn bench_tsl3(
@@ -230,6 +254,7 @@ mod tests {
         let r = MooncakeBenchReport {
             objects: 1000,
             object_bytes: 65536,
+            rounds: 3,
             tsl3: ClientFigures {
                 client: "tsl3",
                 put_gib_s: 1.0,
@@ -242,6 +267,24 @@ mod tests {
             },
         };
         assert_eq!(r.ratios(), (0.5, 1.0));
+        let m = median(&[
+            ClientFigures {
+                client: "tsl3",
+                put_gib_s: 3.0,
+                get_gib_s: 1.0,
+            },
+            ClientFigures {
+                client: "tsl3",
+                put_gib_s: 1.0,
+                get_gib_s: 9.0,
+            },
+            ClientFigures {
+                client: "tsl3",
+                put_gib_s: 2.0,
+                get_gib_s: 5.0,
+            },
+        ]);
+        assert_eq!((m.put_gib_s, m.get_gib_s), (2.0, 5.0));
         let text = r.render();
         assert!(text.contains("1000 x 64 KiB"), "{text}");
         assert!(text.contains("PUT 0.50  GET 1.00"), "{text}");
@@ -260,6 +303,7 @@ mod tests {
             local_buffer_size: 0,
             tenant_id: "default".into(),
         };
-        assert!(bench_mooncake(&s, "python3", 0, 1).is_err());
+        assert!(bench_mooncake(&s, "python3", 0, 1, 1).is_err());
+        assert!(bench_mooncake(&s, "python3", 1, 1, 0).is_err());
     }
 }
