@@ -13,6 +13,18 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
+# >>> mooncake (deploy/mooncake/): a local master + independent storage owner for the live
+# tests (actors/tests/mooncake_live.rs). Installed idempotently (cached in deploy/.mooncake/),
+# stopped by PID on exit; MOONCAKE_REQUIRE_MASTER=1 makes a missing master a test failure.
+echo "== mooncake: install and start"
+bash deploy/mooncake/install.sh
+bash deploy/mooncake/start.sh
+trap 'bash deploy/mooncake/stop.sh || true' EXIT
+# shellcheck source=mooncake/env.sh
+. deploy/mooncake/env.sh
+export MOONCAKE_REQUIRE_MASTER=1
+# <<< mooncake
+
 echo "== cargo test"
 cargo test --workspace --no-fail-fast 2>&1 | tee /tmp/tsl3-cargo-test.log
 

@@ -12,6 +12,8 @@ pub mod env {
     pub const MOONCAKE_MASTER: &str = "MOONCAKE_MASTER";
     /// Metadata server for the live tests (default P2PHANDSHAKE).
     pub const MOONCAKE_METADATA_SERVER: &str = "MOONCAKE_METADATA_SERVER";
+    /// Interpreter of the Mooncake master's venv (its Python client), for `bench mooncake`.
+    pub const MOONCAKE_PYTHON: &str = "MOONCAKE_PYTHON";
     /// Shared secret of the rank mesh (overrides settings).
     pub const MESH_SECRET: &str = "TSL3_MESH_SECRET";
     /// Standard OTLP endpoint variable.

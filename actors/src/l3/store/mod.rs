@@ -8,6 +8,7 @@ pub mod dfs;
 pub mod faulty;
 pub mod local;
 pub mod memory;
+pub mod mooncake;
 
 use messages::{Namespace, StorageKey};
 
