@@ -35,6 +35,22 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// GET and PUT throughput of 1000 x 64 KiB through our Mooncake adapter and through
+    /// Mooncake's own Python client against the same master (deploy/mooncake/start.sh).
+    Mooncake {
+        /// Settings file for the [storage.mooncake] section (defaults and TSL3_* apply).
+        #[arg(long)]
+        config: Option<String>,
+        /// Python interpreter with Mooncake's client ($MOONCAKE_PYTHON by default).
+        #[arg(long)]
+        python: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        objects: usize,
+        #[arg(long, default_value_t = 65536)]
+        object_bytes: usize,
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// DFS -> MEMORY promotion throughput beside a plain file read + memcpy of the same bytes.
     Promotion {
         /// Directory for the DFS tier (a temporary one under it is used and removed).
@@ -92,8 +108,29 @@ enum BenchCommand {
     },
 }
 
-fn run_bench(which: BenchCommand) -> Result<(), String> {
+fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), String> {
     match which {
+        BenchCommand::Mooncake {
+            config,
+            python,
+            objects,
+            object_bytes,
+            rounds,
+        } => {
+            let s = settings::load(config.as_deref(), env, &settings::Overrides::default())?;
+            let python = python
+                .or_else(|| env.get(actors::names::env::MOONCAKE_PYTHON).cloned())
+                .unwrap_or_else(|| "deploy/.mooncake/venv-master/bin/python".to_string());
+            let r = actors::l3::store::mooncake::bench::bench_mooncake(
+                &s.storage.mooncake,
+                &python,
+                objects,
+                object_bytes,
+                rounds,
+            )?;
+            print!("{}", r.render());
+            Ok(())
+        }
         BenchCommand::Promotion {
             dir,
             objects,
@@ -175,7 +212,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Bench { which } => match run_bench(which) {
+        Command::Bench { which } => match run_bench(which, &env) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
