@@ -5,10 +5,12 @@
 pub mod cache;
 pub mod clock;
 pub mod device;
+pub mod engine;
 pub mod frontend;
 pub mod host;
 pub mod l3;
 pub mod metrics;
 pub mod model;
 pub mod names;
+pub mod scheduler;
 pub mod storage_transfer;

@@ -257,6 +257,11 @@ impl<T: Tier> BlockPool<T> {
     }
 
     /// Whether a published entry exists (what probes see).
+    /// The slot index of an entry within its group's region (device slot tables use it).
+    pub fn slot_index(&self, addr: BlockAddr) -> Result<u32, PoolError> {
+        self.slot_of(addr)
+    }
+
     pub fn contains(&self, addr: BlockAddr) -> bool {
         self.state(addr) == Some(EntryState::Published)
     }

@@ -1,0 +1,103 @@
+//! The startup factory (seed 000: cache/l3/factory.py): derives the deployment identity
+//! and namespace from the model profile and the rank geometry, sizes the shared Host
+//! allocation, and builds one RankEngine. Storage disabled: no executor, no store client.
+
+use super::RankEngine;
+use crate::clock::SharedClock;
+use crate::device::{device_memory, DeviceBackendChoice, DeviceCopyEngineCore, DeviceGeometry};
+use crate::host::HostCacheStorage;
+use crate::l3::store::Store;
+use crate::l3::L3Executor;
+use crate::model::SyntheticModel;
+use crate::scheduler::geometry::RankLayout;
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use messages::settings::{StorageConfig, StorageRuntimeConfig};
+use messages::DeploymentIdentity;
+use std::sync::Arc;
+
+/// Everything one rank is built from.
+#[derive(Clone, Debug)]
+pub struct RankSpec {
+    pub profile: String,
+    pub rank: u32,
+    pub world: u32,
+    /// Device blocks per cache group.
+    pub device_blocks: u32,
+    /// Host blocks per cache group.
+    pub host_blocks: u32,
+    pub max_running: usize,
+    pub checkpoint: String,
+    pub target_weight_version: u64,
+    pub draft_weight_version: Option<u64>,
+    /// None: storage disabled.
+    pub storage: Option<(StorageConfig, StorageRuntimeConfig)>,
+    pub device: DeviceBackendChoice,
+}
+
+/// The static deployment identity of a rank (no DP replica ID, Host allocation ID or
+/// cyclic owner rank enters it).
+pub fn identity(spec: &RankSpec, layout: &RankLayout) -> DeploymentIdentity {
+    let checkpoint = if spec.checkpoint.is_empty() {
+        format!("synthetic/{}", spec.profile)
+    } else {
+        spec.checkpoint.clone()
+    };
+    DeploymentIdentity {
+        checkpoint,
+        target_weight_version: spec.target_weight_version,
+        draft_weight_version: spec.draft_weight_version,
+        layout_signature: layout.geometry.layout_signature(),
+        kvp: spec.world,
+        qcp: 1,
+        linear_attn_tp: 1,
+        page_shard_counts: layout.geometry.page_shard_counts(),
+    }
+}
+
+/// Builds one rank. `make_store` receives the shared Host allocation (a store that
+/// registers it, such as Mooncake, does so there) and is called only when storage is on.
+pub fn build_rank(
+    spec: &RankSpec,
+    clock: SharedClock,
+    make_store: impl FnOnce(&Arc<HostCacheStorage>) -> Result<Arc<dyn Store>, String>,
+) -> Result<RankEngine, String> {
+    let model = SyntheticModel::by_name(&spec.profile).map_err(|e| e.to_string())?;
+    let scratch = (spec.max_running as u32).saturating_mul(model.profile().groups.len() as u32);
+    let layout = RankLayout::new(
+        model.profile(),
+        spec.rank,
+        spec.world,
+        spec.device_blocks,
+        spec.host_blocks,
+        scratch.max(1),
+    )?;
+    let namespace = identity(spec, &layout).namespace();
+    let host = HostCacheStorage::new(layout.host_bytes().max(1)).map_err(|e| e.to_string())?;
+    let dev_geometry = DeviceGeometry::new(layout.device_slots(), layout.slot_bytes())
+        .map_err(|e| e.to_string())?;
+    let (memory, _) =
+        device_memory(host.clone(), dev_geometry, spec.device).map_err(|e| e.to_string())?;
+    let device = DeviceCopyEngineCore::new(memory);
+    let executor = match &spec.storage {
+        None => None,
+        Some((_, runtime)) => {
+            let store = make_store(&host)?;
+            Some(
+                L3Executor::start(store, host.clone(), runtime.clone(), clock.clone())
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+    };
+    let scheduler = Scheduler::new(
+        SchedulerConfig {
+            layout,
+            namespace,
+            storage: spec.storage.as_ref().map(|(c, _)| c.clone()),
+            max_running: spec.max_running.max(1),
+            tail_capacity: 1024,
+        },
+        model,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(RankEngine::new(scheduler, executor, device, host, clock))
+}

@@ -1,0 +1,221 @@
+//! RankEngine: one rank's round executor. It owns the Scheduler, the L3 executor (when
+//! storage is enabled), the DeviceCopyEngine core and the synthetic model's forward, and
+//! runs the two feedback points of a round: the head (poll the executor and fences into a
+//! local report) and, once the report is agreed, apply → plan → dispatch (storage to the
+//! executor in plan order; H2D, forward and D2H to the device engine). It never talks to
+//! other ranks: the caller exchanges reports (the ControlPlane, or itself for a world of
+//! one) and hands back the agreed inputs.
+
+pub mod factory;
+#[cfg(test)]
+mod tests;
+
+use crate::clock::SharedClock;
+use crate::device::{
+    DeviceCopyBatch, DeviceCopyEngineCore, DeviceError, DeviceMemory, ForwardOutcome,
+};
+use crate::host::HostCacheStorage;
+use crate::l3::{CloseReport, L3Executor};
+use crate::model::{RankDigest, SyntheticModel};
+use crate::scheduler::{AgreedInputs, Plan, RequestEvent, Scheduler};
+use messages::{
+    HealthState, PressureObservation, PressureSnapshot, RequestId, StorageDone, StorageOp,
+};
+use std::sync::Arc;
+
+/// What this rank contributes to the relay exchange of a round.
+#[derive(Clone, Debug, Default)]
+pub struct LocalReport {
+    pub clock_us: u64,
+    pub pressure: PressureObservation,
+    /// Newly completed storage records, each sent once (validated).
+    pub completions: Vec<StorageDone>,
+    /// Prefill digests of the last round's forwards.
+    pub digests: Vec<(RequestId, RankDigest)>,
+    /// Set when this rank's poll was invalid: every rank then raises a protocol error.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("protocol error: {0}")]
+    Protocol(#[from] messages::ProtocolError),
+    #[error("device: {0}")]
+    Device(#[from] DeviceError),
+}
+
+/// Device time of the last round's forwards (the cost model), for an optional emulation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RoundWork {
+    pub forwards: usize,
+    pub device_time_us: u64,
+    pub storage_ops: usize,
+}
+
+pub struct RankEngine {
+    scheduler: Scheduler,
+    executor: Option<L3Executor>,
+    device: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
+    host: Arc<HostCacheStorage>,
+    model: SyntheticModel,
+    clock: SharedClock,
+    digests: Vec<(RequestId, RankDigest)>,
+    last_pressure: PressureSnapshot,
+}
+
+impl RankEngine {
+    pub fn new(
+        scheduler: Scheduler,
+        executor: Option<L3Executor>,
+        device: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
+        host: Arc<HostCacheStorage>,
+        clock: SharedClock,
+    ) -> Self {
+        let model = scheduler.model().clone();
+        Self {
+            scheduler,
+            executor,
+            device,
+            host,
+            model,
+            clock,
+            digests: vec![],
+            last_pressure: PressureSnapshot::default(),
+        }
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+        &mut self.scheduler
+    }
+    pub fn executor(&self) -> Option<&L3Executor> {
+        self.executor.as_ref()
+    }
+    pub fn host(&self) -> &Arc<HostCacheStorage> {
+        &self.host
+    }
+    pub fn health(&self) -> Option<HealthState> {
+        self.executor.as_ref().map(|e| e.health())
+    }
+    pub fn pressure(&self) -> PressureSnapshot {
+        self.last_pressure
+    }
+
+    /// The head feedback point: poll the executor (completions + pressure, validated) and
+    /// collect the last forwards' digests. With storage disabled there is no poll.
+    pub fn head(&mut self) -> LocalReport {
+        let mut report = LocalReport {
+            clock_us: self.clock.now_us(),
+            digests: std::mem::take(&mut self.digests),
+            ..LocalReport::default()
+        };
+        if let Some(ex) = self.executor.as_ref() {
+            let (done, pressure) = ex.poll();
+            self.last_pressure = pressure;
+            report.pressure = pressure.observation();
+            for d in &done {
+                if let Err(e) = d.validate() {
+                    report.error = Some(e.to_string());
+                }
+            }
+            report.completions = done;
+        }
+        report
+    }
+
+    /// Applies the agreed round, plans, and dispatches the plan.
+    pub fn run_round(&mut self, agreed: AgreedInputs) -> Result<RoundWork, EngineError> {
+        self.scheduler.apply(agreed)?;
+        let plan = self.scheduler.plan();
+        self.dispatch(plan)
+    }
+
+    fn dispatch(&mut self, plan: Plan) -> Result<RoundWork, EngineError> {
+        let mut work = RoundWork {
+            storage_ops: plan.storage.len(),
+            ..RoundWork::default()
+        };
+        // Storage in plan order; the executor depends on tickets, not on the device.
+        if let Some(ex) = self.executor.as_ref() {
+            for op in plan.storage {
+                let _ = ex.submit(op);
+            }
+        } else if let Some(op) = plan.storage.first() {
+            return Err(EngineError::Protocol(messages::ProtocolError::new(
+                op.id(),
+                "storage op planned while storage is disabled",
+            )));
+        }
+        // Device: H2D, then each forward (ordered after the copies), then D2H.
+        if !plan.h2d.is_empty() {
+            self.device.submit(&DeviceCopyBatch::new(plan.h2d))?;
+        }
+        for (id, step) in &plan.forwards {
+            let ForwardOutcome {
+                digest,
+                device_time_us,
+                ..
+            } = self.device.forward(&self.model, step)?;
+            work.forwards += 1;
+            work.device_time_us += device_time_us;
+            self.digests.push((*id, digest));
+        }
+        if !plan.d2h.is_empty() {
+            let fence = self.device.submit(&DeviceCopyBatch::new(plan.d2h))?;
+            // Host L2 publication waits for the D2H fence on this rank; every rank does the
+            // same in the same round, so publication stays agreed.
+            loop {
+                let done = self.device.poll_fences()?;
+                if done.iter().any(|f| *f >= fence) || self.device.outstanding() == 0 {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        } else {
+            self.device.poll_fences()?;
+        }
+        self.scheduler.d2h_done();
+        Ok(work)
+    }
+
+    pub fn drain_events(&mut self) -> Vec<RequestEvent> {
+        self.scheduler.drain_events()
+    }
+
+    /// Submits storage ops directly (admin paths and tests).
+    pub fn submit_storage(&self, op: StorageOp) {
+        if let Some(ex) = self.executor.as_ref() {
+            let _ = ex.submit(op);
+        }
+    }
+
+    /// Closes the L3 executor (before the device engine's cleanup).
+    pub fn close(self) -> Option<CloseReport> {
+        self.executor.map(|e| e.close())
+    }
+}
+
+/// Agreement of a world of one: the local report is the agreed round.
+pub fn agree_single(
+    report: LocalReport,
+    frontend: Vec<(RequestId, Vec<u32>, u32)>,
+    cancellations: Vec<RequestId>,
+) -> Result<AgreedInputs, messages::ProtocolError> {
+    if let Some(e) = report.error {
+        return Err(messages::ProtocolError::new(messages::OperationId(0), e));
+    }
+    Ok(AgreedInputs {
+        tick_us: report.clock_us,
+        pressure: report.pressure,
+        new_requests: frontend,
+        cancellations,
+        completions: report.completions,
+        digests: report
+            .digests
+            .into_iter()
+            .map(|(id, d)| (id, vec![d]))
+            .collect(),
+    })
+}

@@ -1,0 +1,233 @@
+//! Serving through RankEngine in one process: the read and write transactions end to end on
+//! a real executor and MemoryStore, compared with recomputation.
+
+use super::factory::{build_rank, RankSpec};
+use super::{agree_single, RankEngine};
+use crate::clock::SystemClock;
+use crate::device::DeviceBackendChoice;
+use crate::frontend::FallbackReason;
+use crate::l3::store::memory::MemoryStore;
+use crate::l3::store::Store;
+use crate::model::SyntheticModel;
+use crate::scheduler::request::PrefixSplit;
+use crate::scheduler::RequestEvent;
+use messages::settings::{PressureWatermark, StorageConfig, StorageRuntimeConfig};
+use messages::RequestId;
+use std::sync::Arc;
+
+fn storage() -> (StorageConfig, StorageRuntimeConfig) {
+    (
+        StorageConfig {
+            operation_credits: 16,
+            max_host_blocks: 512,
+            max_keys_per_operation: 256,
+            lookahead_tokens: 0,
+            negative_metadata_capacity: 64,
+            backup_candidate_capacity: 256,
+            soft_deadline_ms: 60_000,
+            ready_hold_ms: 60_000,
+            min_extension_tokens: 1,
+            pressure_high: PressureWatermark {
+                queued_jobs: 10_000,
+                queued_bytes: 1 << 40,
+                oldest_age_ms: 600_000,
+            },
+            pressure_low: PressureWatermark {
+                queued_jobs: 5_000,
+                queued_bytes: 1 << 39,
+                oldest_age_ms: 300_000,
+            },
+        },
+        StorageRuntimeConfig {
+            query_workers: 1,
+            get_workers: 1,
+            put_workers: 1,
+            query_queue_capacity: 32,
+            get_queue_capacity: 32,
+            put_queue_capacity: 32,
+            outstanding_limit: 64,
+            health_cooldown_ms: 1000,
+            close_deadline_ms: 2000,
+        },
+    )
+}
+
+fn spec(storage_on: bool) -> RankSpec {
+    RankSpec {
+        profile: "tiny".into(),
+        rank: 0,
+        world: 1,
+        device_blocks: 64,
+        host_blocks: 256,
+        max_running: 4,
+        checkpoint: String::new(),
+        target_weight_version: 1,
+        draft_weight_version: None,
+        storage: storage_on.then(storage),
+        device: DeviceBackendChoice::Emulated,
+    }
+}
+
+fn engine(store: Option<Arc<MemoryStore>>) -> RankEngine {
+    let on = store.is_some();
+    build_rank(&spec(on), SystemClock::shared(), move |_| {
+        let s: Arc<dyn Store> = store.expect("storage on");
+        Ok(s)
+    })
+    .unwrap()
+}
+
+struct Outcome {
+    tokens: Vec<u32>,
+    split: PrefixSplit,
+    fallback: FallbackReason,
+}
+
+/// Serves one request to completion (a world of one; rounds until it finishes), then
+/// keeps rounding until the executor is idle so backups have retired.
+fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcome {
+    let mut tokens = vec![];
+    let mut done = None;
+    let mut first = Some((RequestId(id), prompt.to_vec(), max_tokens));
+    for _ in 0..20_000 {
+        let report = e.head();
+        let agreed = agree_single(report, first.take().into_iter().collect(), vec![]).unwrap();
+        e.run_round(agreed).unwrap();
+        for ev in e.drain_events() {
+            match ev {
+                RequestEvent::Token(r, t) if r.0 == id => tokens.push(t),
+                RequestEvent::Finished {
+                    id: r,
+                    split,
+                    fallback,
+                } if r.0 == id => done = Some((split, fallback)),
+                RequestEvent::Aborted(r, why) if r.0 == id => panic!("aborted: {why}"),
+                _ => {}
+            }
+        }
+        let idle = e.executor().is_none_or(|x| {
+            x.stats()
+                .jobs
+                .iter()
+                .all(|j| j.queued + j.running + j.undelivered == 0)
+        }) && e.scheduler().stm().is_none_or(|s| {
+            s.stats().outstanding_tickets == 0 && s.stats().queued_backup_candidates == 0
+        });
+        if done.is_some() && idle {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    let (split, fallback) = done.expect("request finished");
+    Outcome {
+        tokens,
+        split,
+        fallback,
+    }
+}
+
+fn prompt(n: u32, salt: u32) -> Vec<u32> {
+    (0..n).map(|i| (i * 31 + salt * 7) % 997).collect()
+}
+
+#[test]
+fn storage_disabled_output_equals_recomputation() {
+    let mut e = engine(None);
+    let p = prompt(37, 1);
+    let out = serve(&mut e, 1, &p, 5);
+    let model = SyntheticModel::by_name("tiny").unwrap();
+    assert_eq!(out.tokens, model.recompute_output(&p, 5).unwrap());
+    assert_eq!(out.fallback, FallbackReason::Disabled);
+    assert_eq!(out.split.computed, 37);
+    // The same prompt again hits the Device cache (storage still disabled).
+    let again = serve(&mut e, 2, &p, 5);
+    assert_eq!(again.tokens, out.tokens);
+    assert_eq!(
+        again.split.device, 36,
+        "every aligned block but the last token"
+    );
+    assert_eq!(again.split.computed, 1);
+}
+
+#[test]
+fn a_fresh_engine_restores_the_prefix_from_l3_with_identical_output() {
+    let store = Arc::new(MemoryStore::new());
+    let p = prompt(41, 2);
+    let model = SyntheticModel::by_name("tiny").unwrap();
+    let want = model.recompute_output(&p, 4).unwrap();
+    let mut writer = engine(Some(store.clone()));
+    let w = serve(&mut writer, 1, &p, 4);
+    assert_eq!(w.tokens, want);
+    assert_eq!(w.fallback, FallbackReason::Miss);
+    assert!(
+        store.len() >= 10,
+        "the writer backed its blocks up: {}",
+        store.len()
+    );
+    drop(writer);
+    // A fresh engine (empty Device and Host caches) shares only the store.
+    let mut reader = engine(Some(store.clone()));
+    let r = serve(&mut reader, 7, &p, 4);
+    assert_eq!(r.tokens, want, "restored output equals recomputation");
+    assert_eq!(
+        r.split.l3, 40,
+        "every aligned block below the last token came from L3"
+    );
+    assert_eq!(r.split.computed, 1);
+    assert_eq!(r.fallback, FallbackReason::None);
+}
+
+#[test]
+fn a_partial_hit_and_a_miss_report_their_fallback() {
+    let store = Arc::new(MemoryStore::new());
+    let base = prompt(24, 3);
+    let mut writer = engine(Some(store.clone()));
+    serve(&mut writer, 1, &base, 1);
+    drop(writer);
+    let mut reader = engine(Some(store.clone()));
+    // Shares 24 tokens (6 blocks) with the written prompt, then differs.
+    let mut longer = base.clone();
+    longer.extend(prompt(16, 9));
+    let model = SyntheticModel::by_name("tiny").unwrap();
+    let r = serve(&mut reader, 2, &longer, 3);
+    assert_eq!(r.tokens, model.recompute_output(&longer, 3).unwrap());
+    assert_eq!(r.split.l3, 24);
+    assert_eq!(r.fallback, FallbackReason::Partial);
+    let fresh = prompt(30, 77);
+    let m = serve(&mut reader, 3, &fresh, 2);
+    assert_eq!(m.split.l3, 0);
+    assert_eq!(m.fallback, FallbackReason::Miss);
+    assert_eq!(m.tokens, model.recompute_output(&fresh, 2).unwrap());
+}
+
+#[test]
+fn deleted_objects_are_safely_retired_misses() {
+    let store = Arc::new(MemoryStore::new());
+    let p = prompt(20, 4);
+    let mut writer = engine(Some(store.clone()));
+    let w = serve(&mut writer, 1, &p, 2);
+    drop(writer);
+    // Delete the namespace: a fresh reader misses safely and recomputes the same output.
+    let ns = engine(Some(store.clone())).scheduler().namespace().clone();
+    let removed = store.remove_namespace(&ns).unwrap();
+    assert!(removed > 0);
+    let mut reader = engine(Some(store.clone()));
+    let r = serve(&mut reader, 2, &p, 2);
+    assert_eq!(r.tokens, w.tokens);
+    assert_eq!(r.split.l3, 0, "deleted objects are safely retired misses");
+}
+
+#[test]
+fn two_engines_fed_the_same_trace_make_the_same_decisions() {
+    let run = || {
+        let store = Arc::new(MemoryStore::new());
+        let mut e = engine(Some(store));
+        let mut log = vec![];
+        for (i, n) in [13u32, 29, 13, 40].iter().enumerate() {
+            let o = serve(&mut e, i as u64 + 1, &prompt(*n, 5), 3);
+            log.push((o.tokens, o.split, o.fallback));
+        }
+        log
+    };
+    assert_eq!(run(), run());
+}

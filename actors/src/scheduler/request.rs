@@ -1,0 +1,125 @@
+//! The request FSM (seed 000 "Request state"): Submitted → Prefetching{continuation} →
+//! (Ready hold) → Prefill → Decode → Finished | Aborted. The Prefetching state and the
+//! Ready hold own the StorageLease; whatever ends the state hands the lease back.
+//! A Prefetching request owns no Device pages or slot and is never a forward candidate.
+
+use crate::cache::coordinator::QueryPlan;
+use crate::frontend::FallbackReason;
+use crate::model::DecodeState;
+use crate::storage_transfer::StorageLease;
+use messages::RequestId;
+
+/// What resumes when the L3 wait ends (the PD bootstrap ACK updates it; a fused engine
+/// host always resumes Submitted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Continuation {
+    Bootstrapping,
+    Submitted,
+}
+
+/// The read transaction's progress while Prefetching.
+#[derive(Debug)]
+pub enum PrefetchPhase {
+    /// QUERY issued; the plan names its keys' blocks.
+    Query(QueryPlan),
+    /// GET issued; the read record (destinations, then the Ready hold) has this id.
+    Get(u64),
+}
+
+#[derive(Debug)]
+pub enum RequestState {
+    Submitted,
+    Prefetching {
+        continuation: Continuation,
+        phase: PrefetchPhase,
+        lease: StorageLease,
+    },
+    /// Waiting for admission (Device capacity); may carry a Ready hold.
+    Admissible,
+    /// The forward ran; waiting for the reduced digest of every rank.
+    Prefill,
+    Decode {
+        state: DecodeState,
+        last: u32,
+        /// The first token was produced this round.
+        fresh: bool,
+    },
+    Finished,
+    Aborted,
+}
+
+impl RequestState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RequestState::Submitted => "submitted",
+            RequestState::Prefetching { .. } => "prefetching",
+            RequestState::Admissible => "admissible",
+            RequestState::Prefill => "prefill",
+            RequestState::Decode { .. } => "decode",
+            RequestState::Finished => "finished",
+            RequestState::Aborted => "aborted",
+        }
+    }
+}
+
+/// AdmissionResources: the input context, the one-shot storage_prepared bit and the
+/// optional Ready hold (its lease), carried across the pre-admission transitions.
+#[derive(Debug, Default)]
+pub struct AdmissionResources {
+    pub storage_prepared: bool,
+    pub ready: Option<StorageLease>,
+    /// The longest boundary the L3 read planned (for the partial-hit reason).
+    pub planned_boundary: u32,
+    /// The local hit when the read was planned (tokens above it came from L3).
+    pub local_at_plan: u32,
+    /// Why L3 did not supply the whole planned prefix, when known.
+    pub fallback: Option<FallbackReason>,
+}
+
+/// Where a request's prefix came from and what was computed (reported to the client).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixSplit {
+    pub device: u32,
+    pub host: u32,
+    pub l3: u32,
+    pub computed: u32,
+}
+
+#[derive(Debug)]
+pub struct Request {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub state: RequestState,
+    pub resources: AdmissionResources,
+    pub output: Vec<u32>,
+    pub split: PrefixSplit,
+    pub fallback: FallbackReason,
+    /// Device blocks this request holds references on while running.
+    pub device_refs: Vec<crate::cache::keys::BlockAddr>,
+    /// Scratch slots (partial blocks) this request holds while running.
+    pub scratch: Vec<u32>,
+}
+
+impl Request {
+    pub fn new(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> Self {
+        Self {
+            id,
+            prompt,
+            max_tokens,
+            state: RequestState::Submitted,
+            resources: AdmissionResources::default(),
+            output: vec![],
+            split: PrefixSplit::default(),
+            fallback: FallbackReason::None,
+            device_refs: vec![],
+            scratch: vec![],
+        }
+    }
+
+    /// The reusable request bound: every token but the last (the forward always computes at
+    /// least one token).
+    pub fn reusable(&self) -> u32 {
+        (self.prompt.len() as u32).saturating_sub(1)
+    }
+}
