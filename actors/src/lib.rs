@@ -3,6 +3,7 @@
 //! binary wires them together.
 
 pub mod clock;
+pub mod control_plane;
 pub mod host;
 pub mod l3;
 pub mod names;
