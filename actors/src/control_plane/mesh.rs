@@ -96,6 +96,8 @@ impl MeshSettings {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum MeshFrame {
     Report(RoundReport),
+    /// The sender has gathered every report of this round (the relay's second phase).
+    Gathered(u64),
     /// The sender failed a round; the carried error names the cause (e.g. the dead rank).
     Abort(ControlError),
 }
@@ -331,6 +333,11 @@ impl Mesh {
             let _ = w.send(bytes.clone());
         }
         Ok(())
+    }
+
+    /// An event already queued, without waiting.
+    pub fn try_next_event(&mut self) -> Option<(u32, PeerEvent)> {
+        self.events.try_recv().ok()
     }
 
     /// The next event from any peer.

@@ -2,7 +2,8 @@
 //! Each rank sends its report once to every peer and waits, under the round deadline, for
 //! every peer's report of the same round. A dead, stalled or misbehaving peer fails the
 //! round with an error naming it; this rank then tells every peer why (an Abort frame) and
-//! refuses every later round, so no rank hangs and none keeps doing L3 work alone.
+//! refuses every later round, so no rank hangs and none keeps doing L3 work alone. A round
+//! is returned only after every rank confirmed it gathered every report (see `gather`).
 //!
 //! It owns round sequencing on the wire; it must never reduce or reinterpret reports.
 
@@ -80,86 +81,116 @@ impl Relay {
         }
     }
 
+    /// Takes one peer event while gathering `round`.
+    fn accept(
+        &mut self,
+        (peer, ev): (u32, PeerEvent),
+        round: u64,
+        got: &mut [Option<RoundReport>],
+        confirmed: &mut [bool],
+    ) -> Result<(), ControlError> {
+        let bad = |detail: String| ControlError::Frame {
+            rank: peer,
+            round,
+            detail,
+        };
+        match ev {
+            PeerEvent::Frame(MeshFrame::Report(r)) => {
+                if r.rank != peer {
+                    return Err(bad(format!("report claims rank {}", r.rank)));
+                }
+                if r.round == round && got[peer as usize].is_none() {
+                    got[peer as usize] = Some(r);
+                } else if r.round == round + 1 && self.early[peer as usize].is_empty() {
+                    self.early[peer as usize].push_back(r);
+                } else {
+                    return Err(bad(format!("unexpected report for round {}", r.round)));
+                }
+                Ok(())
+            }
+            PeerEvent::Frame(MeshFrame::Gathered(r)) => {
+                if r != round || got[peer as usize].is_none() || confirmed[peer as usize] {
+                    return Err(bad(format!("unexpected confirmation of round {r}")));
+                }
+                confirmed[peer as usize] = true;
+                Ok(())
+            }
+            PeerEvent::Frame(MeshFrame::Abort(e)) => Err(e),
+            PeerEvent::Closed(detail) => Err(ControlError::Disconnected {
+                rank: peer,
+                round,
+                detail,
+            }),
+            PeerEvent::Bad(e) => Err(bad(e.to_string())),
+        }
+    }
+
+    /// Waits for the next peer event until the deadline; `waiting_on` is named on timeout.
+    async fn next(
+        &mut self,
+        deadline: Instant,
+        round: u64,
+        waiting_on: usize,
+    ) -> Result<(u32, PeerEvent), ControlError> {
+        match tokio::time::timeout_at(deadline, self.mesh.next_event()).await {
+            Ok(Some(ev)) => Ok(ev),
+            Ok(None) => Err(ControlError::Disconnected {
+                rank: waiting_on as u32,
+                round,
+                detail: "every connection task ended".into(),
+            }),
+            Err(_) => Err(ControlError::Timeout {
+                rank: waiting_on as u32,
+                round,
+                deadline_ms: self.round_deadline.as_millis() as u64,
+            }),
+        }
+    }
+
+    /// Two phases under one deadline: (1) send this rank's report and gather every peer's;
+    /// (2) confirm "gathered" and wait for every peer's confirmation. A rank agrees a round
+    /// only once every rank has gathered it, so a peer that failed the round (and sent an
+    /// Abort instead of its confirmation) fails it here too.
     async fn gather(&mut self, report: RoundReport) -> Result<Vec<RoundReport>, ControlError> {
         let round = report.round;
         let me = self.mesh.rank();
         let world = self.mesh.world() as usize;
         let deadline = Instant::now() + self.round_deadline;
+        let cannot_send = |e: super::frame::FrameError| ControlError::Protocol {
+            round,
+            message: format!("rank {me} cannot send: {e}"),
+        };
         self.mesh
             .broadcast(&MeshFrame::Report(report.clone()))
-            .map_err(|e| ControlError::Protocol {
-                round,
-                message: format!("rank {me} cannot send its report: {e}"),
-            })?;
+            .map_err(cannot_send)?;
         let mut got: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
+        let mut confirmed = vec![false; world];
         got[me as usize] = Some(report);
+        confirmed[me as usize] = true;
         for (peer, q) in self.early.iter_mut().enumerate() {
             if let Some(r) = q.pop_front() {
                 if r.round != round {
-                    return Err(ControlError::Protocol {
+                    return Err(ControlError::Frame {
+                        rank: peer as u32,
                         round,
-                        message: format!("rank {peer} sent round {} in round {round}", r.round),
+                        detail: format!("sent round {} in round {round}", r.round),
                     });
                 }
                 got[peer] = Some(r);
             }
         }
         while let Some(missing) = got.iter().position(|r| r.is_none()) {
-            let ev = match tokio::time::timeout_at(deadline, self.mesh.next_event()).await {
-                Ok(Some(ev)) => ev,
-                Ok(None) => {
-                    return Err(ControlError::Disconnected {
-                        rank: missing as u32,
-                        round,
-                        detail: "every connection task ended".into(),
-                    })
-                }
-                Err(_) => {
-                    return Err(ControlError::Timeout {
-                        rank: missing as u32,
-                        round,
-                        deadline_ms: self.round_deadline.as_millis() as u64,
-                    })
-                }
-            };
-            let (peer, ev) = ev;
-            match ev {
-                PeerEvent::Frame(MeshFrame::Report(r)) => {
-                    if r.rank != peer {
-                        return Err(ControlError::Frame {
-                            rank: peer,
-                            round,
-                            detail: format!("report claims rank {}", r.rank),
-                        });
-                    }
-                    if r.round == round && got[peer as usize].is_none() {
-                        got[peer as usize] = Some(r);
-                    } else if r.round == round + 1 && self.early[peer as usize].is_empty() {
-                        self.early[peer as usize].push_back(r);
-                    } else {
-                        return Err(ControlError::Frame {
-                            rank: peer,
-                            round,
-                            detail: format!("unexpected report for round {}", r.round),
-                        });
-                    }
-                }
-                PeerEvent::Frame(MeshFrame::Abort(e)) => return Err(e),
-                PeerEvent::Closed(detail) => {
-                    return Err(ControlError::Disconnected {
-                        rank: peer,
-                        round,
-                        detail,
-                    })
-                }
-                PeerEvent::Bad(e) => {
-                    return Err(ControlError::Frame {
-                        rank: peer,
-                        round,
-                        detail: e.to_string(),
-                    })
-                }
-            }
+            let ev = self.next(deadline, round, missing).await?;
+            self.accept(ev, round, &mut got, &mut confirmed)?;
+        }
+        if world > 1 {
+            self.mesh
+                .broadcast(&MeshFrame::Gathered(round))
+                .map_err(cannot_send)?;
+        }
+        while let Some(missing) = confirmed.iter().position(|c| !c) {
+            let ev = self.next(deadline, round, missing).await?;
+            self.accept(ev, round, &mut got, &mut confirmed)?;
         }
         Ok(got.into_iter().flatten().collect())
     }
