@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -110,12 +111,20 @@ pub enum PeerEvent {
     Bad(FrameError),
 }
 
+/// Why a broadcast did not reach every peer.
+#[derive(Debug)]
+pub enum BroadcastError {
+    Encode(FrameError),
+    Failed(u32, FrameError),
+    Stalled(u32),
+}
+
 /// The established mesh of one rank.
 pub struct Mesh {
     rank: u32,
     world: u32,
     max_frame_bytes: usize,
-    writers: Vec<Option<mpsc::UnboundedSender<Arc<Vec<u8>>>>>,
+    writers: Vec<Option<OwnedWriteHalf>>,
     events: mpsc::UnboundedReceiver<(u32, PeerEvent)>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -261,12 +270,11 @@ impl Mesh {
 
     fn assemble(settings: &MeshSettings, streams: Vec<(u32, TcpStream)>) -> Self {
         let (etx, erx) = mpsc::unbounded_channel();
-        let mut writers: Vec<Option<mpsc::UnboundedSender<Arc<Vec<u8>>>>> =
-            (0..settings.world).map(|_| None).collect();
+        let mut writers: Vec<Option<OwnedWriteHalf>> = (0..settings.world).map(|_| None).collect();
         let mut tasks = Vec::new();
         let limit = settings.max_frame_bytes;
         for (peer, s) in streams {
-            let (mut rd, mut wr) = s.into_split();
+            let (mut rd, wr) = s.into_split();
             let rtx = etx.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
@@ -291,17 +299,7 @@ impl Mesh {
                     }
                 }
             }));
-            let (wtx, mut wrx) = mpsc::unbounded_channel::<Arc<Vec<u8>>>();
-            let etx = etx.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Some(bytes) = wrx.recv().await {
-                    if let Err(e) = write_bytes(&mut wr, &bytes).await {
-                        let _ = etx.send((peer, PeerEvent::Closed(e.to_string())));
-                        return;
-                    }
-                }
-            }));
-            writers[peer as usize] = Some(wtx);
+            writers[peer as usize] = Some(wr);
         }
         Self {
             rank: settings.rank,
@@ -325,12 +323,33 @@ impl Mesh {
         self.max_frame_bytes
     }
 
-    /// Encodes a frame once and queues it to every peer.
-    pub fn broadcast(&self, frame: &MeshFrame) -> Result<(), FrameError> {
-        let bytes = Arc::new(encode_frame(frame, self.max_frame_bytes)?);
-        for w in self.writers.iter().flatten() {
-            // A closed writer shows up as a Closed event on the reader side.
-            let _ = w.send(bytes.clone());
+    /// Encodes a frame once and writes it to every peer concurrently, returning only once
+    /// every write reached its socket (so a caller that stops driving the runtime right
+    /// after cannot strand a frame). The first failing peer is named; a write still pending
+    /// at `deadline` fails as [`BroadcastError::Stalled`].
+    pub async fn broadcast(
+        &mut self,
+        frame: &MeshFrame,
+        deadline: Instant,
+    ) -> Result<(), BroadcastError> {
+        let bytes = encode_frame(frame, self.max_frame_bytes).map_err(BroadcastError::Encode)?;
+        let writes = self
+            .writers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(peer, w)| w.as_mut().map(|w| (peer as u32, w)))
+            .map(|(peer, w)| {
+                let bytes = &bytes;
+                async move {
+                    match tokio::time::timeout_at(deadline, write_bytes(w, bytes)).await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(e)) => Err(BroadcastError::Failed(peer, e)),
+                        Err(_) => Err(BroadcastError::Stalled(peer)),
+                    }
+                }
+            });
+        for r in futures::future::join_all(writes).await {
+            r?;
         }
         Ok(())
     }

@@ -7,11 +7,14 @@
 //!
 //! It owns round sequencing on the wire; it must never reduce or reinterpret reports.
 
-use super::mesh::{Mesh, MeshFrame, PeerEvent};
+use super::mesh::{BroadcastError, Mesh, MeshFrame, PeerEvent};
 use messages::{ControlError, RoundReport};
 use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// How long a failing rank spends telling its peers why.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
 
 pub struct Relay {
     mesh: Mesh,
@@ -73,12 +76,31 @@ impl Relay {
         match self.gather(report).await {
             Ok(all) => Ok(all),
             Err(e) => {
+                let e = self.prefer_peer_abort(e);
                 // Tell every peer why, so they fail this round with the same cause.
-                let _ = self.mesh.broadcast(&MeshFrame::Abort(e.clone()));
+                let grace = Instant::now() + self.round_deadline.min(ABORT_GRACE);
+                let _ = self
+                    .mesh
+                    .broadcast(&MeshFrame::Abort(e.clone()), grace)
+                    .await;
                 self.failed = Some(e.clone());
                 Err(e)
             }
         }
+    }
+
+    /// A disconnect seen here may be secondary (a peer that failed first and went away);
+    /// when a peer's Abort with the cause is already queued, report that cause instead.
+    fn prefer_peer_abort(&mut self, e: ControlError) -> ControlError {
+        if !matches!(e, ControlError::Disconnected { .. }) {
+            return e;
+        }
+        while let Some((_, ev)) = self.mesh.try_next_event() {
+            if let PeerEvent::Frame(MeshFrame::Abort(cause)) = ev {
+                return cause;
+            }
+        }
+        e
     }
 
     /// Takes one peer event while gathering `round`.
@@ -156,12 +178,26 @@ impl Relay {
         let me = self.mesh.rank();
         let world = self.mesh.world() as usize;
         let deadline = Instant::now() + self.round_deadline;
-        let cannot_send = |e: super::frame::FrameError| ControlError::Protocol {
-            round,
-            message: format!("rank {me} cannot send: {e}"),
+        let deadline_ms = self.round_deadline.as_millis() as u64;
+        let cannot_send = |e: BroadcastError| match e {
+            BroadcastError::Encode(e) => ControlError::Protocol {
+                round,
+                message: format!("rank {me} cannot send: {e}"),
+            },
+            BroadcastError::Failed(rank, e) => ControlError::Disconnected {
+                rank,
+                round,
+                detail: e.to_string(),
+            },
+            BroadcastError::Stalled(rank) => ControlError::Timeout {
+                rank,
+                round,
+                deadline_ms,
+            },
         };
         self.mesh
-            .broadcast(&MeshFrame::Report(report.clone()))
+            .broadcast(&MeshFrame::Report(report.clone()), deadline)
+            .await
             .map_err(cannot_send)?;
         let mut got: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
         let mut confirmed = vec![false; world];
@@ -185,7 +221,8 @@ impl Relay {
         }
         if world > 1 {
             self.mesh
-                .broadcast(&MeshFrame::Gathered(round))
+                .broadcast(&MeshFrame::Gathered(round), deadline)
+                .await
                 .map_err(cannot_send)?;
         }
         while let Some(missing) = confirmed.iter().position(|c| !c) {
