@@ -7,6 +7,7 @@ pub mod clock;
 pub mod device;
 pub mod engine;
 pub mod frontend;
+pub mod control_plane;
 pub mod host;
 pub mod l3;
 pub mod metrics;

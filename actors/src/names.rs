@@ -16,6 +16,9 @@ pub mod env {
     pub const MOONCAKE_PYTHON: &str = "MOONCAKE_PYTHON";
     /// Shared secret of the rank mesh (overrides settings).
     pub const MESH_SECRET: &str = "TSL3_MESH_SECRET";
+    /// Set only by the control plane's multi-process test on the child ranks it re-executes
+    /// (value: the child's rank).
+    pub const CONTROL_PLANE_TEST_CHILD: &str = "TSL3_CONTROL_PLANE_TEST_CHILD";
     /// Standard OTLP endpoint variable.
     pub const OTEL_EXPORTER_OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
     /// Multi-process DFS tests: set on a re-entered test binary to run the child role.

@@ -10,6 +10,7 @@ pub mod identity;
 pub mod ids;
 pub mod ops;
 pub mod pressure;
+pub mod round;
 pub mod settings;
 
 pub use codec::{decode, encode, CodecError, FORMAT_VERSION};
@@ -21,4 +22,7 @@ pub use ops::{
 };
 pub use pressure::{
     HealthState, HealthStatus, KindPressure, PressureObservation, PressureSnapshot,
+};
+pub use round::{
+    AdminCommand, AgreedRound, ControlError, ExchangeRound, FrontendMessage, RoundReport,
 };

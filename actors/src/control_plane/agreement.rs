@@ -1,0 +1,315 @@
+//! Completion agreement: the pure reduction of one round's reports into an [`AgreedRound`]
+//! (seed 000 "Completion agreement and ordering"). It owns the partial owner records
+//! retained across rounds and the set of already agreed operations.
+//!
+//! It must never do I/O or read a clock: the tick is the leader's reported clock, and every
+//! rank that feeds the same reports in the same order gets the same result or the same
+//! protocol error.
+
+use messages::{
+    AgreedRound, ControlError, ObjectFailure, OperationId, PressureObservation, Rejection,
+    RoundReport, StorageDone, StorageOpKind,
+};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The rank whose clock becomes the tick and whose frontend messages ride the round.
+pub const LEADER_RANK: u32 = 0;
+
+/// Operation IDs already agreed: a floor below which everything is agreed, plus the sparse
+/// set above it. Bounded by the completion window, not by the number of rounds.
+#[derive(Debug, Default)]
+struct AgreedSet {
+    floor: u64,
+    above: BTreeSet<u64>,
+}
+
+impl AgreedSet {
+    fn contains(&self, op: OperationId) -> bool {
+        op.0 <= self.floor || self.above.contains(&op.0)
+    }
+    fn insert(&mut self, op: OperationId) {
+        if op.0 <= self.floor {
+            return;
+        }
+        self.above.insert(op.0);
+        while self.above.remove(&(self.floor + 1)) {
+            self.floor += 1;
+        }
+    }
+}
+
+/// One operation's records so far, one slot per owner rank.
+#[derive(Debug)]
+struct PendingOp {
+    kind: StorageOpKind,
+    keys: usize,
+    records: Vec<Option<StorageDone>>,
+}
+
+impl PendingOp {
+    fn complete(&self) -> bool {
+        self.records.iter().all(|r| r.is_some())
+    }
+}
+
+/// The agreement state of one replica: identical on every rank.
+#[derive(Debug)]
+pub struct Agreement {
+    world: u32,
+    last_round: Option<u64>,
+    last_tick_us: Option<u64>,
+    pending: BTreeMap<OperationId, PendingOp>,
+    agreed: AgreedSet,
+}
+
+impl Agreement {
+    pub fn new(world: u32) -> Self {
+        Self {
+            world,
+            last_round: None,
+            last_tick_us: None,
+            pending: BTreeMap::new(),
+            agreed: AgreedSet::default(),
+        }
+    }
+
+    pub fn world(&self) -> u32 {
+        self.world
+    }
+
+    /// Operations some but not all owners have reported (retained partial records).
+    pub fn pending_operations(&self) -> Vec<OperationId> {
+        self.pending.keys().copied().collect()
+    }
+
+    /// Agrees one round from every owner's report (in any order; one per rank). On error
+    /// the state is unchanged and the caller must stop doing rounds.
+    pub fn agree(&mut self, reports: &[RoundReport]) -> Result<AgreedRound, ControlError> {
+        let round = reports.first().map(|r| r.round).unwrap_or(0);
+        let fail = |message: String| ControlError::Protocol { round, message };
+        if reports.len() != self.world as usize {
+            return Err(fail(format!(
+                "{} reports for a world of {}",
+                reports.len(),
+                self.world
+            )));
+        }
+        let mut by_rank: Vec<Option<&RoundReport>> = vec![None; self.world as usize];
+        for r in reports {
+            let slot = by_rank
+                .get_mut(r.rank as usize)
+                .ok_or_else(|| fail(format!("report from rank {} outside the world", r.rank)))?;
+            if slot.is_some() {
+                return Err(fail(format!("two reports from rank {}", r.rank)));
+            }
+            *slot = Some(r);
+        }
+        let by_rank: Vec<&RoundReport> = by_rank.into_iter().flatten().collect();
+        if let Some(expected) = self.last_round.map(|r| r + 1) {
+            if round != expected {
+                return Err(fail(format!(
+                    "round {round} follows round {}",
+                    expected - 1
+                )));
+            }
+        }
+        for r in &by_rank {
+            if r.round != round {
+                return Err(fail(format!(
+                    "rank {} reported round {} in round {round}",
+                    r.rank, r.round
+                )));
+            }
+        }
+        // Report-level validity, in rank order so every rank raises the same error first.
+        for r in &by_rank {
+            if let Some(e) = &r.error {
+                return Err(fail(format!(
+                    "rank {} reported an invalid poll: {e}",
+                    r.rank
+                )));
+            }
+            if r.rank != LEADER_RANK && !r.frontend.is_empty() {
+                return Err(fail(format!(
+                    "rank {} is not the leader but carried frontend messages",
+                    r.rank
+                )));
+            }
+        }
+        let leader = by_rank[LEADER_RANK as usize];
+        if let Some(prev) = self.last_tick_us {
+            if leader.clock_us < prev {
+                return Err(fail(format!(
+                    "leader clock moved backwards from {prev} to {} us",
+                    leader.clock_us
+                )));
+            }
+        }
+        // Record-level validity against this round and the retained partial records.
+        let mut fresh: BTreeMap<OperationId, (StorageOpKind, usize, BTreeSet<u32>)> =
+            BTreeMap::new();
+        for r in &by_rank {
+            for d in &r.completions {
+                d.validate()
+                    .map_err(|e| fail(format!("rank {} sent an invalid record: {e}", r.rank)))?;
+                if self.agreed.contains(d.op) {
+                    return Err(fail(format!(
+                        "rank {} sent {} after it was agreed",
+                        r.rank, d.op
+                    )));
+                }
+                let (kind, keys) = match self.pending.get(&d.op) {
+                    Some(p) => {
+                        if p.records[r.rank as usize].is_some() {
+                            return Err(fail(format!("rank {} sent {} twice", r.rank, d.op)));
+                        }
+                        (p.kind, p.keys)
+                    }
+                    None => (d.kind, d.len()),
+                };
+                let entry = fresh.entry(d.op).or_insert((kind, keys, BTreeSet::new()));
+                if !entry.2.insert(r.rank) {
+                    return Err(fail(format!("rank {} sent {} twice", r.rank, d.op)));
+                }
+                if d.kind != entry.0 {
+                    return Err(fail(format!(
+                        "rank {} reports {} as {} but another owner as {}",
+                        r.rank,
+                        d.op,
+                        d.kind.as_str(),
+                        entry.0.as_str()
+                    )));
+                }
+                if d.len() != entry.1 {
+                    return Err(fail(format!(
+                        "rank {} reports {} keys for {} but another owner {}",
+                        r.rank,
+                        d.len(),
+                        d.op,
+                        entry.1
+                    )));
+                }
+            }
+        }
+        // Valid: apply.
+        let world = self.world as usize;
+        for r in &by_rank {
+            for d in &r.completions {
+                let p = self.pending.entry(d.op).or_insert_with(|| PendingOp {
+                    kind: d.kind,
+                    keys: d.len(),
+                    records: vec![None; world],
+                });
+                p.records[r.rank as usize] = Some(d.clone());
+            }
+        }
+        let ready: Vec<OperationId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.complete())
+            .map(|(op, _)| *op)
+            .collect();
+        let mut completions = Vec::with_capacity(ready.len());
+        for op in ready {
+            if let Some(p) = self.pending.remove(&op) {
+                let records: Vec<StorageDone> = p.records.into_iter().flatten().collect();
+                completions.push(reduce(op, p.kind, p.keys, &records));
+                self.agreed.insert(op);
+            }
+        }
+        let pressure = by_rank
+            .iter()
+            .fold(PressureObservation::default(), |acc, r| acc.max(r.pressure));
+        self.last_round = Some(round);
+        self.last_tick_us = Some(leader.clock_us);
+        Ok(AgreedRound {
+            round,
+            tick_us: leader.clock_us,
+            pressure,
+            frontend: leader.frontend.clone(),
+            completions,
+        })
+    }
+}
+
+/// Reduces one operation's owner records (rank order, all valid, equal key counts):
+/// success and retirement AND, confirmed missing/invalid and capacity OR, bytes summed
+/// (each owner copies only its own rows), rejection only when every owner rejected.
+pub fn reduce(
+    op: OperationId,
+    kind: StorageOpKind,
+    keys: usize,
+    records: &[StorageDone],
+) -> StorageDone {
+    let mut out = StorageDone::query(op, vec![true; keys], true);
+    out.kind = kind;
+    let mut errors = Vec::new();
+    let mut new_writes: u64 = 0;
+    for (rank, d) in records.iter().enumerate() {
+        out.retired &= d.retired;
+        for i in 0..keys {
+            out.success[i] &= d.success[i];
+            out.bytes[i] = out.bytes[i].saturating_add(d.bytes[i]);
+            out.capacity[i] |= d.capacity[i];
+            out.failures[i] = merge_failure(out.failures[i], d.failures[i]);
+        }
+        if let Some(e) = &d.error {
+            errors.push(format!("rank {rank}: {e}"));
+        }
+        new_writes += u64::from(d.new_writes);
+    }
+    let rejections: Vec<Rejection> = records.iter().filter_map(|d| d.rejection).collect();
+    if !records.is_empty() && rejections.len() == records.len() {
+        out.rejection = rejections.first().copied();
+    } else {
+        for (rank, d) in records.iter().enumerate() {
+            if let Some(r) = d.rejection {
+                errors.push(format!("rank {rank}: rejected ({})", r.as_str()));
+            }
+        }
+    }
+    if !errors.is_empty() {
+        out.error = Some(errors.join("; "));
+    }
+    // Metric only: each owner counts its own new rows; never more than the keys.
+    out.new_writes = new_writes.min(keys as u64) as u32;
+    out
+}
+
+/// OR-reduction of confirmed object failures: Invalid dominates Missing.
+fn merge_failure(a: Option<ObjectFailure>, b: Option<ObjectFailure>) -> Option<ObjectFailure> {
+    match (a, b) {
+        (Some(ObjectFailure::Invalid), _) | (_, Some(ObjectFailure::Invalid)) => {
+            Some(ObjectFailure::Invalid)
+        }
+        (Some(ObjectFailure::Missing), _) | (_, Some(ObjectFailure::Missing)) => {
+            Some(ObjectFailure::Missing)
+        }
+        _ => None,
+    }
+}
+
+/// Validates this owner's local records before the exchange, inside the same error
+/// boundary: an invalid record turns the report into an error report (its records are not
+/// sent) so that every owner raises the same protocol error.
+pub fn seal_local_report(mut report: RoundReport) -> RoundReport {
+    if report.error.is_some() {
+        report.completions.clear();
+        return report;
+    }
+    let mut seen = BTreeSet::new();
+    for d in &report.completions {
+        if let Err(e) = d.validate() {
+            report.error = Some(e.to_string());
+            break;
+        }
+        if !seen.insert(d.op) {
+            report.error = Some(format!("{} appears twice in one poll", d.op));
+            break;
+        }
+    }
+    if report.error.is_some() {
+        report.completions.clear();
+    }
+    report
+}

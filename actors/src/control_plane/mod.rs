@@ -1,0 +1,24 @@
+//! The ControlPlane (DESIGN.md section 4, seed 000 "Completion agreement and ordering"):
+//! the per-round relay exchange among a replica's ranks over an authenticated TCP mesh, the
+//! agreement of completion records and pressure, and the agreed tick.
+//!
+//! Layout: [`frame`] (length-prefixed msgpack frames), [`handshake`] (join rules and HMAC
+//! authentication), [`mesh`] (connections), [`relay`] (the all-gather), [`agreement`] (pure
+//! reductions), [`plane`] (the core, plain tokio), [`actor`] (the actix wrapper), [`bench`].
+//! This module never makes storage, scheduling or admission decisions: it only agrees facts.
+
+pub mod actor;
+pub mod agreement;
+pub mod bench;
+pub mod frame;
+pub mod handshake;
+pub mod mesh;
+pub mod plane;
+pub mod relay;
+
+pub use actor::ControlPlane;
+pub use agreement::{reduce, seal_local_report, Agreement, LEADER_RANK};
+pub use frame::FrameError;
+pub use mesh::{Mesh, MeshFrame, MeshSettings};
+pub use plane::ControlPlaneCore;
+pub use relay::Relay;

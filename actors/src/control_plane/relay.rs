@@ -1,0 +1,234 @@
+//! The relay exchange: one CPU all-gather of [`RoundReport`]s per round over the rank mesh.
+//! Each rank sends its report once to every peer and waits, under the round deadline, for
+//! every peer's report of the same round. A dead, stalled or misbehaving peer fails the
+//! round with an error naming it; this rank then tells every peer why (an Abort frame) and
+//! refuses every later round, so no rank hangs and none keeps doing L3 work alone. A round
+//! is returned only after every rank confirmed it gathered every report (see `gather`).
+//!
+//! It owns round sequencing on the wire; it must never reduce or reinterpret reports.
+
+use super::mesh::{BroadcastError, Mesh, MeshFrame, PeerEvent};
+use messages::{ControlError, RoundReport};
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long a failing rank spends telling its peers why.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+pub struct Relay {
+    mesh: Mesh,
+    round_deadline: Duration,
+    /// Reports that arrived for the next round while this rank still gathered the current
+    /// one (a peer can be at most one round ahead).
+    early: Vec<VecDeque<RoundReport>>,
+    failed: Option<ControlError>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("mesh", &self.mesh)
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
+
+impl Relay {
+    pub fn new(mesh: Mesh, round_deadline: Duration) -> Self {
+        let world = mesh.world() as usize;
+        Self {
+            mesh,
+            round_deadline,
+            early: (0..world).map(|_| VecDeque::new()).collect(),
+            failed: None,
+        }
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.mesh.rank()
+    }
+
+    pub fn world(&self) -> u32 {
+        self.mesh.world()
+    }
+
+    /// The failure that stopped this relay, if any.
+    pub fn failure(&self) -> Option<&ControlError> {
+        self.failed.as_ref()
+    }
+
+    /// Marks the relay failed (e.g. agreement raised a protocol error): no further rounds.
+    pub fn stop(&mut self, why: ControlError) {
+        if self.failed.is_none() {
+            self.failed = Some(why);
+        }
+    }
+
+    /// All-gathers one round: returns every rank's report in rank order.
+    pub async fn all_gather(
+        &mut self,
+        report: RoundReport,
+    ) -> Result<Vec<RoundReport>, ControlError> {
+        if let Some(e) = &self.failed {
+            return Err(ControlError::Stopped(e.to_string()));
+        }
+        match self.gather(report).await {
+            Ok(all) => Ok(all),
+            Err(e) => {
+                let e = self.prefer_peer_abort(e);
+                // Tell every peer why, so they fail this round with the same cause.
+                let grace = Instant::now() + self.round_deadline.min(ABORT_GRACE);
+                let _ = self
+                    .mesh
+                    .broadcast(&MeshFrame::Abort(e.clone()), grace)
+                    .await;
+                self.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// A disconnect seen here may be secondary (a peer that failed first and went away);
+    /// when a peer's Abort with the cause is already queued, report that cause instead.
+    fn prefer_peer_abort(&mut self, e: ControlError) -> ControlError {
+        if !matches!(e, ControlError::Disconnected { .. }) {
+            return e;
+        }
+        while let Some((_, ev)) = self.mesh.try_next_event() {
+            if let PeerEvent::Frame(MeshFrame::Abort(cause)) = ev {
+                return cause;
+            }
+        }
+        e
+    }
+
+    /// Takes one peer event while gathering `round`.
+    fn accept(
+        &mut self,
+        (peer, ev): (u32, PeerEvent),
+        round: u64,
+        got: &mut [Option<RoundReport>],
+        confirmed: &mut [bool],
+    ) -> Result<(), ControlError> {
+        let bad = |detail: String| ControlError::Frame {
+            rank: peer,
+            round,
+            detail,
+        };
+        match ev {
+            PeerEvent::Frame(MeshFrame::Report(r)) => {
+                if r.rank != peer {
+                    return Err(bad(format!("report claims rank {}", r.rank)));
+                }
+                if r.round == round && got[peer as usize].is_none() {
+                    got[peer as usize] = Some(r);
+                } else if r.round == round + 1 && self.early[peer as usize].is_empty() {
+                    self.early[peer as usize].push_back(r);
+                } else {
+                    return Err(bad(format!("unexpected report for round {}", r.round)));
+                }
+                Ok(())
+            }
+            PeerEvent::Frame(MeshFrame::Gathered(r)) => {
+                if r != round || got[peer as usize].is_none() || confirmed[peer as usize] {
+                    return Err(bad(format!("unexpected confirmation of round {r}")));
+                }
+                confirmed[peer as usize] = true;
+                Ok(())
+            }
+            PeerEvent::Frame(MeshFrame::Abort(e)) => Err(e),
+            PeerEvent::Closed(detail) => Err(ControlError::Disconnected {
+                rank: peer,
+                round,
+                detail,
+            }),
+            PeerEvent::Bad(e) => Err(bad(e.to_string())),
+        }
+    }
+
+    /// Waits for the next peer event until the deadline; `waiting_on` is named on timeout.
+    async fn next(
+        &mut self,
+        deadline: Instant,
+        round: u64,
+        waiting_on: usize,
+    ) -> Result<(u32, PeerEvent), ControlError> {
+        match tokio::time::timeout_at(deadline, self.mesh.next_event()).await {
+            Ok(Some(ev)) => Ok(ev),
+            Ok(None) => Err(ControlError::Disconnected {
+                rank: waiting_on as u32,
+                round,
+                detail: "every connection task ended".into(),
+            }),
+            Err(_) => Err(ControlError::Timeout {
+                rank: waiting_on as u32,
+                round,
+                deadline_ms: self.round_deadline.as_millis() as u64,
+            }),
+        }
+    }
+
+    /// Two phases under one deadline: (1) send this rank's report and gather every peer's;
+    /// (2) confirm "gathered" and wait for every peer's confirmation. A rank agrees a round
+    /// only once every rank has gathered it, so a peer that failed the round (and sent an
+    /// Abort instead of its confirmation) fails it here too.
+    async fn gather(&mut self, report: RoundReport) -> Result<Vec<RoundReport>, ControlError> {
+        let round = report.round;
+        let me = self.mesh.rank();
+        let world = self.mesh.world() as usize;
+        let deadline = Instant::now() + self.round_deadline;
+        let deadline_ms = self.round_deadline.as_millis() as u64;
+        let cannot_send = |e: BroadcastError| match e {
+            BroadcastError::Encode(e) => ControlError::Protocol {
+                round,
+                message: format!("rank {me} cannot send: {e}"),
+            },
+            BroadcastError::Failed(rank, e) => ControlError::Disconnected {
+                rank,
+                round,
+                detail: e.to_string(),
+            },
+            BroadcastError::Stalled(rank) => ControlError::Timeout {
+                rank,
+                round,
+                deadline_ms,
+            },
+        };
+        self.mesh
+            .broadcast(&MeshFrame::Report(report.clone()), deadline)
+            .await
+            .map_err(cannot_send)?;
+        let mut got: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
+        let mut confirmed = vec![false; world];
+        got[me as usize] = Some(report);
+        confirmed[me as usize] = true;
+        for (peer, q) in self.early.iter_mut().enumerate() {
+            if let Some(r) = q.pop_front() {
+                if r.round != round {
+                    return Err(ControlError::Frame {
+                        rank: peer as u32,
+                        round,
+                        detail: format!("sent round {} in round {round}", r.round),
+                    });
+                }
+                got[peer] = Some(r);
+            }
+        }
+        while let Some(missing) = got.iter().position(|r| r.is_none()) {
+            let ev = self.next(deadline, round, missing).await?;
+            self.accept(ev, round, &mut got, &mut confirmed)?;
+        }
+        if world > 1 {
+            self.mesh
+                .broadcast(&MeshFrame::Gathered(round), deadline)
+                .await
+                .map_err(cannot_send)?;
+        }
+        while let Some(missing) = confirmed.iter().position(|c| !c) {
+            let ev = self.next(deadline, round, missing).await?;
+            self.accept(ev, round, &mut got, &mut confirmed)?;
+        }
+        Ok(got.into_iter().flatten().collect())
+    }
+}

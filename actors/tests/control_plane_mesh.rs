@@ -1,0 +1,483 @@
+//! The control plane over real TCP on 127.0.0.1 (all ranks as tokio tasks in this process):
+//! agreement with 1, 2, 4 and 8 ranks, idle ticks, protocol errors raised by every rank,
+//! handshake refusals, bad frames, and dead or stalled ranks failing every other rank.
+
+use actors::control_plane::bench::{loopback, loopback_settings};
+use actors::control_plane::frame::encode_frame;
+use actors::control_plane::handshake::{handshake, Expect, HandshakeParams};
+use actors::control_plane::{ControlPlane, ControlPlaneCore, MeshSettings};
+use messages::{
+    AgreedRound, ControlError, ExchangeRound, FrontendMessage, Namespace, OperationId,
+    PressureObservation, RequestId, RoundReport, StorageDone,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+async fn round_all(
+    cores: &mut [ControlPlaneCore],
+    reports: Vec<RoundReport>,
+) -> Vec<Result<AgreedRound, ControlError>> {
+    let futs = cores
+        .iter_mut()
+        .zip(reports)
+        .map(|(c, r)| c.exchange_round(r));
+    futures::future::join_all(futs).await
+}
+
+fn idle_all(world: u32, round: u64) -> Vec<RoundReport> {
+    (0..world)
+        .map(|r| RoundReport::idle(r, round, 10_000 + round * 100 + r as u64))
+        .collect()
+}
+
+fn q(n: u64) -> StorageDone {
+    StorageDone::query(OperationId(n), vec![true, false], true)
+}
+
+async fn run_world(world: u32) {
+    let mut cores = loopback(world).await.unwrap();
+    for (rank, c) in cores.iter().enumerate() {
+        assert_eq!(c.rank(), rank as u32);
+        assert_eq!(c.world(), world);
+    }
+    // Round 0: each rank completes ops 1..=world in a rank-rotated order, half of them now.
+    // Round 1: the other half. Round 2: idle.
+    let order = |rank: u32| -> Vec<u64> {
+        (0..world as u64)
+            .map(|i| (i + rank as u64) % world as u64 + 1)
+            .collect()
+    };
+    let mut expected_ops = 0usize;
+    for round in 0..3u64 {
+        let mut reports = idle_all(world, round);
+        for (rank, r) in reports.iter_mut().enumerate() {
+            let o = order(rank as u32);
+            let half = o.len().div_ceil(2);
+            let part: &[u64] = match round {
+                0 => &o[..half],
+                1 => &o[half..],
+                _ => &[],
+            };
+            r.completions = part.iter().map(|n| q(*n)).collect();
+            r.pressure = PressureObservation {
+                queued_jobs: rank as u64,
+                queued_bytes: 0,
+                oldest_age_us: 0,
+            };
+        }
+        reports[0].frontend.push(FrontendMessage::NewRequest {
+            id: RequestId(round),
+            prompt: vec![1, 2],
+            max_tokens: 4,
+        });
+        let out: Vec<AgreedRound> = round_all(&mut cores, reports)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        for a in &out {
+            assert_eq!(a, &out[0], "every rank agrees the same round");
+        }
+        let a = &out[0];
+        assert_eq!(a.round, round);
+        assert_eq!(a.tick_us, 10_000 + round * 100, "the leader's clock");
+        assert_eq!(a.pressure.queued_jobs, world as u64 - 1);
+        assert_eq!(a.frontend.len(), 1);
+        let ids: Vec<u64> = a.completions.iter().map(|d| d.op.0).collect();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        assert_eq!(ids, sorted);
+        for d in &a.completions {
+            assert_eq!(d.success, vec![true, false]);
+        }
+        expected_ops += ids.len();
+    }
+    assert_eq!(
+        expected_ops, world as usize,
+        "every operation agreed exactly once"
+    );
+}
+
+#[tokio::test]
+async fn two_ranks_agree() {
+    run_world(2).await;
+}
+
+#[tokio::test]
+async fn four_ranks_agree() {
+    run_world(4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_ranks_agree() {
+    run_world(8).await;
+}
+
+#[tokio::test]
+async fn a_world_of_one_exchanges_with_itself_and_ticks_when_idle() {
+    let s = MeshSettings::new(
+        0,
+        vec!["127.0.0.1:0".into()],
+        Namespace("tsl3-x".into()),
+        vec![],
+    );
+    let mut core = ControlPlaneCore::establish(&s).await.unwrap();
+    for round in 0..3 {
+        let a = core
+            .exchange_round(RoundReport::idle(0, round, 500 + round))
+            .await
+            .unwrap();
+        assert_eq!(a.tick_us, 500 + round);
+        assert!(a.completions.is_empty());
+    }
+    let mut r = RoundReport::idle(0, 3, 600);
+    r.completions.push(q(1));
+    let a = core.exchange_round(r).await.unwrap();
+    assert_eq!(a.completions, vec![q(1)]);
+}
+
+#[tokio::test]
+async fn out_of_order_owner_completion_over_the_mesh() {
+    let mut cores = loopback(2).await.unwrap();
+    let mut r = idle_all(2, 0);
+    r[0].completions = vec![q(3)];
+    r[1].completions = vec![q(7)];
+    for a in round_all(&mut cores, r).await {
+        assert!(a.unwrap().completions.is_empty());
+    }
+    let mut r = idle_all(2, 1);
+    r[0].completions = vec![q(7)];
+    r[1].completions = vec![q(3)];
+    for a in round_all(&mut cores, r).await {
+        let ids: Vec<u64> = a.unwrap().completions.iter().map(|d| d.op.0).collect();
+        assert_eq!(ids, vec![3, 7]);
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_local_record_makes_every_rank_raise_the_same_protocol_error() {
+    let mut cores = loopback(4).await.unwrap();
+    let mut r = idle_all(4, 0);
+    let mut bad = StorageDone::put(OperationId(1), vec![true], vec![1], vec![true], true);
+    bad.new_writes = 0;
+    r[2].completions = vec![bad];
+    for c in [0usize, 1, 3] {
+        r[c].completions = vec![StorageDone::put(
+            OperationId(1),
+            vec![true],
+            vec![1],
+            vec![false],
+            true,
+        )];
+    }
+    let errs: Vec<ControlError> = round_all(&mut cores, r)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap_err())
+        .collect();
+    for e in &errs {
+        assert_eq!(e, &errs[0]);
+    }
+    let msg = errs[0].to_string();
+    assert!(
+        matches!(errs[0], ControlError::Protocol { round: 0, .. }),
+        "{msg}"
+    );
+    assert!(msg.contains("rank 2 reported an invalid poll"), "{msg}");
+    assert!(msg.contains("success and a capacity rejection"), "{msg}");
+    // The control plane then refuses further rounds.
+    for e in round_all(&mut cores, idle_all(4, 1)).await {
+        assert!(matches!(e, Err(ControlError::Stopped(_))), "{e:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_rank_fails_every_other_rank_naming_it() {
+    let mut cores = loopback(4).await.unwrap();
+    for round in 0..2 {
+        for a in round_all(&mut cores, idle_all(4, round)).await {
+            a.unwrap();
+        }
+    }
+    drop(cores.pop()); // rank 3's mesh goes away
+    let out = round_all(&mut cores, idle_all(3, 2)).await;
+    for e in out {
+        let e = e.unwrap_err();
+        assert_eq!(e.blamed_rank(), Some(3), "{e}");
+        assert!(e.to_string().contains("rank 3"), "{e}");
+    }
+    for e in round_all(&mut cores, idle_all(3, 3)).await {
+        assert!(matches!(e, Err(ControlError::Stopped(_))), "{e:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_aborted_rank_task_fails_every_other_rank() {
+    let mut cores = loopback(3).await.unwrap();
+    let mut last = cores.pop().unwrap();
+    let (gate_tx, mut gate_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let task = tokio::spawn(async move {
+        while let Some(round) = gate_rx.recv().await {
+            last.exchange_round(RoundReport::idle(2, round, 0))
+                .await
+                .unwrap();
+        }
+    });
+    for round in 0..2 {
+        gate_tx.send(round).unwrap();
+        for a in round_all(&mut cores, idle_all(2, round)).await {
+            a.unwrap();
+        }
+    }
+    task.abort();
+    let _ = task.await;
+    for e in round_all(&mut cores, idle_all(2, 2)).await {
+        let e = e.unwrap_err();
+        assert_eq!(e.blamed_rank(), Some(2), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_rank_is_named_by_every_other_rank() {
+    let (mut settings, listeners) = loopback_settings(3).await.unwrap();
+    for s in &mut settings {
+        s.round_deadline = Duration::from_millis(300);
+    }
+    let mut handles = vec![];
+    for (s, l) in settings.into_iter().zip(listeners) {
+        handles.push(tokio::spawn(async move {
+            ControlPlaneCore::establish_with_listener(&s, l).await
+        }));
+    }
+    let mut cores = vec![];
+    for h in handles {
+        cores.push(h.await.unwrap().unwrap());
+    }
+    for a in round_all(&mut cores, idle_all(3, 0)).await {
+        a.unwrap();
+    }
+    // Rank 2 stalls: it does not report round 1.
+    let mut stalled = cores.pop().unwrap();
+    for e in round_all(&mut cores, idle_all(2, 1)).await {
+        let e = e.unwrap_err();
+        assert_eq!(
+            e,
+            ControlError::Timeout {
+                rank: 2,
+                round: 1,
+                deadline_ms: 300
+            }
+        );
+        assert_eq!(e.to_string(), "rank 2 did not report round 1 within 300 ms");
+    }
+    // When it wakes, it learns the round failed and why.
+    let e = stalled
+        .exchange_round(RoundReport::idle(2, 1, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.blamed_rank(), Some(2), "{e}");
+    assert!(stalled.failure().is_some());
+}
+
+async fn two_rank_setup(
+    tweak_rank1: impl FnOnce(&mut MeshSettings),
+) -> (
+    Result<ControlPlaneCore, ControlError>,
+    Result<ControlPlaneCore, ControlError>,
+) {
+    let (mut settings, mut listeners) = loopback_settings(2).await.unwrap();
+    settings[0].connect_deadline = Duration::from_millis(1500);
+    tweak_rank1(&mut settings[1]);
+    let l1 = listeners.pop().unwrap();
+    let l0 = listeners.pop().unwrap();
+    let s0 = settings[0].clone();
+    let s1 = settings[1].clone();
+    let a = tokio::spawn(async move { ControlPlaneCore::establish_with_listener(&s0, l0).await });
+    let b = tokio::spawn(async move { ControlPlaneCore::establish_with_listener(&s1, l1).await });
+    (a.await.unwrap(), b.await.unwrap())
+}
+
+fn setup_error(r: Result<ControlPlaneCore, ControlError>) -> String {
+    match r {
+        Err(e @ ControlError::Setup(_)) => e.to_string(),
+        Err(e) => panic!("expected a setup error, got {e}"),
+        Ok(_) => panic!("expected a setup error, got a mesh"),
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_secret_is_refused_at_the_handshake() {
+    let (a, b) = two_rank_setup(|s| s.secret = b"not the secret".to_vec()).await;
+    let eb = setup_error(b);
+    assert!(eb.contains("authentication failed"), "{eb}");
+    let ea = setup_error(a);
+    assert!(
+        ea.contains("rank(s) 1 did not join") && ea.contains("authentication failed"),
+        "{ea}"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_namespace_or_world_is_refused_at_the_handshake() {
+    let (a, b) = two_rank_setup(|s| s.namespace = Namespace("tsl3-other".into())).await;
+    assert!(setup_error(b).contains("namespace mismatch"));
+    assert!(setup_error(a).contains("namespace mismatch"));
+    let (a, b) = two_rank_setup(|s| {
+        s.world = 3;
+        s.peers.push("127.0.0.1:9".into());
+        s.connect_deadline = Duration::from_millis(1500);
+    })
+    .await;
+    assert!(setup_error(b).contains("world size mismatch"));
+    assert!(setup_error(a).contains("did not join"));
+}
+
+#[tokio::test]
+async fn strays_cannot_join_and_do_not_block_the_real_peer() {
+    let (settings, mut listeners) = loopback_settings(2).await.unwrap();
+    let l1 = listeners.pop().unwrap();
+    let l0 = listeners.pop().unwrap();
+    let s0 = settings[0].clone();
+    let a = tokio::spawn(async move { ControlPlaneCore::establish_with_listener(&s0, l0).await });
+    // A stray speaking garbage, and a stray that knows the protocol but not the secret.
+    let mut garbage = tokio::net::TcpStream::connect(&settings[0].peers[0])
+        .await
+        .unwrap();
+    garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut stray = tokio::net::TcpStream::connect(&settings[0].peers[0])
+        .await
+        .unwrap();
+    let p = HandshakeParams::new(
+        1,
+        2,
+        settings[0].namespace.clone(),
+        Arc::new(b"guess".to_vec()),
+    );
+    let r = handshake(&mut stray, &p, &Expect::Rank(0)).await;
+    assert!(r.is_err(), "{r:?}");
+    // The real rank 1 still joins.
+    let s1 = settings[1].clone();
+    let mut b = ControlPlaneCore::establish_with_listener(&s1, l1)
+        .await
+        .unwrap();
+    let mut a = a.await.unwrap().unwrap();
+    let (x, y) = tokio::join!(
+        a.exchange_round(RoundReport::idle(0, 0, 1)),
+        b.exchange_round(RoundReport::idle(1, 0, 2))
+    );
+    assert_eq!(x.unwrap().tick_us, 1);
+    assert_eq!(y.unwrap().tick_us, 1);
+}
+
+/// Rank 0 is real; rank 1 is a hand-driven socket that passes the handshake and then sends
+/// `bytes`. Returns rank 0's round error.
+async fn rank0_error_after(bytes: Vec<u8>, close: bool) -> ControlError {
+    let (mut settings, mut listeners) = loopback_settings(2).await.unwrap();
+    settings[0].max_frame_bytes = 4096;
+    drop(listeners.pop());
+    let l0 = listeners.pop().unwrap();
+    let s0 = settings[0].clone();
+    let a = tokio::spawn(async move { ControlPlaneCore::establish_with_listener(&s0, l0).await });
+    let mut fake = tokio::net::TcpStream::connect(&settings[0].peers[0])
+        .await
+        .unwrap();
+    let p = HandshakeParams::new(
+        1,
+        2,
+        settings[1].namespace.clone(),
+        Arc::new(settings[1].secret.clone()),
+    );
+    assert_eq!(handshake(&mut fake, &p, &Expect::Rank(0)).await, Ok(0));
+    let mut core = a.await.unwrap().unwrap();
+    fake.write_all(&bytes).await.unwrap();
+    if close {
+        fake.shutdown().await.unwrap();
+    }
+    let e = core
+        .exchange_round(RoundReport::idle(0, 0, 1))
+        .await
+        .unwrap_err();
+    // And it refuses further rounds.
+    let again = core.exchange_round(RoundReport::idle(0, 1, 2)).await;
+    assert!(matches!(again, Err(ControlError::Stopped(_))), "{again:?}");
+    drop(fake);
+    e
+}
+
+#[tokio::test]
+async fn malformed_truncated_and_oversized_frames_are_protocol_errors() {
+    let e = rank0_error_after(vec![0, 0, 0, 3, 0xc1, 0xc1, 0xc1], false).await;
+    assert!(
+        matches!(&e, ControlError::Frame { rank: 1, .. }) && e.to_string().contains("malformed"),
+        "{e}"
+    );
+    let mut truncated = 100u32.to_be_bytes().to_vec();
+    truncated.extend_from_slice(&[0x81; 10]);
+    let e = rank0_error_after(truncated, true).await;
+    assert!(
+        matches!(&e, ControlError::Frame { rank: 1, .. }) && e.to_string().contains("truncated"),
+        "{e}"
+    );
+    let e = rank0_error_after(4097u32.to_be_bytes().to_vec(), false).await;
+    assert!(
+        matches!(&e, ControlError::Frame { rank: 1, .. })
+            && e.to_string().contains("exceeds the 4096-byte limit"),
+        "{e}"
+    );
+    // A well-formed frame of the wrong type, and a report claiming another rank.
+    let e = rank0_error_after(encode_frame(&"hello", 4096).unwrap(), false).await;
+    assert!(matches!(&e, ControlError::Frame { rank: 1, .. }), "{e}");
+    let forged = actors::control_plane::MeshFrame::Report(RoundReport::idle(0, 0, 5));
+    let e = rank0_error_after(encode_frame(&forged, 4096).unwrap(), false).await;
+    assert!(e.to_string().contains("report claims rank 0"), "{e}");
+}
+
+#[actix::test]
+async fn the_actor_exchanges_rounds_for_two_ranks_and_for_one() {
+    let mut cores = loopback(2).await.unwrap();
+    let b = ControlPlane::new(cores.pop().unwrap());
+    let a = ControlPlane::new(cores.pop().unwrap());
+    use actix::Actor;
+    let (a, b) = (a.start(), b.start());
+    for round in 0..3u64 {
+        let mut r0 = RoundReport::idle(0, round, 70 + round);
+        let mut r1 = RoundReport::idle(1, round, 1);
+        if round == 1 {
+            r0.completions.push(q(1));
+            r1.completions.push(q(1));
+        }
+        let (x, y) = tokio::join!(a.send(ExchangeRound(r0)), b.send(ExchangeRound(r1)));
+        let (x, y) = (x.unwrap().unwrap(), y.unwrap().unwrap());
+        assert_eq!(x, y);
+        assert_eq!(x.tick_us, 70 + round);
+        assert_eq!(x.completions.len(), usize::from(round == 1));
+    }
+    let s = MeshSettings::new(
+        0,
+        vec!["127.0.0.1:0".into()],
+        Namespace("tsl3-x".into()),
+        vec![],
+    );
+    let one = ControlPlane::new(ControlPlaneCore::establish(&s).await.unwrap()).start();
+    let agreed = one
+        .send(ExchangeRound(RoundReport::idle(0, 0, 42)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(agreed.tick_us, 42);
+    // A report for the wrong rank is refused, and so is every later round.
+    let wrong = one
+        .send(ExchangeRound(RoundReport::idle(1, 1, 43)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(wrong, Err(ControlError::Protocol { .. })),
+        "{wrong:?}"
+    );
+    let after = one
+        .send(ExchangeRound(RoundReport::idle(0, 1, 44)))
+        .await
+        .unwrap();
+    assert!(matches!(after, Err(ControlError::Stopped(_))), "{after:?}");
+}

@@ -1,0 +1,184 @@
+//! The round's relay vocabulary (seed 000 "Completion agreement and ordering"; DESIGN.md
+//! section 4): each owner's [`RoundReport`], the leader's [`FrontendMessage`]s riding it,
+//! the [`AgreedRound`] every rank receives, and the [`ControlError`] that fails a round.
+//!
+//! This module owns types only: no I/O, no reduction logic (that lives beside the
+//! ControlPlane actor). A report never carries a wall-clock timestamp other than the
+//! owner's monotonic `clock_us`; only the leader's becomes the agreed tick.
+
+use crate::ids::RequestId;
+use crate::ops::StorageDone;
+use crate::pressure::PressureObservation;
+use serde::{Deserialize, Serialize};
+
+/// An administrative command entered at the leader's frontend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdminCommand {
+    /// Drop every cached prefix (Device and Host) on every rank.
+    ClearCache,
+    /// An explicit weight update: the namespace rotates to the new versions.
+    SetWeightVersion { target: u64, draft: Option<u64> },
+}
+
+/// A message from the leader rank's frontend. It rides the leader's report so every rank
+/// sees it in the same round; the control plane treats it as opaque.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FrontendMessage {
+    NewRequest {
+        id: RequestId,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+    },
+    Cancel {
+        id: RequestId,
+    },
+    Admin(AdminCommand),
+}
+
+/// One owner's report for one round (the head feedback point).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoundReport {
+    /// The reporting owner's attention-TP rank.
+    pub rank: u32,
+    /// The round this report belongs to; every rank exchanges the same round.
+    pub round: u64,
+    /// The owner's monotonic clock in microseconds (only the leader's becomes the tick).
+    pub clock_us: u64,
+    /// The three pressure observations of this owner's executor.
+    pub pressure: PressureObservation,
+    /// Completion records that became final on this owner since its last report; each
+    /// record is sent exactly once.
+    pub completions: Vec<StorageDone>,
+    /// Set when this owner's poll was invalid (a local record failed validation); every
+    /// owner then raises the same protocol error.
+    pub error: Option<String>,
+    /// Frontend messages: only the leader's report may carry them.
+    pub frontend: Vec<FrontendMessage>,
+}
+
+impl RoundReport {
+    /// An idle report: no completions, no pressure, no frontend messages.
+    pub fn idle(rank: u32, round: u64, clock_us: u64) -> Self {
+        Self {
+            rank,
+            round,
+            clock_us,
+            pressure: PressureObservation::default(),
+            completions: Vec::new(),
+            error: None,
+            frontend: Vec::new(),
+        }
+    }
+}
+
+/// The agreed result of one round, identical on every rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgreedRound {
+    pub round: u64,
+    /// The leader's clock: the round's tick (delivered every round, idle ones included).
+    pub tick_us: u64,
+    /// Field-wise MAX of every owner's pressure observation.
+    pub pressure: PressureObservation,
+    /// The leader's frontend messages, in the order the leader sent them.
+    pub frontend: Vec<FrontendMessage>,
+    /// Operations every owner has now reported, reduced across owners, ordered by
+    /// OperationId.
+    pub completions: Vec<StorageDone>,
+}
+
+/// Why a round failed. After any of these the ControlPlane refuses further rounds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ControlError {
+    /// A peer's report did not arrive within the round deadline (a stalled rank).
+    #[error("rank {rank} did not report round {round} within {deadline_ms} ms")]
+    Timeout {
+        rank: u32,
+        round: u64,
+        deadline_ms: u64,
+    },
+    /// A peer's connection closed (a dead rank).
+    #[error("rank {rank} disconnected in round {round}: {detail}")]
+    Disconnected {
+        rank: u32,
+        round: u64,
+        detail: String,
+    },
+    /// A peer sent a malformed, truncated or oversized frame.
+    #[error("protocol error: rank {rank} sent a bad frame in round {round}: {detail}")]
+    Frame {
+        rank: u32,
+        round: u64,
+        detail: String,
+    },
+    /// An invalid report: every rank raises this same error for the same round.
+    #[error("protocol error in round {round}: {message}")]
+    Protocol { round: u64, message: String },
+    /// The mesh could not be set up (connect deadline, refused handshake, bad settings).
+    #[error("control plane setup failed: {0}")]
+    Setup(String),
+    /// An earlier round failed; the control plane does no further rounds.
+    #[error("control plane stopped after an earlier failure: {0}")]
+    Stopped(String),
+}
+
+impl ControlError {
+    /// The rank this error blames, when it names one.
+    pub fn blamed_rank(&self) -> Option<u32> {
+        match self {
+            ControlError::Timeout { rank, .. }
+            | ControlError::Disconnected { rank, .. }
+            | ControlError::Frame { rank, .. } => Some(*rank),
+            _ => None,
+        }
+    }
+}
+
+/// The round loop's request to the ControlPlane: exchange this rank's report, return the
+/// agreed round.
+#[derive(Clone, Debug)]
+pub struct ExchangeRound(pub RoundReport);
+
+impl actix::Message for ExchangeRound {
+    type Result = Result<AgreedRound, ControlError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode, encode, OperationId};
+
+    #[test]
+    fn report_round_trips_through_the_codec() {
+        let mut r = RoundReport::idle(1, 9, 1234);
+        r.completions
+            .push(StorageDone::query(OperationId(4), vec![true, false], true));
+        r.frontend.push(FrontendMessage::NewRequest {
+            id: RequestId(3),
+            prompt: vec![1, 2, 3],
+            max_tokens: 8,
+        });
+        r.frontend
+            .push(FrontendMessage::Admin(AdminCommand::SetWeightVersion {
+                target: 2,
+                draft: Some(1),
+            }));
+        let back: RoundReport = decode(&encode(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn errors_name_the_rank() {
+        let e = ControlError::Timeout {
+            rank: 2,
+            round: 17,
+            deadline_ms: 500,
+        };
+        assert_eq!(
+            e.to_string(),
+            "rank 2 did not report round 17 within 500 ms"
+        );
+        assert_eq!(e.blamed_rank(), Some(2));
+        let back: ControlError = decode(&encode(&e).unwrap()).unwrap();
+        assert_eq!(back, e);
+    }
+}

@@ -1,0 +1,143 @@
+//! Exports snapshots of the rank (scheduler, StorageTransferManager, L3 executor, health)
+//! into the Prometheus registry: at most once a second, and whenever storage turns pending
+//! or idle. Counters advance by the difference between cumulative snapshots. Metrics never
+//! feed a decision; this module only reads.
+
+use actors::engine::RankEngine;
+use actors::frontend::FallbackReason;
+use actors::metrics::Metrics;
+use actors::storage_transfer::DropReason;
+use messages::StorageOpKind;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+pub struct Exporter {
+    last: Option<Instant>,
+    was_pending: bool,
+    prev: BTreeMap<String, u64>,
+}
+
+impl Exporter {
+    /// Advances a counter to the cumulative value `now` (never backwards).
+    fn advance(&mut self, key: String, now: u64) -> u64 {
+        let prev = self.prev.insert(key, now).unwrap_or(0);
+        now.saturating_sub(prev)
+    }
+
+    pub fn maybe_export(
+        &mut self,
+        m: &Metrics,
+        engine: &RankEngine,
+        health: &parking_lot::Mutex<String>,
+        round: u64,
+    ) {
+        let pending = engine
+            .scheduler()
+            .stm()
+            .is_some_and(|s| s.stats().outstanding_tickets > 0);
+        let due = self
+            .last
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if !due && pending == self.was_pending {
+            return;
+        }
+        self.was_pending = pending;
+        self.last = Some(Instant::now());
+        self.export(m, engine, health, round);
+    }
+
+    fn export(&mut self, m: &Metrics, engine: &RankEngine, health: &parking_lot::Mutex<String>, round: u64) {
+        let s = engine.scheduler().stats().clone();
+        let d = self.advance("rounds".into(), s.rounds);
+        m.rounds.inc_by(d);
+        for (tier, v) in [
+            ("device", s.prefix_device),
+            ("host", s.prefix_host),
+            ("l3", s.prefix_l3),
+            ("computed", s.computed),
+        ] {
+            let d = self.advance(format!("prefix/{tier}"), v);
+            m.prefix_tokens.with_label_values(&[tier]).inc_by(d);
+        }
+        for f in FallbackReason::ALL {
+            let v = s.fallback.get(f.as_str()).copied().unwrap_or(0);
+            let d = self.advance(format!("fallback/{}", f.as_str()), v);
+            m.requests.with_label_values(&[f.as_str()]).inc_by(d);
+        }
+        if let Some(stm) = engine.scheduler().stm() {
+            let st = stm.stats();
+            m.l3_ready_holds.set(st.ready_holds as i64);
+            m.l3_quarantined_references.set(st.quarantined_refs as i64);
+            let d = self.advance("soft_timeouts".into(), st.soft_timeouts);
+            m.l3_soft_timeouts.inc_by(d);
+            let d = self.advance("ready_expirations".into(), st.ready_expirations);
+            m.l3_ready_expirations.inc_by(d);
+            let d = self.advance("pressure_bypasses".into(), st.pressure_bypasses);
+            m.l3_pressure_bypasses.inc_by(d);
+            for r in DropReason::ALL {
+                let d = self.advance(format!("drop/{}", r.as_str()), st.dropped(r));
+                m.l3_dropped_backup_keys.with_label_values(&[r.as_str()]).inc_by(d);
+            }
+            m.l3_admission_gate_open.set(if st.gate_closed { 0 } else { 1 });
+            m.l3_credits_in_use
+                .with_label_values(&["operation"])
+                .set(st.operation_credits_in_use as i64);
+            m.l3_credits_in_use
+                .with_label_values(&["host"])
+                .set(st.host_credits_in_use as i64);
+        }
+        if let Some(ex) = engine.executor() {
+            let st = ex.stats();
+            for k in StorageOpKind::ALL {
+                let ks = st.kind(k);
+                let kind = k.as_str();
+                for (outcome, v) in [
+                    ("completed", ks.completed),
+                    ("rejected", ks.rejected),
+                    ("cancelled", ks.cancelled),
+                ] {
+                    let d = self.advance(format!("ops/{kind}/{outcome}"), v);
+                    m.l3_operations.with_label_values(&[kind, outcome]).inc_by(d);
+                }
+                let d = self.advance(format!("completed/{kind}"), ks.completed);
+                m.l3_completed_jobs.with_label_values(&[kind]).inc_by(d);
+                let d = self.advance(format!("bytes/{kind}"), ks.payload_bytes);
+                m.l3_payload_bytes.with_label_values(&[kind]).inc_by(d);
+                let d = self.advance(format!("calls/{kind}"), ks.backend_calls);
+                m.l3_backend_calls.with_label_values(&[kind]).inc_by(d);
+                let d = self.advance(format!("queue_us/{kind}"), ks.queue_time_us_total);
+                m.l3_queue_seconds.with_label_values(&[kind]).inc_by(d as f64 / 1e6);
+                let d = self.advance(format!("backend_us/{kind}"), ks.backend_time_us_total);
+                m.l3_backend_seconds.with_label_values(&[kind]).inc_by(d as f64 / 1e6);
+                let j = st.jobs[k.index()];
+                m.l3_jobs.with_label_values(&[kind, "queued"]).set(j.queued as i64);
+                m.l3_jobs.with_label_values(&[kind, "running"]).set(j.running as i64);
+            }
+            let d = self.advance("new_writes".into(), st.kind(StorageOpKind::Put).new_writes);
+            m.l3_put_new_writes.inc_by(d);
+            let p = engine.pressure();
+            for k in StorageOpKind::ALL {
+                m.l3_queued_payload_bytes
+                    .with_label_values(&[k.as_str()])
+                    .set(p.queued[k.index()].payload_bytes as i64);
+            }
+            m.l3_oldest_job_age_seconds.set(p.oldest_age_us as f64 / 1e6);
+            let h = ex.health();
+            m.l3_health_state.set(h.state.as_gauge());
+            m.l3_health_epoch.set(h.epoch as i64);
+            let unproven = st.jobs.iter().any(|j| j.unretired > 0);
+            m.l3_unproven_retirement.set(unproven as i64);
+        }
+        let h = engine.health();
+        let doc = serde_json::json!({
+            "status": "ok",
+            "round": round,
+            "namespace": engine.scheduler().namespace().as_str(),
+            "live_requests": engine.scheduler().live_requests(),
+            "storage": h.map(|h| serde_json::json!({"state": format!("{:?}", h.state), "epoch": h.epoch})),
+            "l3_enabled": engine.scheduler().l3_enabled(),
+        });
+        *health.lock() = doc.to_string();
+    }
+}

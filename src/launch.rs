@@ -1,0 +1,154 @@
+//! `engine-host launch --tp N`: starts the N rank processes of one replica on this machine
+//! with generated mesh settings (free loopback ports and a fresh shared secret), passes the
+//! `serve` flags on (`--listen` to the leader), forwards SIGINT/SIGTERM, reports each rank's
+//! exit, and exits non-zero when any rank fails. It owns process supervision only.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, ExitCode};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn free_ports(n: u32) -> std::io::Result<Vec<u16>> {
+    // Bind them all at once so they are distinct, then release them for the ranks.
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect()
+}
+
+fn secret() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 24];
+    rand::rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn run(
+    tp: u32,
+    serve_args: Vec<String>,
+    listen: Option<String>,
+    env: &HashMap<String, String>,
+) -> ExitCode {
+    if tp == 0 || tp > 64 {
+        eprintln!("error: invalid setting tp.world: --tp must be between 1 and 64");
+        return ExitCode::from(2);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: cannot find the engine-host executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ports = match free_ports(tp) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: no free loopback ports for the mesh: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let peers: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let secret = env
+        .get("TSL3_TP__SECRET")
+        .cloned()
+        .unwrap_or_else(secret);
+    let mut children: Vec<(u32, Child)> = vec![];
+    for rank in 0..tp {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("serve")
+            .args(&serve_args)
+            .args(["--rank", &rank.to_string(), "--world", &tp.to_string()])
+            .args(["--peers", &peers.join(",")])
+            .env("TSL3_TP__SECRET", &secret);
+        if rank == 0 {
+            if let Some(l) = &listen {
+                cmd.args(["--listen", l]);
+            }
+        }
+        match cmd.spawn() {
+            Ok(c) => {
+                eprintln!("engine-host launch: rank {rank} started (pid {})", c.id());
+                children.push((rank, c));
+            }
+            Err(e) => {
+                eprintln!("error: starting rank {rank}: {e}");
+                terminate(&mut children);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    // Forward SIGINT/SIGTERM to every rank.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook_consts::SIGINT, signal_hook_consts::SIGTERM] {
+        let s = stop.clone();
+        install(sig, s);
+    }
+    let mut failed = false;
+    let mut forwarded = false;
+    while !children.is_empty() {
+        if stop.load(Ordering::SeqCst) && !forwarded {
+            forwarded = true;
+            for (_, c) in &children {
+                // SAFETY: kill(2) on a child PID this process spawned and has not reaped.
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            }
+        }
+        let mut i = 0;
+        while i < children.len() {
+            match children[i].1.try_wait() {
+                Ok(Some(status)) => {
+                    let (rank, _) = children.remove(i);
+                    eprintln!("engine-host launch: rank {rank} exited: {status}");
+                    if !status.success() {
+                        failed = true;
+                    }
+                }
+                Ok(None) => i += 1,
+                Err(e) => {
+                    let (rank, _) = children.remove(i);
+                    eprintln!("engine-host launch: rank {rank}: {e}");
+                    failed = true;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn terminate(children: &mut [(u32, Child)]) {
+    for (_, c) in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+mod signal_hook_consts {
+    pub const SIGINT: i32 = libc::SIGINT;
+    pub const SIGTERM: i32 = libc::SIGTERM;
+}
+
+static STOP_FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+extern "C" fn on_signal(_: i32) {
+    if let Some(f) = STOP_FLAG.get() {
+        f.store(true, Ordering::SeqCst);
+    }
+}
+
+fn install(sig: i32, flag: Arc<AtomicBool>) {
+    let _ = STOP_FLAG.set(flag);
+    // SAFETY: the handler only performs an atomic store (async-signal-safe) on a flag set
+    // before installation; signal(2) with a valid handler pointer.
+    unsafe {
+        libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+    }
+}

@@ -1,0 +1,550 @@
+//! `engine-host serve`: one rank. It builds the rank (startup factory), establishes the
+//! ControlPlane mesh (a world of one uses the same path), runs the round loop on its own
+//! thread, and — on the leader — serves the HTTP API. Shutdown (SIGTERM, Ctrl-C) stops new
+//! requests, lets in-flight ones finish, closes the L3 executor, then the device engine.
+
+use crate::exporter::Exporter;
+use crate::settings::Settings;
+use actors::clock::{SharedClock, SystemClock};
+use actors::control_plane::mesh::MeshSettings;
+use actors::control_plane::plane::ControlPlaneCore;
+use actors::device::DeviceBackendChoice;
+use actors::engine::factory::{build_rank, identity, RankSpec};
+use actors::engine::RankEngine;
+use actors::frontend::{
+    AdminCommandKind, AdminSubmission, FrontendInbox, FrontendState, PrefixUsage, RequestLimits,
+    Submission, TokenEvent,
+};
+use actors::l3::store::local::{LocalStore, LocalStoreConfig};
+use actors::l3::store::memory::MemoryStore;
+use actors::l3::store::mooncake::MooncakeStore;
+use actors::l3::store::Store;
+use actors::metrics::{MetricLabels, Metrics};
+use actors::model::SyntheticModel;
+use actors::scheduler::{AdminCommand, AgreedInputs, RequestEvent};
+use actors::storage_transfer::ClearKind;
+use anyhow::{anyhow, Context, Result};
+use messages::round::{AdminCommand as WireAdmin, FrontendMessage, PrefillDigest, RoundReport};
+use messages::settings::StoreKind;
+use messages::{Namespace, RequestId};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The rank spec and store factory from settings.
+pub fn rank_spec(s: &Settings) -> Result<RankSpec> {
+    let model = SyntheticModel::by_name(&s.model.profile).map_err(|e| anyhow!("{e}"))?;
+    let groups = model.profile().groups.len().max(1) as u64;
+    let host_blocks = if s.host_cache.size_bytes > 0 {
+        let per_block: u64 = model
+            .profile()
+            .groups
+            .iter()
+            .map(|g| g.shard_block_bytes(s.tp.world).unwrap_or(1))
+            .sum();
+        (s.host_cache.size_bytes / per_block.max(1)).max(1)
+    } else {
+        (s.model.device_blocks as f64 * s.host_cache.ratio).ceil() as u64
+    };
+    let host_blocks = u32::try_from(host_blocks / groups.max(1) * groups.max(1))
+        .map_err(|_| anyhow!("invalid setting host_cache: more Host blocks than a pool can address"))?;
+    let device = match s.model.device.as_str() {
+        "emulated" => DeviceBackendChoice::Emulated,
+        "cuda" => DeviceBackendChoice::Cuda { ordinal: 0 },
+        _ => DeviceBackendChoice::Auto { ordinal: 0 },
+    };
+    Ok(RankSpec {
+        profile: s.model.profile.clone(),
+        rank: s.tp.rank,
+        world: s.tp.world,
+        device_blocks: s.model.device_blocks,
+        host_blocks: host_blocks.max(1),
+        max_running: s.model.max_running as usize,
+        checkpoint: s.model.checkpoint.clone(),
+        target_weight_version: s.model.weight_version,
+        draft_weight_version: u64::try_from(s.model.draft_weight_version).ok(),
+        storage: (s.storage.backend != StoreKind::None)
+            .then(|| (s.storage.contract.clone(), s.storage.runtime.clone())),
+        device,
+    })
+}
+
+/// Builds the store the settings name, on the rank's Host allocation.
+pub fn make_store(
+    s: &Settings,
+    clock: SharedClock,
+    host: &Arc<actors::host::HostCacheStorage>,
+) -> Result<Arc<dyn Store>, String> {
+    match s.storage.backend {
+        StoreKind::None => Err("storage is disabled".into()),
+        StoreKind::Memory => Ok(Arc::new(MemoryStore::new())),
+        StoreKind::Local => {
+            let cfg = LocalStoreConfig::from_settings(&s.storage.local);
+            std::fs::create_dir_all(&cfg.dir)
+                .map_err(|e| format!("storage.local.dir {}: {e}", cfg.dir.display()))?;
+            LocalStore::open(&cfg, clock)
+                .map(|l| Arc::new(l) as Arc<dyn Store>)
+                .map_err(|e| e.to_string())
+        }
+        StoreKind::Mooncake => {
+            let m = MooncakeStore::connect(&s.storage.mooncake).map_err(|e| e.to_string())?;
+            m.register_host(host).map_err(|e| e.to_string())?;
+            Ok(Arc::new(m))
+        }
+    }
+}
+
+/// The longest prompt every cache group can hold on the Device at once.
+fn limits(s: &Settings, model: &SyntheticModel) -> RequestLimits {
+    let min_tokens = model
+        .profile()
+        .groups
+        .iter()
+        .map(|g| g.block_tokens * s.model.device_blocks as u64)
+        .min()
+        .unwrap_or(0);
+    RequestLimits {
+        max_prompt_tokens: (min_tokens as usize).saturating_sub(1).max(1),
+        max_output_tokens: 4096,
+        vocab_size: model.profile().vocab,
+    }
+}
+
+/// What the round loop shares with the HTTP side.
+struct Shared {
+    metrics: Metrics,
+    health: parking_lot::Mutex<String>,
+    stop: AtomicBool,
+}
+
+pub fn run(settings: Settings) -> Result<()> {
+    let clock: SharedClock = SystemClock::shared();
+    let spec = rank_spec(&settings)?;
+    let store_holder: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>> = Arc::default();
+    let holder = store_holder.clone();
+    let s2 = settings.clone();
+    let c2 = clock.clone();
+    let engine = build_rank(&spec, clock.clone(), move |host| {
+        let st = make_store(&s2, c2, host)?;
+        *holder.lock() = Some(st.clone());
+        Ok(st)
+    })
+    .map_err(|e| anyhow!("startup: {e}"))?;
+    let model = engine.scheduler().model().clone();
+    let leader = settings.tp.rank == 0;
+    let shared = Arc::new(Shared {
+        metrics: Metrics::new(&MetricLabels {
+            model: settings.telemetry.metrics_labels_model.clone(),
+            role: settings.telemetry.role.clone(),
+            dp_rank: settings.telemetry.dp_rank,
+            tp_rank: settings.tp.rank,
+        })
+        .context("metrics registry")?,
+        health: parking_lot::Mutex::new("{\"status\":\"starting\"}".into()),
+        stop: AtomicBool::new(false),
+    });
+    let (state, inbox) = {
+        let m = shared.clone();
+        let h = shared.clone();
+        actors::frontend::inbox(
+            1024,
+            limits(&settings, &model),
+            settings.server.admin_token.clone(),
+            format!("synthetic-{}", settings.model.profile),
+            Arc::new(move || m.metrics.render()),
+            Arc::new(move || h.health.lock().clone()),
+        )
+    };
+    tracing::info!(
+        rank = settings.tp.rank,
+        world = settings.tp.world,
+        store = settings.storage.backend.as_str(),
+        profile = %settings.model.profile,
+        namespace = %engine.scheduler().namespace().as_str(),
+        "engine host starting"
+    );
+    let loop_settings = settings.clone();
+    let loop_shared = shared.clone();
+    let round_loop = std::thread::Builder::new()
+        .name("tsl3-rounds".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| anyhow!("runtime: {e}"))?;
+            rt.block_on(round_loop(
+                loop_settings,
+                engine,
+                inbox,
+                loop_shared,
+                store_holder,
+                clock,
+            ))
+        })
+        .context("spawning the round loop")?;
+    let result = if leader {
+        serve_http(&settings, state, shared.clone())
+    } else {
+        wait_for_signal(shared.clone())
+    };
+    shared.stop.store(true, Ordering::SeqCst);
+    let loop_result = round_loop
+        .join()
+        .map_err(|_| anyhow!("the round loop panicked"))?;
+    result.and(loop_result)
+}
+
+fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<Shared>) -> Result<()> {
+    let listen = settings.server.listen.clone();
+    let sys = actix_web::rt::System::new();
+    sys.block_on(async move {
+        let data = actix_web::web::Data::new(state);
+        let server = actix_web::HttpServer::new(move || {
+            actix_web::App::new()
+                .app_data(data.clone())
+                .configure(actors::frontend::configure)
+        })
+        .workers(2)
+        .shutdown_timeout(30)
+        .bind(&listen)
+        .with_context(|| format!("server.listen {listen}"))?
+        .run();
+        let handle = server.handle();
+        let watcher = shared.clone();
+        actix_web::rt::spawn(async move {
+            // The round loop may stop on its own (a failed rank): stop serving then too.
+            while !watcher.stop.load(Ordering::SeqCst) {
+                actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+            }
+            handle.stop(true).await;
+        });
+        eprintln!("engine-host: listening on http://{listen}");
+        server.await.context("http server")
+    })
+}
+
+fn wait_for_signal(shared: Arc<Shared>) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                    if shared.stop.load(Ordering::SeqCst) { break; }
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The leader's frontend bookkeeping.
+struct Clients {
+    next_id: u64,
+    pending: BTreeMap<RequestId, flume::Sender<TokenEvent>>,
+    admin: Vec<flume::Sender<Result<String, String>>>,
+    started: BTreeMap<RequestId, Instant>,
+}
+
+async fn round_loop(
+    settings: Settings,
+    mut engine: RankEngine,
+    inbox: FrontendInbox,
+    shared: Arc<Shared>,
+    store: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
+    _clock: SharedClock,
+) -> Result<()> {
+    let ns = engine.scheduler().namespace().clone();
+    let secret = if settings.tp.secret.is_empty() {
+        b"tsl3-single-rank".to_vec()
+    } else {
+        settings.tp.secret.clone().into_bytes()
+    };
+    let peers = if settings.tp.world == 1 {
+        vec!["127.0.0.1:0".to_string()]
+    } else {
+        settings.tp.peers.clone()
+    };
+    let mut mesh = MeshSettings::new(settings.tp.rank, peers, ns.clone(), secret);
+    mesh.connect_deadline = Duration::from_millis(settings.tp.connect_deadline_ms);
+    mesh.round_deadline = Duration::from_millis(settings.tp.round_deadline_ms);
+    let mut plane = ControlPlaneCore::establish(&mesh)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let leader = settings.tp.rank == 0;
+    let mut clients = Clients {
+        next_id: 1,
+        pending: BTreeMap::new(),
+        admin: vec![],
+        started: BTreeMap::new(),
+    };
+    let mut exporter = Exporter::default();
+    let mut round: u64 = 0;
+    let mut stopping_since: Option<Instant> = None;
+    loop {
+        round += 1;
+        let stopping = shared.stop.load(Ordering::SeqCst);
+        if stopping && stopping_since.is_none() {
+            stopping_since = Some(Instant::now());
+        }
+        // Head feedback point.
+        let local = engine.head();
+        let mut frontend = vec![];
+        if leader {
+            collect_frontend(&inbox, &mut clients, &mut frontend, stopping);
+        }
+        let report = RoundReport {
+            rank: settings.tp.rank,
+            round,
+            clock_us: local.clock_us,
+            pressure: local.pressure,
+            completions: local.completions,
+            error: local.error,
+            frontend,
+            digests: local
+                .digests
+                .iter()
+                .map(|(id, d)| PrefillDigest {
+                    request: *id,
+                    shard_index: d.shard.index,
+                    shard_count: d.shard.count,
+                    tokens: d.tokens,
+                    value: d.value,
+                })
+                .collect(),
+        };
+        let agreed = match plane.exchange_round(report).await {
+            Ok(a) => a,
+            Err(e) => {
+                fail_all(&mut clients, &e.to_string());
+                shared.stop.store(true, Ordering::SeqCst);
+                let _ = engine.close();
+                return Err(anyhow!("round {round}: {e}"));
+            }
+        };
+        // Agreed inputs for the scheduler.
+        let mut inputs = AgreedInputs {
+            tick_us: agreed.tick_us,
+            pressure: agreed.pressure,
+            completions: agreed.completions,
+            ..AgreedInputs::default()
+        };
+        let mut admin_cmds = vec![];
+        for m in agreed.frontend {
+            match m {
+                FrontendMessage::NewRequest {
+                    id,
+                    prompt,
+                    max_tokens,
+                } => inputs.new_requests.push((id, prompt, max_tokens)),
+                FrontendMessage::Cancel { id } => inputs.cancellations.push(id),
+                FrontendMessage::Admin(a) => admin_cmds.push(a),
+            }
+        }
+        let mut by_req: BTreeMap<RequestId, Vec<actors::model::RankDigest>> = BTreeMap::new();
+        for d in agreed.digests {
+            by_req.entry(d.request).or_default().push(actors::model::RankDigest {
+                shard: actors::model::Shard {
+                    index: d.shard_index,
+                    count: d.shard_count,
+                },
+                tokens: d.tokens,
+                value: d.value,
+            });
+        }
+        inputs.digests = by_req.into_iter().collect();
+        for a in admin_cmds {
+            engine.scheduler_mut().admin(match a {
+                WireAdmin::ClearCache => AdminCommand::ClearCache,
+                WireAdmin::SetWeightVersion { target, draft } => {
+                    AdminCommand::SetWeightVersion { target, draft }
+                }
+            });
+        }
+        let work = match engine.run_round(inputs) {
+            Ok(w) => w,
+            Err(e) => {
+                fail_all(&mut clients, &e.to_string());
+                shared.stop.store(true, Ordering::SeqCst);
+                let _ = engine.close();
+                return Err(anyhow!("round {round}: {e}"));
+            }
+        };
+        // Admin work once quiescent (every rank reaches this in the same round).
+        if let Some(cmd) = engine.scheduler().admin_pending() {
+            if engine.scheduler().quiescent() {
+                let result = apply_admin(&mut engine, cmd, &store, &settings);
+                if leader {
+                    for tx in clients.admin.drain(..) {
+                        let _ = tx.send(result.clone());
+                    }
+                }
+            }
+        }
+        let events = engine.drain_events();
+        if leader {
+            deliver(&mut clients, events, &shared.metrics);
+        }
+        exporter.maybe_export(&shared.metrics, &engine, &shared.health, round);
+        if settings.model.emulate_device_time && work.device_time_us > 0 {
+            tokio::time::sleep(Duration::from_micros(work.device_time_us.min(5_000_000))).await;
+        }
+        let busy = engine.scheduler().live_requests() > 0 || work.storage_ops > 0;
+        if stopping {
+            let drained = engine.scheduler().live_requests() == 0;
+            let overdue = stopping_since.is_some_and(|t| t.elapsed() > Duration::from_secs(30));
+            if drained || overdue {
+                break;
+            }
+        }
+        if !busy {
+            // Idle: tick again shortly (the agreed tick is delivered every round).
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    fail_all(&mut clients, "the engine host is shutting down");
+    if let Some(report) = engine.close() {
+        if report.restart_required {
+            tracing::error!("L3 native retirement is unproven: the store and Host allocation are kept; restart the process to reclaim them");
+        }
+    }
+    let _ = plane;
+    Ok(())
+}
+
+fn collect_frontend(
+    inbox: &FrontendInbox,
+    clients: &mut Clients,
+    out: &mut Vec<FrontendMessage>,
+    stopping: bool,
+) {
+    // Client cancellations: a client that went away.
+    for (id, tx) in &clients.pending {
+        if tx.is_disconnected() {
+            out.push(FrontendMessage::Cancel { id: *id });
+        }
+    }
+    for _ in 0..256 {
+        let Ok(Submission {
+            prompt,
+            max_tokens,
+            events,
+        }) = inbox.submissions.try_recv()
+        else {
+            break;
+        };
+        if stopping {
+            let _ = events.send(TokenEvent::Failed("the engine host is shutting down".into()));
+            continue;
+        }
+        let id = RequestId(clients.next_id);
+        clients.next_id += 1;
+        clients.pending.insert(id, events);
+        clients.started.insert(id, Instant::now());
+        out.push(FrontendMessage::NewRequest {
+            id,
+            prompt,
+            max_tokens,
+        });
+    }
+    while let Ok(AdminSubmission { command, reply }) = inbox.admin.try_recv() {
+        clients.admin.push(reply);
+        out.push(FrontendMessage::Admin(match command {
+            AdminCommandKind::ClearCache => WireAdmin::ClearCache,
+            AdminCommandKind::SetWeightVersion { target, draft } => {
+                WireAdmin::SetWeightVersion { target, draft }
+            }
+        }));
+    }
+}
+
+fn deliver(clients: &mut Clients, events: Vec<RequestEvent>, metrics: &Metrics) {
+    for ev in events {
+        match ev {
+            RequestEvent::Token(id, t) => {
+                if let Some(start) = clients.started.remove(&id) {
+                    metrics.ttft_seconds.observe(start.elapsed().as_secs_f64());
+                }
+                if let Some(tx) = clients.pending.get(&id) {
+                    let _ = tx.send(TokenEvent::Token(t));
+                }
+            }
+            RequestEvent::Finished {
+                id,
+                split,
+                fallback,
+            } => {
+                clients.started.remove(&id);
+                if let Some(tx) = clients.pending.remove(&id) {
+                    let _ = tx.send(TokenEvent::Done {
+                        usage: PrefixUsage {
+                            device: split.device,
+                            host: split.host,
+                            l3: split.l3,
+                            computed: split.computed,
+                            fallback_reason: fallback,
+                        },
+                        finish_reason: "length",
+                    });
+                }
+            }
+            RequestEvent::Aborted(id, why) => {
+                clients.started.remove(&id);
+                if let Some(tx) = clients.pending.remove(&id) {
+                    let _ = tx.send(TokenEvent::Failed(why));
+                }
+            }
+        }
+    }
+}
+
+fn fail_all(clients: &mut Clients, why: &str) {
+    for (_, tx) in std::mem::take(&mut clients.pending) {
+        let _ = tx.send(TokenEvent::Failed(why.to_string()));
+    }
+    for tx in clients.admin.drain(..) {
+        let _ = tx.send(Err(why.to_string()));
+    }
+}
+
+fn apply_admin(
+    engine: &mut RankEngine,
+    cmd: AdminCommand,
+    store: &Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
+    settings: &Settings,
+) -> Result<String, String> {
+    let ns = engine.scheduler().namespace().clone();
+    match cmd {
+        AdminCommand::ClearCache => {
+            // The synchronous remote namespace deletion, then local clearing.
+            let deletion = store
+                .lock()
+                .as_ref()
+                .map(|s| s.remove_namespace(&ns).map(|_| ()).map_err(|e| e.to_string()));
+            engine
+                .scheduler_mut()
+                .apply_admin(ClearKind::FullClear, deletion, None)?;
+            Ok(format!("cleared the cache of namespace {}", ns.as_str()))
+        }
+        AdminCommand::SetWeightVersion { target, draft } => {
+            let spec = rank_spec(settings).map_err(|e| e.to_string())?;
+            let mut id = identity(&spec, engine.scheduler().layout());
+            id = id.with_weight_versions(target, draft);
+            let new_ns: Namespace = id.namespace();
+            engine
+                .scheduler_mut()
+                .apply_admin(ClearKind::WeightUpdate, None, Some(new_ns.clone()))?;
+            Ok(format!(
+                "weights {target}{}: namespace {} (was {})",
+                draft.map(|d| format!("/draft {d}")).unwrap_or_default(),
+                new_ns.as_str(),
+                ns.as_str()
+            ))
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Serving tests with real engine-host processes, real HTTP and real files for the L3 tier:
+//! fresh processes with empty local caches share L3 through the embedded local store, and
+//! their outputs are compared with a recomputation run (storage disabled).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal HTTP/1.1 client (one request per connection).
+fn http(addr: &str, method: &str, path: &str, body: &str, auth: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let auth = auth
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("").to_string();
+    (status, body)
+}
+
+struct Host {
+    child: Child,
+    addr: String,
+}
+
+impl Host {
+    fn start(args: &[&str], envs: &[(&str, &str)]) -> Host {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine-host"));
+        cmd.args(args)
+            .args(["--listen", &addr])
+            .env("TSL3_MODEL__EMULATE_DEVICE_TIME", "false")
+            .env("TSL3_MODEL__DEVICE", "emulated")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let mut h = Host { child, addr };
+        h.wait_healthy();
+        h
+    }
+
+    fn wait_healthy(&mut self) {
+        for _ in 0..600 {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("engine-host exited during startup: {st}");
+            }
+            if TcpStream::connect(&self.addr).is_ok() {
+                let (code, _) = http(&self.addr, "GET", "/health", "", None);
+                if code == 200 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("engine-host never became healthy at {}", self.addr);
+    }
+
+    fn complete(&self, prompt: &[u32], max_tokens: u32) -> serde_json::Value {
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens}).to_string();
+        let (code, text) = http(&self.addr, "POST", "/v1/completions", &body, None);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// SIGTERM, then the exit status (in-flight work ends cleanly).
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tokens(v: &serde_json::Value) -> Vec<u64> {
+    v["tsl3"]["output_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+fn prompt(n: u32, salt: u32) -> Vec<u32> {
+    (0..n).map(|i| (i * 13 + salt * 101) % 997).collect()
+}
+
+fn recompute(p: &[u32], max_tokens: u32) -> Vec<u64> {
+    let h = Host::start(&["serve", "--store", "none"], &[]);
+    let v = h.complete(p, max_tokens);
+    assert_eq!(v["tsl3"]["fallback_reason"], "disabled");
+    assert_eq!(v["tsl3"]["l3"], 0);
+    tokens(&v)
+}
+
+#[test]
+fn two_fresh_engine_hosts_share_l3_through_the_local_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let p = prompt(64, 1);
+    let want = recompute(&p, 6);
+
+    let first = Host::start(&["serve", "--store", "local", "--store-dir", d], &[]);
+    let a = first.complete(&p, 6);
+    assert_eq!(tokens(&a), want, "a computed answer equals recomputation");
+    assert_eq!(a["tsl3"]["l3"], 0);
+    assert_eq!(a["tsl3"]["fallback_reason"], "miss");
+    // Let the backups retire before the process exits.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(first.stop().success(), "SIGTERM ends the engine host cleanly");
+
+    let second = Host::start(&["serve", "--store", "local", "--store-dir", d], &[]);
+    let b = second.complete(&p, 6);
+    assert_eq!(tokens(&b), want, "the restored prefix gives the recomputed answer");
+    assert_eq!(b["tsl3"]["l3"], 60, "every aligned block below the last token from L3");
+    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 60);
+    assert_eq!(b["tsl3"]["computed"], 4);
+    assert_eq!(b["tsl3"]["fallback_reason"], "none");
+
+    // A prompt sharing a prefix then diverging: a partial hit, still the right answer.
+    let mut q = p[..32].to_vec();
+    q.extend(prompt(20, 9));
+    let c = second.complete(&q, 3);
+    assert_eq!(c["tsl3"]["device"], 32, "the shared prefix is now on this host's Device");
+    assert_eq!(tokens(&c), recompute(&q, 3));
+    // A miss: nothing shared.
+    let m = second.complete(&prompt(40, 55), 2);
+    assert_eq!(m["tsl3"]["fallback_reason"], "miss");
+    assert_eq!(m["tsl3"]["l3"], 0);
+    assert!(second.stop().success());
+}
+
+#[test]
+fn a_partial_l3_hit_reports_partial() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let base = prompt(32, 2);
+    let writer = Host::start(&["serve", "--store", "local", "--store-dir", d], &[]);
+    writer.complete(&base, 1);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(writer.stop().success());
+    let reader = Host::start(&["serve", "--store", "local", "--store-dir", d], &[]);
+    let mut longer = base.clone();
+    longer.extend(prompt(24, 3));
+    let v = reader.complete(&longer, 2);
+    assert_eq!(v["tsl3"]["l3"], 32);
+    assert_eq!(v["tsl3"]["fallback_reason"], "partial");
+    assert_eq!(tokens(&v), recompute(&longer, 2));
+}
+
+#[test]
+fn bad_requests_get_4xx_and_admin_needs_its_token() {
+    let h = Host::start(
+        &["serve", "--store", "memory"],
+        &[("TSL3_SERVER__ADMIN_TOKEN", "t0ken")],
+    );
+    let (code, body) = http(&h.addr, "POST", "/v1/completions", "{nope", None);
+    assert_eq!(code, 400, "{body}");
+    let (code, _) = http(&h.addr, "POST", "/v1/completions", r#"{"prompt":""}"#, None);
+    assert_eq!(code, 400);
+    let (code, _) = http(&h.addr, "POST", "/admin/clear_cache", "", None);
+    assert_eq!(code, 401);
+    let p = prompt(24, 4);
+    h.complete(&p, 1);
+    let again = h.complete(&p, 1);
+    assert_eq!(again["tsl3"]["device"], 20);
+    let (code, body) = http(&h.addr, "POST", "/admin/clear_cache", "", Some("t0ken"));
+    assert_eq!(code, 200, "{body}");
+    let cleared = h.complete(&p, 1);
+    assert_eq!(cleared["tsl3"]["device"], 0, "the clear dropped the Device cache");
+    let (code, body) = http(
+        &h.addr,
+        "POST",
+        "/admin/weight_version",
+        r#"{"target": 2}"#,
+        Some("t0ken"),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("namespace"), "{body}");
+    let (code, metrics) = http(&h.addr, "GET", "/metrics", "", None);
+    assert_eq!(code, 200);
+    assert!(metrics.contains("tsl3_requests_total"), "{metrics}");
+}
+
+#[test]
+fn launch_tp2_matches_single_rank_recomputation() {
+    let p = prompt(48, 7);
+    let want = recompute(&p, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let h = Host::start(&["launch", "--tp", "2", "--store", "local", "--store-dir", d], &[]);
+    let v = h.complete(&p, 4);
+    assert_eq!(tokens(&v), want, "TP=2 output equals the single-rank recomputation");
+    assert!(h.stop().success(), "launch forwards SIGTERM and every rank exits cleanly");
+}
