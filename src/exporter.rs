@@ -47,7 +47,13 @@ impl Exporter {
         self.export(m, engine, health, round);
     }
 
-    fn export(&mut self, m: &Metrics, engine: &RankEngine, health: &parking_lot::Mutex<String>, round: u64) {
+    fn export(
+        &mut self,
+        m: &Metrics,
+        engine: &RankEngine,
+        health: &parking_lot::Mutex<String>,
+        round: u64,
+    ) {
         let s = engine.scheduler().stats().clone();
         let d = self.advance("rounds".into(), s.rounds);
         m.rounds.inc_by(d);
@@ -77,9 +83,12 @@ impl Exporter {
             m.l3_pressure_bypasses.inc_by(d);
             for r in DropReason::ALL {
                 let d = self.advance(format!("drop/{}", r.as_str()), st.dropped(r));
-                m.l3_dropped_backup_keys.with_label_values(&[r.as_str()]).inc_by(d);
+                m.l3_dropped_backup_keys
+                    .with_label_values(&[r.as_str()])
+                    .inc_by(d);
             }
-            m.l3_admission_gate_open.set(if st.gate_closed { 0 } else { 1 });
+            m.l3_admission_gate_open
+                .set(if st.gate_closed { 0 } else { 1 });
             m.l3_credits_in_use
                 .with_label_values(&["operation"])
                 .set(st.operation_credits_in_use as i64);
@@ -98,7 +107,9 @@ impl Exporter {
                     ("cancelled", ks.cancelled),
                 ] {
                     let d = self.advance(format!("ops/{kind}/{outcome}"), v);
-                    m.l3_operations.with_label_values(&[kind, outcome]).inc_by(d);
+                    m.l3_operations
+                        .with_label_values(&[kind, outcome])
+                        .inc_by(d);
                 }
                 let d = self.advance(format!("completed/{kind}"), ks.completed);
                 m.l3_completed_jobs.with_label_values(&[kind]).inc_by(d);
@@ -107,12 +118,20 @@ impl Exporter {
                 let d = self.advance(format!("calls/{kind}"), ks.backend_calls);
                 m.l3_backend_calls.with_label_values(&[kind]).inc_by(d);
                 let d = self.advance(format!("queue_us/{kind}"), ks.queue_time_us_total);
-                m.l3_queue_seconds.with_label_values(&[kind]).inc_by(d as f64 / 1e6);
+                m.l3_queue_seconds
+                    .with_label_values(&[kind])
+                    .inc_by(d as f64 / 1e6);
                 let d = self.advance(format!("backend_us/{kind}"), ks.backend_time_us_total);
-                m.l3_backend_seconds.with_label_values(&[kind]).inc_by(d as f64 / 1e6);
+                m.l3_backend_seconds
+                    .with_label_values(&[kind])
+                    .inc_by(d as f64 / 1e6);
                 let j = st.jobs[k.index()];
-                m.l3_jobs.with_label_values(&[kind, "queued"]).set(j.queued as i64);
-                m.l3_jobs.with_label_values(&[kind, "running"]).set(j.running as i64);
+                m.l3_jobs
+                    .with_label_values(&[kind, "queued"])
+                    .set(j.queued as i64);
+                m.l3_jobs
+                    .with_label_values(&[kind, "running"])
+                    .set(j.running as i64);
             }
             let d = self.advance("new_writes".into(), st.kind(StorageOpKind::Put).new_writes);
             m.l3_put_new_writes.inc_by(d);
@@ -122,7 +141,8 @@ impl Exporter {
                     .with_label_values(&[k.as_str()])
                     .set(p.queued[k.index()].payload_bytes as i64);
             }
-            m.l3_oldest_job_age_seconds.set(p.oldest_age_us as f64 / 1e6);
+            m.l3_oldest_job_age_seconds
+                .set(p.oldest_age_us as f64 / 1e6);
             let h = ex.health();
             m.l3_health_state.set(h.state.as_gauge());
             m.l3_health_epoch.set(h.epoch as i64);

@@ -52,10 +52,7 @@ pub fn run(
         }
     };
     let peers: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let secret = env
-        .get("TSL3_TP__SECRET")
-        .cloned()
-        .unwrap_or_else(secret);
+    let secret = env.get("TSL3_TP__SECRET").cloned().unwrap_or_else(secret);
     let mut children: Vec<(u32, Child)> = vec![];
     for rank in 0..tp {
         let mut cmd = Command::new(&exe);

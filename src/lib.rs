@@ -1,5 +1,8 @@
 //! engine-host as a library: what the binary and the cross-crate tests share. Only this crate
 //! knows every actor and wires them.
 
+pub mod exporter;
+pub mod launch;
+pub mod serve;
 pub mod settings;
 pub mod telemetry;

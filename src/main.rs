@@ -18,8 +18,77 @@ struct Cli {
     command: Command,
 }
 
+/// Flags shared by `serve` and `launch` (beside the layered settings).
+#[derive(clap::Args, Debug, Clone, Default)]
+struct ServeFlags {
+    /// Settings file layered over config/default.toml.
+    #[arg(long)]
+    config: Option<String>,
+    /// HTTP address of the leader's API.
+    #[arg(long)]
+    listen: Option<String>,
+    /// L3 backend: none | memory | local | mooncake.
+    #[arg(long)]
+    store: Option<String>,
+    /// Directory of the local store's shared-DFS tier.
+    #[arg(long)]
+    store_dir: Option<String>,
+    /// Synthetic model profile: tiny | llama-8b-like | llama-8b-like-h100-fp8 | hybrid-swa.
+    #[arg(long)]
+    model_profile: Option<String>,
+}
+
+impl ServeFlags {
+    fn overrides(&self) -> settings::Overrides {
+        settings::Overrides {
+            listen: self.listen.clone(),
+            store: self.store.clone(),
+            store_dir: self.store_dir.clone(),
+            model_profile: self.model_profile.clone(),
+            ..Default::default()
+        }
+    }
+    fn args(&self) -> Vec<String> {
+        let mut v = vec![];
+        for (flag, val) in [
+            ("--config", &self.config),
+            ("--store", &self.store),
+            ("--store-dir", &self.store_dir),
+            ("--model-profile", &self.model_profile),
+        ] {
+            if let Some(x) = val {
+                v.push(flag.to_string());
+                v.push(x.clone());
+            }
+        }
+        v
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run one rank: the scheduler, the cache hierarchy and (on rank 0) the HTTP API.
+    Serve {
+        #[command(flatten)]
+        flags: ServeFlags,
+        /// This process's TP rank.
+        #[arg(long)]
+        rank: Option<u32>,
+        /// Ranks in the replica.
+        #[arg(long)]
+        world: Option<u32>,
+        /// Mesh addresses of every rank, in rank order (host:port,host:port,...).
+        #[arg(long, value_delimiter = ',')]
+        peers: Option<Vec<String>>,
+    },
+    /// Start N rank processes of one replica on this machine (generated mesh settings);
+    /// `--listen` is the leader's HTTP address. Exits non-zero when any rank fails.
+    Launch {
+        #[arg(long)]
+        tp: u32,
+        #[command(flatten)]
+        flags: ServeFlags,
+    },
     /// Validate a settings file (layered over the defaults and TSL3_* environment) and print
     /// the resolved settings.
     CheckConfig {
@@ -196,10 +265,69 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
     }
 }
 
+fn init_telemetry(
+    s: &settings::Settings,
+    env: &HashMap<String, String>,
+) -> Result<engine_host::telemetry::TelemetryGuard, String> {
+    let target = engine_host::telemetry::resolve_target(
+        &s.telemetry.otlp_endpoint,
+        &s.telemetry.otlp_protocol,
+        env.get(actors::names::env::OTEL_EXPORTER_OTLP_ENDPOINT)
+            .map(|v| v.as_str()),
+    )
+    .map_err(|e| e.to_string())?;
+    // The OTLP exporter runs on a runtime of its own (kept for the process).
+    let rt = Box::leak(Box::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?,
+    ));
+    let _enter = rt.enter();
+    engine_host::telemetry::init(target, "tsl3-engine-host", s.tp.rank)
+        .map_err(|e| format!("{e:#}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let env: HashMap<String, String> = std::env::vars().collect();
     match cli.command {
+        Command::Serve {
+            flags,
+            rank,
+            world,
+            peers,
+        } => {
+            let mut o = flags.overrides();
+            o.rank = rank;
+            o.world = world;
+            o.peers = peers;
+            let s = match settings::load(flags.config.as_deref(), &env, &o) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let _guard = match init_telemetry(&s, &env) {
+                Ok(g) => g,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match engine_host::serve::run(s) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Launch { tp, flags } => {
+            engine_host::launch::run(tp, flags.args(), flags.listen.clone(), &env)
+        }
         Command::CheckConfig { file } => {
             match settings::load(Some(&file), &env, &settings::Overrides::default()) {
                 Ok(s) => {

@@ -47,8 +47,9 @@ pub fn rank_spec(s: &Settings) -> Result<RankSpec> {
     } else {
         (s.model.device_blocks as f64 * s.host_cache.ratio).ceil() as u64
     };
-    let host_blocks = u32::try_from(host_blocks / groups.max(1) * groups.max(1))
-        .map_err(|_| anyhow!("invalid setting host_cache: more Host blocks than a pool can address"))?;
+    let host_blocks = u32::try_from(host_blocks / groups.max(1) * groups.max(1)).map_err(|_| {
+        anyhow!("invalid setting host_cache: more Host blocks than a pool can address")
+    })?;
     let device = match s.model.device.as_str() {
         "emulated" => DeviceBackendChoice::Emulated,
         "cuda" => DeviceBackendChoice::Cuda { ordinal: 0 },
@@ -297,6 +298,9 @@ async fn round_loop(
         let mut frontend = vec![];
         if leader {
             collect_frontend(&inbox, &mut clients, &mut frontend, stopping);
+            if stopping && engine.scheduler().live_requests() == 0 && frontend.is_empty() {
+                frontend.push(FrontendMessage::Shutdown);
+            }
         }
         let report = RoundReport {
             rank: settings.tp.rank,
@@ -335,6 +339,7 @@ async fn round_loop(
             ..AgreedInputs::default()
         };
         let mut admin_cmds = vec![];
+        let mut shutdown = false;
         for m in agreed.frontend {
             match m {
                 FrontendMessage::NewRequest {
@@ -344,18 +349,22 @@ async fn round_loop(
                 } => inputs.new_requests.push((id, prompt, max_tokens)),
                 FrontendMessage::Cancel { id } => inputs.cancellations.push(id),
                 FrontendMessage::Admin(a) => admin_cmds.push(a),
+                FrontendMessage::Shutdown => shutdown = true,
             }
         }
         let mut by_req: BTreeMap<RequestId, Vec<actors::model::RankDigest>> = BTreeMap::new();
         for d in agreed.digests {
-            by_req.entry(d.request).or_default().push(actors::model::RankDigest {
-                shard: actors::model::Shard {
-                    index: d.shard_index,
-                    count: d.shard_count,
-                },
-                tokens: d.tokens,
-                value: d.value,
-            });
+            by_req
+                .entry(d.request)
+                .or_default()
+                .push(actors::model::RankDigest {
+                    shard: actors::model::Shard {
+                        index: d.shard_index,
+                        count: d.shard_count,
+                    },
+                    tokens: d.tokens,
+                    value: d.value,
+                });
         }
         inputs.digests = by_req.into_iter().collect();
         for a in admin_cmds {
@@ -395,10 +404,16 @@ async fn round_loop(
             tokio::time::sleep(Duration::from_micros(work.device_time_us.min(5_000_000))).await;
         }
         let busy = engine.scheduler().live_requests() > 0 || work.storage_ops > 0;
+        if shutdown {
+            // Agreed: every rank stops after this round.
+            shared.stop.store(true, Ordering::SeqCst);
+            break;
+        }
         if stopping {
-            let drained = engine.scheduler().live_requests() == 0;
+            // The leader drains and then sends the agreed Shutdown; a rank stopped alone
+            // gives up after a grace period (the others then see it leave).
             let overdue = stopping_since.is_some_and(|t| t.elapsed() > Duration::from_secs(30));
-            if drained || overdue {
+            if overdue {
                 break;
             }
         }
@@ -439,7 +454,9 @@ fn collect_frontend(
             break;
         };
         if stopping {
-            let _ = events.send(TokenEvent::Failed("the engine host is shutting down".into()));
+            let _ = events.send(TokenEvent::Failed(
+                "the engine host is shutting down".into(),
+            ));
             continue;
         }
         let id = RequestId(clients.next_id);
@@ -522,10 +539,11 @@ fn apply_admin(
     match cmd {
         AdminCommand::ClearCache => {
             // The synchronous remote namespace deletion, then local clearing.
-            let deletion = store
-                .lock()
-                .as_ref()
-                .map(|s| s.remove_namespace(&ns).map(|_| ()).map_err(|e| e.to_string()));
+            let deletion = store.lock().as_ref().map(|s| {
+                s.remove_namespace(&ns)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            });
             engine
                 .scheduler_mut()
                 .apply_admin(ClearKind::FullClear, deletion, None)?;
@@ -536,9 +554,11 @@ fn apply_admin(
             let mut id = identity(&spec, engine.scheduler().layout());
             id = id.with_weight_versions(target, draft);
             let new_ns: Namespace = id.namespace();
-            engine
-                .scheduler_mut()
-                .apply_admin(ClearKind::WeightUpdate, None, Some(new_ns.clone()))?;
+            engine.scheduler_mut().apply_admin(
+                ClearKind::WeightUpdate,
+                None,
+                Some(new_ns.clone()),
+            )?;
             Ok(format!(
                 "weights {target}{}: namespace {} (was {})",
                 draft.map(|d| format!("/draft {d}")).unwrap_or_default(),

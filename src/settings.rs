@@ -17,7 +17,13 @@ use std::net::SocketAddr;
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// The model profiles the synthetic backend ships.
-pub const MODEL_PROFILES: &[&str] = &["tiny", "llama-8b-like", "hybrid-swa", "hybrid-state"];
+pub const MODEL_PROFILES: &[&str] = &[
+    "tiny",
+    "llama-8b-like",
+    "llama-8b-like-h100-fp8",
+    "hybrid-swa",
+    "hybrid-state",
+];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +33,14 @@ pub struct ModelSettings {
     pub weight_version: u64,
     /// -1: no draft model.
     pub draft_weight_version: i64,
+    /// Device (L1) blocks per cache group on each rank.
+    pub device_blocks: u32,
+    /// Requests admitted to the forward at once.
+    pub max_running: u32,
+    /// Sleep the profile's cost-model device time per forward (emulated device).
+    pub emulate_device_time: bool,
+    /// auto | emulated | cuda.
+    pub device: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -106,6 +120,15 @@ impl Settings {
                 "model.draft_weight_version",
                 "must be -1 (no draft) or a version >= 0",
             ));
+        }
+        if self.model.device_blocks == 0 {
+            return Err(bad("model.device_blocks", "must be greater than 0"));
+        }
+        if self.model.max_running == 0 {
+            return Err(bad("model.max_running", "must be greater than 0"));
+        }
+        if !matches!(self.model.device.as_str(), "auto" | "emulated" | "cuda") {
+            return Err(bad("model.device", "must be auto, emulated or cuda"));
         }
         if self.server.listen.parse::<SocketAddr>().is_err() {
             return Err(bad(

@@ -35,7 +35,11 @@ fn http(addr: &str, method: &str, path: &str, body: &str, auth: Option<&str>) ->
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("").to_string();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
     (status, body)
 }
 
@@ -138,12 +142,22 @@ fn two_fresh_engine_hosts_share_l3_through_the_local_store() {
     assert_eq!(a["tsl3"]["fallback_reason"], "miss");
     // Let the backups retire before the process exits.
     std::thread::sleep(Duration::from_millis(500));
-    assert!(first.stop().success(), "SIGTERM ends the engine host cleanly");
+    assert!(
+        first.stop().success(),
+        "SIGTERM ends the engine host cleanly"
+    );
 
     let second = Host::start(&["serve", "--store", "local", "--store-dir", d], &[]);
     let b = second.complete(&p, 6);
-    assert_eq!(tokens(&b), want, "the restored prefix gives the recomputed answer");
-    assert_eq!(b["tsl3"]["l3"], 60, "every aligned block below the last token from L3");
+    assert_eq!(
+        tokens(&b),
+        want,
+        "the restored prefix gives the recomputed answer"
+    );
+    assert_eq!(
+        b["tsl3"]["l3"], 60,
+        "every aligned block below the last token from L3"
+    );
     assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 60);
     assert_eq!(b["tsl3"]["computed"], 4);
     assert_eq!(b["tsl3"]["fallback_reason"], "none");
@@ -152,7 +166,10 @@ fn two_fresh_engine_hosts_share_l3_through_the_local_store() {
     let mut q = p[..32].to_vec();
     q.extend(prompt(20, 9));
     let c = second.complete(&q, 3);
-    assert_eq!(c["tsl3"]["device"], 32, "the shared prefix is now on this host's Device");
+    assert_eq!(
+        c["tsl3"]["device"], 32,
+        "the shared prefix is now on this host's Device"
+    );
     assert_eq!(tokens(&c), recompute(&q, 3));
     // A miss: nothing shared.
     let m = second.complete(&prompt(40, 55), 2);
@@ -198,7 +215,10 @@ fn bad_requests_get_4xx_and_admin_needs_its_token() {
     let (code, body) = http(&h.addr, "POST", "/admin/clear_cache", "", Some("t0ken"));
     assert_eq!(code, 200, "{body}");
     let cleared = h.complete(&p, 1);
-    assert_eq!(cleared["tsl3"]["device"], 0, "the clear dropped the Device cache");
+    assert_eq!(
+        cleared["tsl3"]["device"], 0,
+        "the clear dropped the Device cache"
+    );
     let (code, body) = http(
         &h.addr,
         "POST",
@@ -219,8 +239,18 @@ fn launch_tp2_matches_single_rank_recomputation() {
     let want = recompute(&p, 4);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let h = Host::start(&["launch", "--tp", "2", "--store", "local", "--store-dir", d], &[]);
+    let h = Host::start(
+        &["launch", "--tp", "2", "--store", "local", "--store-dir", d],
+        &[],
+    );
     let v = h.complete(&p, 4);
-    assert_eq!(tokens(&v), want, "TP=2 output equals the single-rank recomputation");
-    assert!(h.stop().success(), "launch forwards SIGTERM and every rank exits cleanly");
+    assert_eq!(
+        tokens(&v),
+        want,
+        "TP=2 output equals the single-rank recomputation"
+    );
+    assert!(
+        h.stop().success(),
+        "launch forwards SIGTERM and every rank exits cleanly"
+    );
 }

@@ -4,10 +4,10 @@
 
 pub mod cache;
 pub mod clock;
+pub mod control_plane;
 pub mod device;
 pub mod engine;
 pub mod frontend;
-pub mod control_plane;
 pub mod host;
 pub mod l3;
 pub mod metrics;

@@ -33,6 +33,21 @@ pub enum FrontendMessage {
         id: RequestId,
     },
     Admin(AdminCommand),
+    /// The leader is shutting down with no request in flight: every rank stops after this
+    /// round, so no rank sees another disappear.
+    Shutdown,
+}
+
+/// One rank's partial digest of a prefill (the synthetic model's all-reduce input), sent
+/// at the tail feedback point of the round that ran the forward and gathered with the next
+/// round's reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PrefillDigest {
+    pub request: RequestId,
+    pub shard_index: u32,
+    pub shard_count: u32,
+    pub tokens: u64,
+    pub value: u64,
 }
 
 /// One owner's report for one round (the head feedback point).
@@ -54,6 +69,9 @@ pub struct RoundReport {
     pub error: Option<String>,
     /// Frontend messages: only the leader's report may carry them.
     pub frontend: Vec<FrontendMessage>,
+    /// This owner's prefill digests of the last round's forwards.
+    #[serde(default)]
+    pub digests: Vec<PrefillDigest>,
 }
 
 impl RoundReport {
@@ -67,6 +85,7 @@ impl RoundReport {
             completions: Vec::new(),
             error: None,
             frontend: Vec::new(),
+            digests: Vec::new(),
         }
     }
 }
@@ -84,6 +103,9 @@ pub struct AgreedRound {
     /// Operations every owner has now reported, reduced across owners, ordered by
     /// OperationId.
     pub completions: Vec<StorageDone>,
+    /// Every owner's prefill digests, ordered by (request, shard).
+    #[serde(default)]
+    pub digests: Vec<PrefillDigest>,
 }
 
 /// Why a round failed. After any of these the ControlPlane refuses further rounds.

@@ -222,12 +222,18 @@ impl Agreement {
             .fold(PressureObservation::default(), |acc, r| acc.max(r.pressure));
         self.last_round = Some(round);
         self.last_tick_us = Some(leader.clock_us);
+        let mut digests: Vec<_> = by_rank
+            .iter()
+            .flat_map(|r| r.digests.iter().copied())
+            .collect();
+        digests.sort();
         Ok(AgreedRound {
             round,
             tick_us: leader.clock_us,
             pressure,
             frontend: leader.frontend.clone(),
             completions,
+            digests,
         })
     }
 }

@@ -1012,19 +1012,19 @@ impl Scheduler {
             l3,
             computed: prompt.len() as u32 - boundary,
         };
+        let parent = self.cfg.layout.geometry.parent_tokens().max(1);
+        let aligned = |b: u32| b / parent * parent;
         r.fallback = if !stm_enabled {
             FallbackReason::Disabled
         } else if !l3_enabled {
             FallbackReason::Quarantine
         } else if let Some(f) = r.resources.fallback {
             f
-        } else if boundary >= reusable {
+        } else if boundary >= aligned(reusable) {
             FallbackReason::None
-        } else if l3 == 0 && r.resources.planned_boundary > 0 {
-            FallbackReason::Miss
-        } else if l3 > 0 && boundary < r.resources.planned_boundary {
+        } else if l3 > 0 && boundary < aligned(r.resources.planned_boundary) {
             FallbackReason::Partial
-        } else if r.resources.planned_boundary == 0 && boundary < reusable {
+        } else if l3 == 0 {
             FallbackReason::Miss
         } else {
             FallbackReason::None
