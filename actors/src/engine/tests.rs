@@ -69,10 +69,22 @@ fn spec(storage_on: bool) -> RankSpec {
 }
 
 fn engine(store: Option<Arc<MemoryStore>>) -> RankEngine {
-    let on = store.is_some();
-    build_rank(&spec(on), SystemClock::shared(), move |_| {
-        let s: Arc<dyn Store> = store.expect("storage on");
-        Ok(s)
+    engine_with(store.map(|s| s as Arc<dyn Store>), |_| {})
+}
+
+fn engine_with(store: Option<Arc<dyn Store>>, tune: impl FnOnce(&mut RankSpec)) -> RankEngine {
+    engine_clocked(store, tune, SystemClock::shared())
+}
+
+fn engine_clocked(
+    store: Option<Arc<dyn Store>>,
+    tune: impl FnOnce(&mut RankSpec),
+    clock: crate::clock::SharedClock,
+) -> RankEngine {
+    let mut sp = spec(store.is_some());
+    tune(&mut sp);
+    build_rank(&sp, clock, move |_| {
+        store.ok_or_else(|| "storage on".to_string())
     })
     .unwrap()
 }
@@ -116,6 +128,47 @@ fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcom
         if done.is_some() && idle {
             break;
         }
+        std::thread::yield_now();
+    }
+    let (split, fallback) = done.expect("request finished");
+    Outcome {
+        tokens,
+        split,
+        fallback,
+    }
+}
+
+/// Serves while `during` runs between rounds (for releasing gates), like `serve`.
+fn serve_until(
+    e: &mut RankEngine,
+    id: u64,
+    prompt: &[u32],
+    max_tokens: u32,
+    mut during: impl FnMut(&RankEngine, u64),
+) -> Outcome {
+    let mut tokens = vec![];
+    let mut done = None;
+    let mut first = Some((RequestId(id), prompt.to_vec(), max_tokens));
+    for round in 0..200_000u64 {
+        let report = e.head();
+        let agreed = agree_single(report, first.take().into_iter().collect(), vec![]).unwrap();
+        e.run_round(agreed).unwrap();
+        for ev in e.drain_events() {
+            match ev {
+                RequestEvent::Token(r, t) if r.0 == id => tokens.push(t),
+                RequestEvent::Finished {
+                    id: r,
+                    split,
+                    fallback,
+                } if r.0 == id => done = Some((split, fallback)),
+                RequestEvent::Aborted(r, why) if r.0 == id => panic!("aborted: {why}"),
+                _ => {}
+            }
+        }
+        if done.is_some() {
+            break;
+        }
+        during(e, round);
         std::thread::yield_now();
     }
     let (split, fallback) = done.expect("request finished");
@@ -230,4 +283,121 @@ fn two_engines_fed_the_same_trace_make_the_same_decisions() {
         log
     };
     assert_eq!(run(), run());
+}
+
+use crate::l3::store::faulty::{Call, Fault, FaultyStore, Gate};
+
+fn recompute(p: &[u32], n: usize) -> Vec<u32> {
+    SyntheticModel::by_name("tiny")
+        .unwrap()
+        .recompute_output(p, n)
+        .unwrap()
+}
+
+#[test]
+fn a_soft_deadline_ends_the_wait_and_local_admission_gives_the_right_answer() {
+    let p = prompt(32, 11);
+    let faulty = Arc::new(FaultyStore::new(MemoryStore::new(), true));
+    let gate = Gate::new();
+    faulty.inject(Call::Query, Some(1), Fault::Gate(gate.clone()));
+    let clock = crate::clock::ManualClock::new(0);
+    let mut e = engine_clocked(
+        Some(faulty.clone() as Arc<dyn Store>),
+        |s| {
+            if let Some((c, _)) = s.storage.as_mut() {
+                c.soft_deadline_ms = 5;
+            }
+        },
+        clock.clone(),
+    );
+    // The QUERY is held at the gate while the injected clock (the agreed tick) advances.
+    let out = serve_until(&mut e, 2, &p, 2, |_, _| clock.advance_ms(1));
+    gate.release();
+    assert_eq!(out.fallback, FallbackReason::Deadline);
+    assert_eq!(out.split.l3, 0);
+    assert_eq!(out.tokens, recompute(&p, 2));
+    assert_eq!(e.scheduler().stm().unwrap().stats().soft_timeouts, 1);
+}
+
+#[test]
+fn a_closed_pressure_gate_bypasses_l3() {
+    let faulty = Arc::new(FaultyStore::new(MemoryStore::new(), true));
+    let gate = Gate::new();
+    // The first request's backup PUT is held: one job stays queued or running.
+    faulty.inject(Call::Put, Some(1), Fault::Gate(gate.clone()));
+    let mut e = engine_with(Some(faulty.clone() as Arc<dyn Store>), |s| {
+        if let Some((c, _)) = s.storage.as_mut() {
+            c.pressure_high.queued_jobs = 1;
+            c.pressure_low.queued_jobs = 0;
+        }
+    });
+    let a = prompt(20, 12);
+    serve_until(&mut e, 1, &a, 1, |_, _| {});
+    // Wait until the held PUT is in the executor, then a new request sees the gate closed.
+    gate.wait_entered(1);
+    let b = prompt(28, 13);
+    let out = serve_until(&mut e, 2, &b, 2, |_, _| {});
+    assert_eq!(out.fallback, FallbackReason::Pressure);
+    assert_eq!(out.tokens, recompute(&b, 2));
+    assert!(e.scheduler().stm().unwrap().stats().pressure_bypasses >= 1);
+    gate.release();
+}
+
+#[test]
+fn backend_outage_and_quarantine_are_reported_and_serving_continues() {
+    let faulty = Arc::new(FaultyStore::new(MemoryStore::new(), false));
+    faulty.inject(Call::Query, Some(1), Fault::Error("backend down".into()));
+    let mut e = engine_with(Some(faulty.clone() as Arc<dyn Store>), |_| {});
+    let p = prompt(24, 14);
+    let out = serve_until(&mut e, 1, &p, 2, |_, _| {});
+    assert_eq!(
+        out.fallback,
+        FallbackReason::Unhealthy,
+        "an exception is an outage"
+    );
+    assert_eq!(out.tokens, recompute(&p, 2));
+    // During the cooldown the executor rejects work: the next read is unhealthy too.
+    let q = prompt(24, 15);
+    let out = serve_until(&mut e, 2, &q, 1, |_, _| {});
+    assert_eq!(out.fallback, FallbackReason::Unhealthy);
+
+    // A store whose GET fails without proving retirement quarantines the replica.
+    let r = prompt(28, 16);
+    let faulty = Arc::new(FaultyStore::new(MemoryStore::new(), false));
+    let mut e = engine_with(Some(faulty.clone() as Arc<dyn Store>), |_| {});
+    // Seed the faulty store's inner store with the written objects via a second engine.
+    let mut seed = engine_with(Some(faulty.clone() as Arc<dyn Store>), |_| {});
+    serve(&mut seed, 1, &r, 1);
+    drop(seed);
+    faulty.inject(Call::Get, Some(1), Fault::Unretired);
+    let out = serve_until(&mut e, 3, &r, 2, |_, _| {});
+    assert_eq!(out.fallback, FallbackReason::Quarantine);
+    assert_eq!(out.tokens, recompute(&r, 2));
+    assert!(
+        !e.scheduler().l3_enabled(),
+        "new L3 work stops for the replica"
+    );
+    let later = serve_until(&mut e, 4, &prompt(16, 17), 1, |_, _| {});
+    assert_eq!(later.fallback, FallbackReason::Quarantine);
+    assert!(e.scheduler().stm().unwrap().stats().quarantined_refs > 0);
+}
+
+#[test]
+fn a_sliding_window_profile_restores_only_what_it_needs_and_matches_recomputation() {
+    let store = Arc::new(MemoryStore::new());
+    let p = prompt(45, 18);
+    let model = SyntheticModel::by_name("hybrid-swa").unwrap();
+    let want = model.recompute_output(&p, 3).unwrap();
+    let swa = |s: &mut RankSpec| s.profile = "hybrid-swa".into();
+    let mut w = engine_with(Some(store.clone() as Arc<dyn Store>), swa);
+    let a = serve(&mut w, 1, &p, 3);
+    assert_eq!(a.tokens, want);
+    drop(w);
+    let mut r = engine_with(Some(store.clone() as Arc<dyn Store>), swa);
+    let b = serve(&mut r, 2, &p, 3);
+    assert_eq!(
+        b.tokens, want,
+        "mixed Full + SWA groups restore to the recomputed answer"
+    );
+    assert!(b.split.l3 > 0, "{:?}", b.split);
 }

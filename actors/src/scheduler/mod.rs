@@ -245,6 +245,7 @@ impl Scheduler {
             completions,
             digests,
         } = input;
+        self.note_backend_trouble(&completions);
         let fx = match self.stm.as_mut() {
             Some(stm) => Some(stm.apply_round(RoundInput {
                 tick_us,
@@ -281,6 +282,28 @@ impl Scheduler {
         }
         self.decode_step();
         Ok(())
+    }
+
+    /// A read that the executor rejected as unhealthy (or that failed with a backend
+    /// exception), or rejected after quarantine, records why its request falls back.
+    fn note_backend_trouble(&mut self, completions: &[StorageDone]) {
+        let Some(stm) = self.stm.as_ref() else {
+            return;
+        };
+        for d in completions {
+            let why = match d.rejection {
+                Some(messages::Rejection::Unhealthy) => FallbackReason::Unhealthy,
+                Some(messages::Rejection::Quarantined) => FallbackReason::Quarantine,
+                None if d.error.is_some() => FallbackReason::Unhealthy,
+                None if !d.retired => FallbackReason::Quarantine,
+                _ => continue,
+            };
+            if let Some(req) = stm.attached_waiter(d.op) {
+                if let Some(r) = self.requests.get_mut(&req) {
+                    r.resources.fallback.get_or_insert(why);
+                }
+            }
+        }
     }
 
     fn apply_effects(&mut self, fx: RoundEffects) {
@@ -434,14 +457,7 @@ impl Scheduler {
 
     fn on_wait_ended(&mut self, id: RequestId, why: WaitEnd) {
         let reason = match why {
-            WaitEnd::Completed => {
-                let unhealthy = false;
-                if unhealthy {
-                    Some(FallbackReason::Unhealthy)
-                } else {
-                    None
-                }
-            }
+            WaitEnd::Completed => None,
             WaitEnd::SoftTimeout => Some(FallbackReason::Deadline),
             WaitEnd::Pressure => Some(FallbackReason::Pressure),
             WaitEnd::Detached => {
