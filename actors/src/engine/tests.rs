@@ -401,3 +401,25 @@ fn a_sliding_window_profile_restores_only_what_it_needs_and_matches_recomputatio
     );
     assert!(b.split.l3 > 0, "{:?}", b.split);
 }
+
+#[test]
+fn a_recurrent_state_profile_restores_checkpoints_and_matches_recomputation() {
+    let store = Arc::new(MemoryStore::new());
+    let p = prompt(43, 19);
+    let model = SyntheticModel::by_name("hybrid-state").unwrap();
+    let want = model.recompute_output(&p, 3).unwrap();
+    let st = |s: &mut RankSpec| s.profile = "hybrid-state".into();
+    let mut w = engine_with(Some(store.clone() as Arc<dyn Store>), st);
+    assert_eq!(serve(&mut w, 1, &p, 3).tokens, want);
+    drop(w);
+    let mut r = engine_with(Some(store.clone() as Arc<dyn Store>), st);
+    let b = serve(&mut r, 2, &p, 3);
+    assert_eq!(
+        b.tokens, want,
+        "Full history + a State checkpoint restore to the recomputed answer"
+    );
+    assert_eq!(
+        b.split.l3, 40,
+        "the boundary is the last checkpoint below the bound"
+    );
+}

@@ -15,7 +15,7 @@ pub struct RankLayout {
     pub device_blocks: Vec<u32>,
     /// Host blocks per group.
     pub host_blocks: Vec<u32>,
-    /// Bytes of one block of each group on this rank (one page per block).
+    /// Bytes of one block of each group on this rank (all its pages).
     pub block_bytes: Vec<u64>,
     /// Private device slots for partial (tail) blocks of running requests.
     pub scratch_slots: u32,
@@ -23,7 +23,8 @@ pub struct RankLayout {
 
 impl RankLayout {
     /// The cache geometry of `profile` on rank `rank` of `world` (heads split across ranks;
-    /// every group keeps rank-local keys, one page per block).
+    /// every group keeps rank-local keys; token groups have one page per block, State
+    /// checkpoints two).
     pub fn new(
         profile: &ModelProfile,
         rank: u32,
@@ -46,18 +47,20 @@ impl RankLayout {
             let spec = match g.kind {
                 ModelGroupKind::Full => GroupSpec::full(&name, bt, 1, bytes),
                 ModelGroupKind::SlidingWindow { window } => {
-                    let w = u32::try_from(window).map_err(|_| format!("group {i}: window too large"))?;
+                    let w = u32::try_from(window)
+                        .map_err(|_| format!("group {i}: window too large"))?;
                     GroupSpec::sliding_window(&name, w, bt, 1, bytes)
                 }
                 ModelGroupKind::State { .. } => {
-                    return Err(format!(
-                        "profile {}: State groups are not served yet (the two-slot checkpoint layout of the synthetic model is not wired)",
-                        profile.name
-                    ))
+                    // The fixed two-slot checkpoint contract: one checkpoint spans two
+                    // pages (slots) of half its bytes, rounded up.
+                    let slot = bytes.div_ceil(2);
+                    GroupSpec::state(&name, bt, slot)
                 }
             };
-            groups.push(spec.with_field("kv_heads", true));
-            block_bytes.push(bytes);
+            let spec = spec.with_field("kv_heads", true);
+            block_bytes.push(spec.block_bytes());
+            groups.push(spec);
         }
         let geometry = CacheGeometry::new(groups, world, rank).map_err(|e| e.to_string())?;
         let n = profile.groups.len();

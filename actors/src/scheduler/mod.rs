@@ -106,8 +106,8 @@ pub struct SchedulerStats {
 enum RefUse {
     /// A GET destination row of read `read`.
     GetRow { read: u64 },
-    /// A PUT source (or a backup candidate) on a published Host block.
-    PutSource(BlockAddr),
+    /// A PUT source (or a backup candidate): one page of a published Host block.
+    PutSource(BlockAddr, u32),
 }
 
 /// A read's Host destinations: reserved until publication, then the Ready hold's blocks.
@@ -543,7 +543,7 @@ impl Scheduler {
                     }
                 }
             }
-            Some(RefUse::PutSource(addr)) => {
+            Some(RefUse::PutSource(addr, _)) => {
                 self.refs.remove(&h);
                 let _ = self.cache.host_mut().release(addr);
             }
@@ -1084,12 +1084,19 @@ impl Scheduler {
             }
             let _ = self.cache.host_mut().release(a);
             if self.stm.as_ref().is_some_and(|s| s.l3_enabled()) {
-                let key = page_key(self.cache.namespace(), self.cache.geometry(), a, 0);
-                let h = self.new_ref(RefUse::PutSource(a));
-                let stm = self.stm.as_mut().expect("checked");
-                let out = stm.offer_backup(key, h);
-                if matches!(out, crate::storage_transfer::OfferOutcome::Dropped(_)) {
-                    self.refs.remove(&h);
+                let pages = self
+                    .cache
+                    .geometry()
+                    .group(a.group as usize)
+                    .pages_per_block;
+                for page in 0..pages {
+                    let key = page_key(self.cache.namespace(), self.cache.geometry(), a, page);
+                    let h = self.new_ref(RefUse::PutSource(a, page));
+                    let stm = self.stm.as_mut().expect("checked");
+                    let out = stm.offer_backup(key, h);
+                    if matches!(out, crate::storage_transfer::OfferOutcome::Dropped(_)) {
+                        self.refs.remove(&h);
+                    }
                 }
             }
         }
@@ -1110,7 +1117,7 @@ impl Scheduler {
         let live: BTreeSet<HostRef> = stm.tickets().flat_map(|t| t.refs.clone()).collect();
         let floor = self.next_ref.saturating_sub(keep);
         self.refs.retain(|h, u| match u {
-            RefUse::PutSource(_) => h.0 > floor || live.contains(h),
+            RefUse::PutSource(..) => h.0 > floor || live.contains(h),
             RefUse::GetRow { .. } => true,
         });
     }
@@ -1122,13 +1129,14 @@ impl Scheduler {
         let cache = &mut self.cache;
         let refs = &self.refs;
         let mut residency = |_key: &messages::StorageKey, h: HostRef| {
-            let Some(RefUse::PutSource(addr)) = refs.get(&h).copied() else {
+            let Some(RefUse::PutSource(addr, page)) = refs.get(&h).copied() else {
                 return None;
             };
             if !cache.host().contains(addr) {
                 return None;
             }
-            let range = cache.host().host_range(addr).ok()?;
+            let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
+            let range = cache.host().page_range(addr, page, page_bytes).ok()?;
             cache.host_mut().acquire(addr).ok()?;
             Some(range)
         };
