@@ -323,8 +323,9 @@ fn a_soft_deadline_ends_the_wait_and_local_admission_gives_the_right_answer() {
 fn a_closed_pressure_gate_bypasses_l3() {
     let faulty = Arc::new(FaultyStore::new(MemoryStore::new(), true));
     let gate = Gate::new();
-    // The first request's backup PUT is held: one job stays queued or running.
-    faulty.inject(Call::Put, Some(1), Fault::Gate(gate.clone()));
+    // The first request's QUERY is held in the executor: one job stays queued or running,
+    // which reaches the high watermark, so the gate closes and the QUERY wait detaches.
+    faulty.inject(Call::Query, Some(1), Fault::Gate(gate.clone()));
     let mut e = engine_with(Some(faulty.clone() as Arc<dyn Store>), |s| {
         if let Some((c, _)) = s.storage.as_mut() {
             c.pressure_high.queued_jobs = 1;
@@ -332,14 +333,21 @@ fn a_closed_pressure_gate_bypasses_l3() {
         }
     });
     let a = prompt(20, 12);
-    serve_until(&mut e, 1, &a, 1, |_, _| {});
-    // Wait until the held PUT is in the executor, then a new request sees the gate closed.
-    gate.wait_entered(1);
+    let out = serve_until(&mut e, 1, &a, 1, |_, _| {});
+    assert_eq!(
+        out.fallback,
+        FallbackReason::Pressure,
+        "the QUERY wait detached"
+    );
+    assert_eq!(out.tokens, recompute(&a, 1));
+    // While the gate stays closed, a new request bypasses L3.
     let b = prompt(28, 13);
     let out = serve_until(&mut e, 2, &b, 2, |_, _| {});
     assert_eq!(out.fallback, FallbackReason::Pressure);
     assert_eq!(out.tokens, recompute(&b, 2));
-    assert!(e.scheduler().stm().unwrap().stats().pressure_bypasses >= 1);
+    let st = e.scheduler().stm().unwrap().stats();
+    assert!(st.gate_closed);
+    assert!(st.pressure_bypasses >= 2, "{st:?}");
     gate.release();
 }
 
