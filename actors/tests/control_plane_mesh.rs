@@ -193,6 +193,28 @@ async fn an_invalid_local_record_makes_every_rank_raise_the_same_protocol_error(
 }
 
 #[tokio::test]
+async fn a_rank_that_fails_locally_tells_its_peers_why() {
+    let mut cores = loopback(3).await.unwrap();
+    let mut r = idle_all(3, 0);
+    r[1].rank = 2; // rank 1's round loop hands it someone else's report
+    let errs: Vec<ControlError> = round_all(&mut cores, r)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap_err())
+        .collect();
+    for e in &errs {
+        assert_eq!(e, &errs[0], "every rank fails with rank 1's cause");
+    }
+    assert!(
+        errs[0]
+            .to_string()
+            .contains("rank 1 was handed a report for rank 2"),
+        "{}",
+        errs[0]
+    );
+}
+
+#[tokio::test]
 async fn a_dropped_rank_fails_every_other_rank_naming_it() {
     let mut cores = loopback(4).await.unwrap();
     for round in 0..2 {

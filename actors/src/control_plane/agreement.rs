@@ -313,3 +313,36 @@ pub fn seal_local_report(mut report: RoundReport) -> RoundReport {
     }
     report
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agreed_set_compacts_into_its_floor() {
+        let mut s = AgreedSet::default();
+        for n in [3u64, 1, 5, 2] {
+            s.insert(OperationId(n));
+        }
+        assert_eq!(s.floor, 3);
+        assert_eq!(s.above.iter().copied().collect::<Vec<_>>(), vec![5]);
+        assert!(s.contains(OperationId(2)) && s.contains(OperationId(5)));
+        assert!(!s.contains(OperationId(4)));
+        s.insert(OperationId(4));
+        assert_eq!(s.floor, 5);
+        assert!(s.above.is_empty());
+    }
+
+    #[test]
+    fn a_protocol_error_leaves_the_state_unchanged() {
+        let mut ag = Agreement::new(2);
+        let q = |n| StorageDone::query(OperationId(n), vec![true], true);
+        let mut r0 = RoundReport::idle(0, 0, 1);
+        r0.completions = vec![q(1)];
+        let mut r1 = RoundReport::idle(1, 0, 1);
+        r1.completions = vec![q(2), q(2)];
+        assert!(ag.agree(&[r0.clone(), r1]).is_err());
+        assert!(ag.pending_operations().is_empty());
+        assert_eq!(ag.last_round, None);
+    }
+}

@@ -348,10 +348,25 @@ impl Mesh {
                     }
                 }
             });
-        for r in futures::future::join_all(writes).await {
-            r?;
+        let results = futures::future::join_all(writes).await;
+        let mut first = None;
+        for r in results {
+            if let Err(e) = r {
+                // A connection that failed or stalled mid-frame can carry no further frame.
+                let peer = match &e {
+                    BroadcastError::Failed(p, _) | BroadcastError::Stalled(p) => Some(*p),
+                    BroadcastError::Encode(_) => None,
+                };
+                if let Some(w) = peer.and_then(|p| self.writers.get_mut(p as usize)) {
+                    *w = None;
+                }
+                first.get_or_insert(e);
+            }
         }
-        Ok(())
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// An event already queued, without waiting.

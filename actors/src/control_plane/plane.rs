@@ -63,8 +63,7 @@ impl ControlPlaneCore {
                 round: report.round,
                 message: format!("rank {me} was handed a report for rank {}", report.rank),
             };
-            self.relay.stop(e.clone());
-            return Err(e);
+            return Err(self.relay.abort(e).await);
         }
         let sealed = seal_local_report(report);
         let all = self.relay.all_gather(sealed).await?;

@@ -77,16 +77,23 @@ impl Relay {
             Ok(all) => Ok(all),
             Err(e) => {
                 let e = self.prefer_peer_abort(e);
-                // Tell every peer why, so they fail this round with the same cause.
-                let grace = Instant::now() + self.round_deadline.min(ABORT_GRACE);
-                let _ = self
-                    .mesh
-                    .broadcast(&MeshFrame::Abort(e.clone()), grace)
-                    .await;
-                self.failed = Some(e.clone());
-                Err(e)
+                Err(self.abort(e).await)
             }
         }
+    }
+
+    /// Fails this relay: tells every peer why (so they fail the round with the same cause
+    /// instead of waiting for the deadline) and refuses every later round.
+    pub async fn abort(&mut self, e: ControlError) -> ControlError {
+        if self.failed.is_none() {
+            let grace = Instant::now() + self.round_deadline.min(ABORT_GRACE);
+            let _ = self
+                .mesh
+                .broadcast(&MeshFrame::Abort(e.clone()), grace)
+                .await;
+            self.failed = Some(e.clone());
+        }
+        e
     }
 
     /// A disconnect seen here may be secondary (a peer that failed first and went away);
