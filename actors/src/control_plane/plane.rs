@@ -67,7 +67,7 @@ impl ControlPlaneCore {
         }
         let sealed = seal_local_report(report);
         let all = self.relay.all_gather(sealed).await?;
-        match self.agreement.agree(&all) {
+        match self.agreement.agree(all) {
             Ok(agreed) => Ok(agreed),
             Err(e) => {
                 self.relay.stop(e.clone());
