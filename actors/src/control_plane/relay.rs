@@ -202,10 +202,17 @@ impl Relay {
                 deadline_ms,
             },
         };
+        let frame = MeshFrame::Report(report);
         self.mesh
-            .broadcast(&MeshFrame::Report(report.clone()), deadline)
+            .broadcast(&frame, deadline)
             .await
             .map_err(cannot_send)?;
+        let MeshFrame::Report(report) = frame else {
+            return Err(ControlError::Protocol {
+                round,
+                message: "relay frame changed kind".into(),
+            });
+        };
         let mut got: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
         let mut confirmed = vec![false; world];
         got[me as usize] = Some(report);
