@@ -86,6 +86,7 @@ impl Relay {
     /// instead of waiting for the deadline) and refuses every later round.
     pub async fn abort(&mut self, e: ControlError) -> ControlError {
         if self.failed.is_none() {
+            tracing::error!(rank = self.mesh.rank(), error = %e, "control plane round failed; no further rounds");
             let grace = Instant::now() + self.round_deadline.min(ABORT_GRACE);
             let _ = self
                 .mesh
