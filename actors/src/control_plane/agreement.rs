@@ -106,7 +106,7 @@ impl Agreement {
         if let Some(m) = misfit {
             return Err(fail(m));
         }
-        if count != world {
+        if count != world || world == 0 {
             return Err(fail(format!("{count} reports for a world of {world}")));
         }
         let mut by_rank: Vec<RoundReport> = by_rank.into_iter().flatten().collect();
@@ -350,5 +350,9 @@ mod tests {
         assert!(ag.agree(vec![r0.clone(), r1]).is_err());
         assert!(ag.pending_operations().is_empty());
         assert_eq!(ag.last_round, None);
+        assert!(
+            Agreement::new(0).agree(vec![]).is_err(),
+            "an empty world never agrees"
+        );
     }
 }
