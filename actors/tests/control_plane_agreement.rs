@@ -31,12 +31,18 @@ fn out_of_order_owner_completion_agrees_per_operation() {
     let mut ag = Agreement::new(2);
     // Rank 1 finishes op 7 before op 3; rank 0 the reverse.
     let a = ag
-        .agree(&[report(0, 0, vec![q(3, 2)]), report(1, 0, vec![q(7, 2)])])
+        .agree(vec![
+            report(0, 0, vec![q(3, 2)]),
+            report(1, 0, vec![q(7, 2)]),
+        ])
         .unwrap();
     assert!(a.completions.is_empty());
     assert_eq!(ag.pending_operations(), vec![op(3), op(7)]);
     let a = ag
-        .agree(&[report(0, 1, vec![q(7, 2)]), report(1, 1, vec![q(3, 2)])])
+        .agree(vec![
+            report(0, 1, vec![q(7, 2)]),
+            report(1, 1, vec![q(3, 2)]),
+        ])
         .unwrap();
     assert_eq!(ops(&a), vec![3, 7], "agreed, ordered by OperationId");
     assert!(ag.pending_operations().is_empty());
@@ -46,7 +52,7 @@ fn out_of_order_owner_completion_agrees_per_operation() {
 fn a_slow_earlier_operation_never_blocks_a_later_complete_one() {
     let mut ag = Agreement::new(3);
     let a = ag
-        .agree(&[
+        .agree(vec![
             report(0, 5, vec![q(1, 1), q(2, 1)]),
             report(1, 5, vec![q(2, 1)]),
             report(2, 5, vec![q(2, 1), q(1, 1)]),
@@ -57,7 +63,7 @@ fn a_slow_earlier_operation_never_blocks_a_later_complete_one() {
     // Partial records of op 1 are retained across idle rounds.
     for round in 6..9 {
         let a = ag
-            .agree(&[
+            .agree(vec![
                 report(0, round, vec![]),
                 report(1, round, vec![]),
                 report(2, round, vec![]),
@@ -67,7 +73,7 @@ fn a_slow_earlier_operation_never_blocks_a_later_complete_one() {
         assert_eq!(ag.pending_operations(), vec![op(1)]);
     }
     let a = ag
-        .agree(&[
+        .agree(vec![
             report(0, 9, vec![]),
             report(1, 9, vec![q(1, 1)]),
             report(2, 9, vec![]),
@@ -108,7 +114,7 @@ fn per_key_success_and_retirement_and_reduce_failures_or_reduce() {
     // Rank 2 owns none of these rows: success, no bytes, no failure evidence.
     let r2 = StorageDone::get(op(4), vec![true; 5], vec![0; 5], vec![None; 5], true);
     let a = ag
-        .agree(&[
+        .agree(vec![
             report(0, 0, vec![r0]),
             report(1, 0, vec![r1]),
             report(2, 0, vec![r2]),
@@ -139,7 +145,7 @@ fn a_non_owner_contributes_no_failure_evidence_and_all_success_publishes() {
     let r0 = StorageDone::get(op(1), vec![true, true], vec![8, 0], vec![None, None], true);
     let r1 = StorageDone::get(op(1), vec![true, true], vec![0, 8], vec![None, None], true);
     let a = ag
-        .agree(&[report(0, 0, vec![r0]), report(1, 0, vec![r1])])
+        .agree(vec![report(0, 0, vec![r0]), report(1, 0, vec![r1])])
         .unwrap();
     let d = &a.completions[0];
     assert!(d.fully_succeeded());
@@ -168,7 +174,7 @@ fn put_capacity_is_or_reduced_and_rejection_needs_every_owner() {
     let one_rej = StorageDone::rejected(op(3), StorageOpKind::Query, 2, Rejection::Unhealthy);
     let ok3 = StorageDone::query(op(3), vec![true, true], true);
     let a = ag
-        .agree(&[
+        .agree(vec![
             report(0, 0, vec![p0, all_rej(2), one_rej]),
             report(1, 0, vec![p1, all_rej(2), ok3]),
         ])
@@ -213,7 +219,7 @@ fn tick_is_the_leaders_clock_and_pressure_is_max_every_round() {
             id: RequestId(round),
         });
         rs.reverse(); // arrival order does not matter
-        let a = ag.agree(&rs).unwrap();
+        let a = ag.agree(rs).unwrap();
         assert_eq!(a.round, round);
         assert_eq!(a.tick_us, 100 + round);
         assert_eq!(
@@ -240,9 +246,9 @@ fn every_rank_raises(world: u32, prior: &[Vec<RoundReport>], bad: Vec<RoundRepor
         .map(|_| {
             let mut ag = Agreement::new(world);
             for p in prior {
-                ag.agree(p).unwrap();
+                ag.agree(p.clone()).unwrap();
             }
-            match ag.agree(&bad) {
+            match ag.agree(bad.clone()) {
                 Err(e @ ControlError::Protocol { .. }) => e.to_string(),
                 other => panic!("expected a protocol error, got {other:?}"),
             }
@@ -372,7 +378,7 @@ proptest::proptest! {
             .enumerate()
             .map(|(r, d)| report(r as u32, 0, vec![d.clone()]))
             .collect();
-        let a = ag.agree(&reports).unwrap();
+        let a = ag.agree(reports).unwrap();
         let d = &a.completions[0];
         proptest::prop_assert!(d.validate().is_ok());
         for i in 0..keys {

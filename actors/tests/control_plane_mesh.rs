@@ -193,6 +193,59 @@ async fn an_invalid_local_record_makes_every_rank_raise_the_same_protocol_error(
 }
 
 #[tokio::test]
+async fn a_rank_that_fails_locally_tells_its_peers_why() {
+    let mut cores = loopback(3).await.unwrap();
+    let mut r = idle_all(3, 0);
+    r[1].rank = 2; // rank 1's round loop hands it someone else's report
+    let errs: Vec<ControlError> = round_all(&mut cores, r)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap_err())
+        .collect();
+    for e in &errs {
+        assert_eq!(e, &errs[0], "every rank fails with rank 1's cause");
+    }
+    assert!(
+        errs[0]
+            .to_string()
+            .contains("rank 1 was handed a report for rank 2"),
+        "{}",
+        errs[0]
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_outgoing_report_fails_every_rank_alike() {
+    let (mut settings, listeners) = loopback_settings(2).await.unwrap();
+    for s in &mut settings {
+        s.max_frame_bytes = 4096;
+    }
+    let mut handles = vec![];
+    for (s, l) in settings.into_iter().zip(listeners) {
+        handles.push(tokio::spawn(async move {
+            ControlPlaneCore::establish_with_listener(&s, l).await
+        }));
+    }
+    let mut cores = vec![];
+    for h in handles {
+        cores.push(h.await.unwrap().unwrap());
+    }
+    let mut r = idle_all(2, 0);
+    r[0].completions = (1..=200).map(q).collect();
+    let errs: Vec<ControlError> = round_all(&mut cores, r)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap_err())
+        .collect();
+    assert_eq!(errs[0], errs[1]);
+    let msg = errs[0].to_string();
+    assert!(
+        msg.contains("rank 0 cannot send") && msg.contains("exceeds the 4096-byte limit"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
 async fn a_dropped_rank_fails_every_other_rank_naming_it() {
     let mut cores = loopback(4).await.unwrap();
     for round in 0..2 {

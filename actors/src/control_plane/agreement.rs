@@ -10,7 +10,7 @@ use messages::{
     AgreedRound, ControlError, ObjectFailure, OperationId, PressureObservation, Rejection,
     RoundReport, StorageDone, StorageOpKind,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// The rank whose clock becomes the tick and whose frontend messages ride the round.
 pub const LEADER_RANK: u32 = 0;
@@ -43,13 +43,9 @@ impl AgreedSet {
 struct PendingOp {
     kind: StorageOpKind,
     keys: usize,
+    /// How many owners have reported.
+    have: usize,
     records: Vec<Option<StorageDone>>,
-}
-
-impl PendingOp {
-    fn complete(&self) -> bool {
-        self.records.iter().all(|r| r.is_some())
-    }
 }
 
 /// The agreement state of one replica: identical on every rank.
@@ -84,27 +80,36 @@ impl Agreement {
 
     /// Agrees one round from every owner's report (in any order; one per rank). On error
     /// the state is unchanged and the caller must stop doing rounds.
-    pub fn agree(&mut self, reports: &[RoundReport]) -> Result<AgreedRound, ControlError> {
-        let round = reports.first().map(|r| r.round).unwrap_or(0);
-        let fail = |message: String| ControlError::Protocol { round, message };
-        if reports.len() != self.world as usize {
-            return Err(fail(format!(
-                "{} reports for a world of {}",
-                reports.len(),
-                self.world
-            )));
-        }
-        let mut by_rank: Vec<Option<&RoundReport>> = vec![None; self.world as usize];
+    pub fn agree(&mut self, reports: Vec<RoundReport>) -> Result<AgreedRound, ControlError> {
+        let world = self.world as usize;
+        let mut by_rank: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
+        let count = reports.len();
+        let mut misfit = None;
         for r in reports {
-            let slot = by_rank
-                .get_mut(r.rank as usize)
-                .ok_or_else(|| fail(format!("report from rank {} outside the world", r.rank)))?;
-            if slot.is_some() {
-                return Err(fail(format!("two reports from rank {}", r.rank)));
+            match by_rank.get_mut(r.rank as usize) {
+                Some(slot) if slot.is_none() => *slot = Some(r),
+                Some(_) => {
+                    misfit.get_or_insert(format!("two reports from rank {}", r.rank));
+                }
+                None => {
+                    misfit.get_or_insert(format!("report from rank {} outside the world", r.rank));
+                }
             }
-            *slot = Some(r);
         }
-        let by_rank: Vec<&RoundReport> = by_rank.into_iter().flatten().collect();
+        let round = by_rank
+            .iter()
+            .flatten()
+            .next()
+            .map(|r| r.round)
+            .unwrap_or(0);
+        let fail = |message: String| ControlError::Protocol { round, message };
+        if let Some(m) = misfit {
+            return Err(fail(m));
+        }
+        if count != world || world == 0 {
+            return Err(fail(format!("{count} reports for a world of {world}")));
+        }
+        let mut by_rank: Vec<RoundReport> = by_rank.into_iter().flatten().collect();
         if let Some(expected) = self.last_round.map(|r| r + 1) {
             if round != expected {
                 return Err(fail(format!(
@@ -136,19 +141,19 @@ impl Agreement {
                 )));
             }
         }
-        let leader = by_rank[LEADER_RANK as usize];
+        let tick_us = by_rank[LEADER_RANK as usize].clock_us;
         if let Some(prev) = self.last_tick_us {
-            if leader.clock_us < prev {
+            if tick_us < prev {
                 return Err(fail(format!(
-                    "leader clock moved backwards from {prev} to {} us",
-                    leader.clock_us
+                    "leader clock moved backwards from {prev} to {tick_us} us"
                 )));
             }
         }
         // Record-level validity against this round and the retained partial records.
-        let mut fresh: BTreeMap<OperationId, (StorageOpKind, usize, BTreeSet<u32>)> =
-            BTreeMap::new();
+        let mut fresh: HashMap<OperationId, (StorageOpKind, usize)> = HashMap::new();
+        let mut seen: HashSet<OperationId> = HashSet::new();
         for r in &by_rank {
+            seen.clear();
             for d in &r.completions {
                 d.validate()
                     .map_err(|e| fail(format!("rank {} sent an invalid record: {e}", r.rank)))?;
@@ -158,6 +163,9 @@ impl Agreement {
                         r.rank, d.op
                     )));
                 }
+                if !seen.insert(d.op) {
+                    return Err(fail(format!("rank {} sent {} twice", r.rank, d.op)));
+                }
                 let (kind, keys) = match self.pending.get(&d.op) {
                     Some(p) => {
                         if p.records[r.rank as usize].is_some() {
@@ -165,50 +173,56 @@ impl Agreement {
                         }
                         (p.kind, p.keys)
                     }
-                    None => (d.kind, d.len()),
+                    None => *fresh.entry(d.op).or_insert((d.kind, d.len())),
                 };
-                let entry = fresh.entry(d.op).or_insert((kind, keys, BTreeSet::new()));
-                if !entry.2.insert(r.rank) {
-                    return Err(fail(format!("rank {} sent {} twice", r.rank, d.op)));
-                }
-                if d.kind != entry.0 {
+                if d.kind != kind {
                     return Err(fail(format!(
                         "rank {} reports {} as {} but another owner as {}",
                         r.rank,
                         d.op,
                         d.kind.as_str(),
-                        entry.0.as_str()
+                        kind.as_str()
                     )));
                 }
-                if d.len() != entry.1 {
+                if d.len() != keys {
                     return Err(fail(format!(
                         "rank {} reports {} keys for {} but another owner {}",
                         r.rank,
                         d.len(),
                         d.op,
-                        entry.1
+                        keys
                     )));
                 }
             }
         }
         // Valid: apply.
-        let world = self.world as usize;
-        for r in &by_rank {
-            for d in &r.completions {
-                let p = self.pending.entry(d.op).or_insert_with(|| PendingOp {
+        let pressure = by_rank
+            .iter()
+            .fold(PressureObservation::default(), |acc, r| acc.max(r.pressure));
+        let frontend = std::mem::take(&mut by_rank[LEADER_RANK as usize].frontend);
+        let mut digests: Vec<_> = by_rank
+            .iter_mut()
+            .flat_map(|r| std::mem::take(&mut r.digests))
+            .collect();
+        digests.sort();
+        let mut ready = Vec::new();
+        for (rank, r) in by_rank.into_iter().enumerate() {
+            for d in r.completions {
+                let op = d.op;
+                let p = self.pending.entry(op).or_insert_with(|| PendingOp {
                     kind: d.kind,
                     keys: d.len(),
-                    records: vec![None; world],
+                    have: 0,
+                    records: (0..world).map(|_| None).collect(),
                 });
-                p.records[r.rank as usize] = Some(d.clone());
+                p.records[rank] = Some(d);
+                p.have += 1;
+                if p.have == world {
+                    ready.push(op);
+                }
             }
         }
-        let ready: Vec<OperationId> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.complete())
-            .map(|(op, _)| *op)
-            .collect();
+        ready.sort_unstable();
         let mut completions = Vec::with_capacity(ready.len());
         for op in ready {
             if let Some(p) = self.pending.remove(&op) {
@@ -217,21 +231,13 @@ impl Agreement {
                 self.agreed.insert(op);
             }
         }
-        let pressure = by_rank
-            .iter()
-            .fold(PressureObservation::default(), |acc, r| acc.max(r.pressure));
         self.last_round = Some(round);
-        self.last_tick_us = Some(leader.clock_us);
-        let mut digests: Vec<_> = by_rank
-            .iter()
-            .flat_map(|r| r.digests.iter().copied())
-            .collect();
-        digests.sort();
+        self.last_tick_us = Some(tick_us);
         Ok(AgreedRound {
             round,
-            tick_us: leader.clock_us,
+            tick_us,
             pressure,
-            frontend: leader.frontend.clone(),
+            frontend,
             completions,
             digests,
         })
@@ -318,4 +324,41 @@ pub fn seal_local_report(mut report: RoundReport) -> RoundReport {
         report.completions.clear();
     }
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agreed_set_compacts_into_its_floor() {
+        let mut s = AgreedSet::default();
+        for n in [3u64, 1, 5, 2] {
+            s.insert(OperationId(n));
+        }
+        assert_eq!(s.floor, 3);
+        assert_eq!(s.above.iter().copied().collect::<Vec<_>>(), vec![5]);
+        assert!(s.contains(OperationId(2)) && s.contains(OperationId(5)));
+        assert!(!s.contains(OperationId(4)));
+        s.insert(OperationId(4));
+        assert_eq!(s.floor, 5);
+        assert!(s.above.is_empty());
+    }
+
+    #[test]
+    fn a_protocol_error_leaves_the_state_unchanged() {
+        let mut ag = Agreement::new(2);
+        let q = |n| StorageDone::query(OperationId(n), vec![true], true);
+        let mut r0 = RoundReport::idle(0, 0, 1);
+        r0.completions = vec![q(1)];
+        let mut r1 = RoundReport::idle(1, 0, 1);
+        r1.completions = vec![q(2), q(2)];
+        assert!(ag.agree(vec![r0.clone(), r1]).is_err());
+        assert!(ag.pending_operations().is_empty());
+        assert_eq!(ag.last_round, None);
+        assert!(
+            Agreement::new(0).agree(vec![]).is_err(),
+            "an empty world never agrees"
+        );
+    }
 }

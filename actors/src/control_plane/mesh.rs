@@ -332,6 +332,9 @@ impl Mesh {
         frame: &MeshFrame,
         deadline: Instant,
     ) -> Result<(), BroadcastError> {
+        if self.writers.iter().all(|w| w.is_none()) {
+            return Ok(()); // a world of one: the exchange with itself sends nothing
+        }
         let bytes = encode_frame(frame, self.max_frame_bytes).map_err(BroadcastError::Encode)?;
         let writes = self
             .writers
@@ -348,10 +351,25 @@ impl Mesh {
                     }
                 }
             });
-        for r in futures::future::join_all(writes).await {
-            r?;
+        let results = futures::future::join_all(writes).await;
+        let mut first = None;
+        for r in results {
+            if let Err(e) = r {
+                // A connection that failed or stalled mid-frame can carry no further frame.
+                let peer = match &e {
+                    BroadcastError::Failed(p, _) | BroadcastError::Stalled(p) => Some(*p),
+                    BroadcastError::Encode(_) => None,
+                };
+                if let Some(w) = peer.and_then(|p| self.writers.get_mut(p as usize)) {
+                    *w = None;
+                }
+                first.get_or_insert(e);
+            }
         }
-        Ok(())
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// An event already queued, without waiting.

@@ -5,6 +5,13 @@
 //! Layout: [`frame`] (length-prefixed msgpack frames), [`handshake`] (join rules and HMAC
 //! authentication), [`mesh`] (connections), [`relay`] (the all-gather), [`agreement`] (pure
 //! reductions), [`plane`] (the core, plain tokio), [`actor`] (the actix wrapper), [`bench`].
+//!
+//! A round is two phases under one deadline (reports, then "gathered" confirmations), so a
+//! rank returns an agreed round only after every rank gathered every report; a rank that
+//! fails a round tells its peers why (Abort) and every rank then refuses further rounds.
+//! The residual window: a rank dying between its confirmations to different peers lets some
+//! ranks agree that round; they fail at the next one.
+//!
 //! This module never makes storage, scheduling or admission decisions: it only agrees facts.
 
 pub mod actor;

@@ -63,12 +63,11 @@ impl ControlPlaneCore {
                 round: report.round,
                 message: format!("rank {me} was handed a report for rank {}", report.rank),
             };
-            self.relay.stop(e.clone());
-            return Err(e);
+            return Err(self.relay.abort(e).await);
         }
         let sealed = seal_local_report(report);
         let all = self.relay.all_gather(sealed).await?;
-        match self.agreement.agree(&all) {
+        match self.agreement.agree(all) {
             Ok(agreed) => Ok(agreed),
             Err(e) => {
                 self.relay.stop(e.clone());

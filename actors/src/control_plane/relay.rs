@@ -77,16 +77,24 @@ impl Relay {
             Ok(all) => Ok(all),
             Err(e) => {
                 let e = self.prefer_peer_abort(e);
-                // Tell every peer why, so they fail this round with the same cause.
-                let grace = Instant::now() + self.round_deadline.min(ABORT_GRACE);
-                let _ = self
-                    .mesh
-                    .broadcast(&MeshFrame::Abort(e.clone()), grace)
-                    .await;
-                self.failed = Some(e.clone());
-                Err(e)
+                Err(self.abort(e).await)
             }
         }
+    }
+
+    /// Fails this relay: tells every peer why (so they fail the round with the same cause
+    /// instead of waiting for the deadline) and refuses every later round.
+    pub async fn abort(&mut self, e: ControlError) -> ControlError {
+        if self.failed.is_none() {
+            tracing::error!(rank = self.mesh.rank(), error = %e, "control plane round failed; no further rounds");
+            let grace = Instant::now() + self.round_deadline.min(ABORT_GRACE);
+            let _ = self
+                .mesh
+                .broadcast(&MeshFrame::Abort(e.clone()), grace)
+                .await;
+            self.failed = Some(e.clone());
+        }
+        e
     }
 
     /// A disconnect seen here may be secondary (a peer that failed first and went away);
@@ -195,10 +203,17 @@ impl Relay {
                 deadline_ms,
             },
         };
+        let frame = MeshFrame::Report(report);
         self.mesh
-            .broadcast(&MeshFrame::Report(report.clone()), deadline)
+            .broadcast(&frame, deadline)
             .await
             .map_err(cannot_send)?;
+        let MeshFrame::Report(report) = frame else {
+            return Err(ControlError::Protocol {
+                round,
+                message: "relay frame changed kind".into(),
+            });
+        };
         let mut got: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
         let mut confirmed = vec![false; world];
         got[me as usize] = Some(report);
