@@ -414,7 +414,7 @@ fn a_memory_store_host_exports_over_http() {
     host.wait_backups_settled();
     assert!(host.stop().success());
     let spans = Spans::from(&got.lock().unwrap());
-    let _ = actix_web::rt::System::new().block_on(handle.stop(true));
+    actix_web::rt::System::new().block_on(handle.stop(true));
     spans.no_keys();
     let queries = spans.ops("query");
     assert_eq!(queries.len(), 1);
