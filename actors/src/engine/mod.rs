@@ -140,6 +140,9 @@ impl RankEngine {
         // Storage in plan order; the executor depends on tickets, not on the device.
         if let Some(ex) = self.executor.as_ref() {
             for op in plan.storage {
+                // Inside the operation's span, the executor's `l3_op` span is its child.
+                let span = self.scheduler.op_span(op.id()).cloned();
+                let _entered = span.as_ref().map(|s| s.enter());
                 let _ = ex.submit(op);
             }
         } else if let Some(op) = plan.storage.first() {

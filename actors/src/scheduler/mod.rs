@@ -12,6 +12,7 @@ pub mod geometry;
 pub mod request;
 #[cfg(test)]
 mod tests;
+pub mod trace;
 
 use crate::cache::coordinator::{
     CacheCoordinator, CacheError, CoordinatorConfig, QueryLimits, ReadyHold, Reservation,
@@ -31,6 +32,7 @@ use messages::{
 };
 use request::{Continuation, PrefetchPhase, PrefixSplit, Request, RequestState};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use trace::StorageTrace;
 
 /// Static configuration of one rank's scheduler.
 #[derive(Clone, Debug)]
@@ -150,6 +152,8 @@ pub struct Scheduler {
     pending_storage: Vec<StorageOp>,
     /// Cancellations of detached reads, for this round's plan.
     pending_cancels: Vec<messages::StorageCancelOp>,
+    /// Request and storage-operation spans (observation only).
+    trace: StorageTrace,
 }
 
 fn fallback_name(f: FallbackReason) -> &'static str {
@@ -169,6 +173,7 @@ impl Scheduler {
         )?;
         let stm = cfg.storage.clone().map(StorageTransferManager::new);
         let free_scratch = (0..cfg.layout.scratch_slots).rev().collect();
+        let trace = StorageTrace::new(cfg.layout.shard.index);
         Ok(Self {
             cfg,
             model,
@@ -188,6 +193,7 @@ impl Scheduler {
             pending_admin: VecDeque::new(),
             pending_storage: vec![],
             pending_cancels: vec![],
+            trace,
         })
     }
 
@@ -246,6 +252,19 @@ impl Scheduler {
             digests,
         } = input;
         self.note_backend_trouble(&completions);
+        // Traced completions (none when no subscriber is interested), with whether a request
+        // still waited on each before this round.
+        let traced: Vec<(StorageDone, bool)> = completions
+            .iter()
+            .filter(|d| self.trace.traces(d.op))
+            .map(|d| {
+                let attached = self
+                    .stm
+                    .as_ref()
+                    .is_some_and(|s| s.attached_waiter(d.op).is_some());
+                (d.clone(), attached)
+            })
+            .collect();
         let fx = match self.stm.as_mut() {
             Some(stm) => Some(stm.apply_round(RoundInput {
                 tick_us,
@@ -267,12 +286,16 @@ impl Scheduler {
             self.abort(*id, "cancelled by the client");
         }
         if let Some(fx) = fx {
+            for (done, attached) in &traced {
+                self.trace.agreed(done, *attached, &fx);
+            }
             self.apply_effects(fx);
         }
         for (id, prompt, max_tokens) in new_requests {
             if self.requests.contains_key(&id) || prompt.is_empty() {
                 continue;
             }
+            self.trace.request_arrived(id, prompt.len());
             self.requests
                 .insert(id, Request::new(id, prompt, max_tokens.max(1)));
             self.queue.push_back(id);
@@ -632,6 +655,7 @@ impl Scheduler {
         self.release_running(id);
         if let Some(mut r) = self.requests.remove(&id) {
             r.state = RequestState::Finished;
+            self.trace.request_ended(id, "finished");
             self.stats.finished += 1;
             *self
                 .stats
@@ -662,6 +686,7 @@ impl Scheduler {
         self.queue.retain(|q| *q != id);
         if let Some(mut r) = self.requests.remove(&id) {
             r.state = RequestState::Aborted;
+            self.trace.request_ended(id, "aborted");
             self.stats.aborted += 1;
             self.events.push(RequestEvent::Aborted(id, why.to_string()));
         }
@@ -703,6 +728,7 @@ impl Scheduler {
                 .clear(kind, remote_deletion)
                 .map_err(|e| e.to_string())?;
             self.apply_effects(fx);
+            self.trace.retain_outstanding(self.stm.as_ref());
         } else if let Some(Err(e)) = remote_deletion {
             return Err(e);
         }
@@ -749,7 +775,19 @@ impl Scheduler {
             self.admit(&mut plan);
         }
         self.dispatch_backups(&mut plan);
+        self.trace.issued(&plan.storage, self.stm.as_ref());
         plan
+    }
+
+    /// The span of an outstanding storage operation (None when untraced or completed): the
+    /// engine enters it while submitting the operation.
+    pub fn op_span(&self, op: OperationId) -> Option<&tracing::Span> {
+        self.trace.op_span(op)
+    }
+
+    /// The span of a live request (None when untraced).
+    pub fn request_span(&self, id: RequestId) -> Option<&tracing::Span> {
+        self.trace.request_span(id)
     }
 
     fn storage_eligible(&self, r: &Request) -> bool {

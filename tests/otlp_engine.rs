@@ -1,0 +1,443 @@
+//! Storage-operation traces from a real `engine-host serve` process arrive at an in-test
+//! OTLP receiver (gRPC TraceService, and protobuf over HTTP at /v1/traces): completions sent
+//! over HTTP produce request → storage_operation (QUERY, GET) → l3_op → l3_backend_call
+//! trees with their agreement and ending, backups are root storage_operation spans, and no
+//! attribute carries an object key. SIGTERM ends the process; the telemetry guard flushes
+//! the exporter before it exits.
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+type Received = Arc<Mutex<Vec<ExportTraceServiceRequest>>>;
+
+#[derive(Clone, Default)]
+struct Sink(Received);
+
+#[tonic::async_trait]
+impl TraceService for Sink {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal HTTP/1.1 client (one request per connection).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    (status, body)
+}
+
+struct Host {
+    child: Child,
+    addr: String,
+}
+
+impl Host {
+    /// Starts `engine-host serve` exporting spans to `endpoint`; its log goes to `log`.
+    fn start(args: &[&str], envs: &[(&str, &str)], log: &Path) -> Host {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine-host"));
+        cmd.args(args)
+            .args(["--listen", &addr])
+            .env("TSL3_MODEL__EMULATE_DEVICE_TIME", "false")
+            .env("TSL3_MODEL__DEVICE", "emulated")
+            // Spans are info level; the log filter also gates export.
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut h = Host {
+            child: cmd.spawn().unwrap(),
+            addr,
+        };
+        for _ in 0..600 {
+            if let Ok(Some(st)) = h.child.try_wait() {
+                panic!(
+                    "engine-host exited during startup: {st}: {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            if TcpStream::connect(&h.addr).is_ok() && http(&h.addr, "GET", "/health", "").0 == 200 {
+                return h;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("engine-host never became healthy at {}", h.addr);
+    }
+
+    fn complete(&self, prompt: &[u32], max_tokens: u32) -> serde_json::Value {
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens}).to_string();
+        let (code, text) = http(&self.addr, "POST", "/v1/completions", &body);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// Sum of a metric's samples whose line contains `label`.
+    fn metric(&self, name: &str, label: &str) -> f64 {
+        let (_, text) = http(&self.addr, "GET", "/metrics", "");
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits (polling, no timing assertion) until a backup PUT completed and every
+    /// operation credit is back, i.e. the backups were agreed and settled.
+    fn wait_backups_settled(&self) {
+        for _ in 0..2000 {
+            let puts = self.metric("tsl3_l3_completed_jobs_total", "kind=\"put\"");
+            let credits = self.metric("tsl3_l3_credits_in_use", "credit=\"operation\"");
+            if puts > 0.0 && credits == 0.0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the backups never settled");
+    }
+
+    /// SIGTERM, then the exit status (the telemetry guard flushes before exit).
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn prompt(n: u32, salt: u32) -> Vec<u32> {
+    (0..n).map(|i| (i * 13 + salt * 101) % 997).collect()
+}
+
+fn value(v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match v.as_ref().and_then(|v| v.value.clone()) {
+        Some(Value::StringValue(s)) => s,
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::DoubleValue(d)) => d.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+struct Spans(Vec<Span>);
+
+impl Spans {
+    fn from(reqs: &[ExportTraceServiceRequest]) -> Spans {
+        Spans(
+            reqs.iter()
+                .flat_map(|r| &r.resource_spans)
+                .flat_map(|rs| &rs.scope_spans)
+                .flat_map(|ss| ss.spans.clone())
+                .collect(),
+        )
+    }
+    fn attr(s: &Span, key: &str) -> Option<String> {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .map(|kv| value(&kv.value))
+    }
+    fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Span> + 'a {
+        self.0.iter().filter(move |s| s.name == name)
+    }
+    fn ops<'a>(&'a self, kind: &'a str) -> Vec<&'a Span> {
+        self.named("storage_operation")
+            .filter(|s| Self::attr(s, "kind").as_deref() == Some(kind))
+            .collect()
+    }
+    fn children<'a>(&'a self, parent: &'a Span, name: &'a str) -> Vec<&'a Span> {
+        self.0
+            .iter()
+            .filter(|s| s.name == name && s.parent_span_id == parent.span_id)
+            .filter(|s| s.trace_id == parent.trace_id)
+            .collect()
+    }
+    fn parent_of(&self, s: &Span) -> Option<&Span> {
+        self.0
+            .iter()
+            .find(|p| p.span_id == s.parent_span_id && p.trace_id == s.trace_id)
+    }
+    /// storage_operation → l3_op → l3_backend_call, with the attributes the seed names.
+    fn check_operation(&self, op: &Span) {
+        for key in ["op_id", "kind", "keys", "bytes", "rank"] {
+            assert!(Self::attr(op, key).is_some(), "{key} missing on {op:?}");
+        }
+        assert_eq!(Self::attr(op, "rank").as_deref(), Some("0"));
+        let l3 = self.children(op, "l3_op");
+        assert_eq!(l3.len(), 1, "one l3_op child");
+        assert_eq!(Self::attr(l3[0], "op"), Self::attr(op, "op_id"));
+        assert!(
+            !self.children(l3[0], "l3_backend_call").is_empty(),
+            "the backend call is a child of l3_op"
+        );
+    }
+    /// The agreement and the ending (a child span named as the `ending` attribute).
+    fn ending(&self, op: &Span) -> String {
+        assert_eq!(self.children(op, "agreement").len(), 1);
+        let end = Self::attr(op, "ending").expect("an ending");
+        assert_eq!(self.children(op, &end).len(), 1, "{end} child");
+        assert!(Self::attr(op, "outcome").is_some());
+        end
+    }
+    fn no_keys(&self) {
+        for s in &self.0 {
+            // thread.name is the exporter's own attribute (the round loop's "tsl3-rounds").
+            for kv in s.attributes.iter().filter(|kv| kv.key != "thread.name") {
+                let v = value(&kv.value);
+                assert!(
+                    !v.contains("tsl3-"),
+                    "{}.{} carries a key: {v}",
+                    s.name,
+                    kv.key
+                );
+            }
+            for e in &s.events {
+                for kv in &e.attributes {
+                    let v = value(&kv.value);
+                    assert!(!v.contains("tsl3-"), "{} event carries a key: {v}", s.name);
+                }
+            }
+        }
+    }
+}
+
+fn grpc_receiver(rt: &tokio::runtime::Runtime) -> (String, Received) {
+    let sink = Sink::default();
+    let got = sink.0.clone();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(sink))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    (format!("http://{addr}"), got)
+}
+
+fn http_receiver() -> (String, Received, actix_web::dev::ServerHandle) {
+    use actix_web::{web, App, HttpResponse, HttpServer};
+    let got: Received = Arc::default();
+    let g2 = got.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let sys = actix_web::rt::System::new();
+        sys.block_on(async move {
+            let server = HttpServer::new(move || {
+                let g = g2.clone();
+                App::new().route(
+                    "/v1/traces",
+                    web::post().to(move |body: web::Bytes| {
+                        let g = g.clone();
+                        async move {
+                            match ExportTraceServiceRequest::decode(body) {
+                                Ok(r) => {
+                                    g.lock().unwrap().push(r);
+                                    HttpResponse::Ok()
+                                        .content_type("application/x-protobuf")
+                                        .body(
+                                            ExportTraceServiceResponse {
+                                                partial_success: None,
+                                            }
+                                            .encode_to_vec(),
+                                        )
+                                }
+                                Err(_) => HttpResponse::BadRequest().finish(),
+                            }
+                        }
+                    }),
+                )
+            })
+            .workers(1)
+            .bind("127.0.0.1:0")
+            .unwrap();
+            let addr = server.addrs()[0];
+            let running = server.run();
+            tx.send((addr, running.handle())).unwrap();
+            running.await.unwrap();
+        });
+    });
+    let (addr, handle) = rx.recv().unwrap();
+    (format!("http://{addr}"), got, handle)
+}
+
+#[test]
+fn a_restored_read_and_its_backups_are_traced_over_grpc() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (endpoint, got) = grpc_receiver(&rt);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("store");
+    let d = d.to_str().unwrap();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let p = prompt(64, 4);
+    // The writer misses and backs its blocks up.
+    let writer = Host::start(
+        &["serve", "--store", "local", "--store-dir", d],
+        &env,
+        &dir.path().join("writer.log"),
+    );
+    assert_eq!(writer.complete(&p, 2)["tsl3"]["fallback_reason"], "miss");
+    writer.wait_backups_settled();
+    assert!(writer.stop().success());
+    // A fresh reader restores the prefix from L3: QUERY → GET → publish.
+    let reader = Host::start(
+        &["serve", "--store", "local", "--store-dir", d],
+        &env,
+        &dir.path().join("reader.log"),
+    );
+    assert_eq!(reader.complete(&p, 2)["tsl3"]["l3"], 60);
+    assert!(reader.stop().success());
+
+    let spans = Spans::from(&got.lock().unwrap());
+    spans.no_keys();
+    let gets = spans.ops("get");
+    assert_eq!(gets.len(), 1, "the reader's one GET");
+    let get = gets[0];
+    spans.check_operation(get);
+    assert_eq!(spans.ending(get), "publish");
+    assert_eq!(Spans::attr(get, "outcome").as_deref(), Some("ok"));
+    let request = spans.parent_of(get).expect("the GET's parent arrived");
+    assert_eq!(request.name, "request", "a read is a child of its request");
+    assert_eq!(Spans::attr(request, "outcome").as_deref(), Some("finished"));
+    // The reader's QUERY shares the request's trace; the writer's QUERY missed.
+    let queries = spans.ops("query");
+    assert_eq!(queries.len(), 2, "one QUERY per process");
+    for q in &queries {
+        spans.check_operation(q);
+        assert_eq!(spans.ending(q), "publish", "the mask reached its request");
+        assert_eq!(spans.parent_of(q).map(|r| r.name.as_str()), Some("request"));
+    }
+    // The reader's QUERY (16 keys) finds the 15 blocks its GET restores (60 tokens).
+    let found = queries
+        .iter()
+        .find(|q| q.parent_span_id == request.span_id)
+        .expect("the reader's QUERY is under its request");
+    assert_eq!(Spans::attr(found, "keys").as_deref(), Some("16"));
+    assert_eq!(Spans::attr(found, "outcome").as_deref(), Some("partial"));
+    let agreed = spans.children(found, "agreement");
+    assert_eq!(Spans::attr(agreed[0], "success").as_deref(), Some("15"));
+    let published = spans.children(get, "publish");
+    assert_eq!(Spans::attr(published[0], "rows").as_deref(), Some("15"));
+    assert!(queries
+        .iter()
+        .any(|q| Spans::attr(q, "outcome").as_deref() == Some("none")));
+    // Backups are root spans with the executor's lifecycle beneath.
+    let puts = spans.ops("put");
+    assert!(!puts.is_empty(), "the writer's backups were traced");
+    for put in &puts {
+        assert!(put.parent_span_id.is_empty(), "a backup is a root span");
+        spans.check_operation(put);
+    }
+    let settled: Vec<_> = puts
+        .iter()
+        .filter(|p| Spans::attr(p, "ending").is_some())
+        .collect();
+    assert!(!settled.is_empty(), "the settled backups were agreed");
+    for p in settled {
+        assert_eq!(spans.ending(p), "publish", "a settled backup published");
+    }
+}
+
+#[test]
+fn a_memory_store_host_exports_over_http() {
+    let (endpoint, got, handle) = http_receiver();
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::start(
+        &["serve", "--store", "memory"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("TSL3_TELEMETRY__OTLP_PROTOCOL", "http"),
+        ],
+        &dir.path().join("host.log"),
+    );
+    assert_eq!(
+        host.complete(&prompt(40, 6), 2)["tsl3"]["fallback_reason"],
+        "miss"
+    );
+    host.wait_backups_settled();
+    assert!(host.stop().success());
+    let spans = Spans::from(&got.lock().unwrap());
+    actix_web::rt::System::new().block_on(handle.stop(true));
+    spans.no_keys();
+    let queries = spans.ops("query");
+    assert_eq!(queries.len(), 1);
+    spans.check_operation(queries[0]);
+    assert_eq!(spans.ending(queries[0]), "publish");
+    assert_eq!(Spans::attr(queries[0], "outcome").as_deref(), Some("none"));
+    let request = spans
+        .parent_of(queries[0])
+        .expect("the request span arrived");
+    assert_eq!(request.name, "request");
+    assert!(spans.ops("get").is_empty(), "a miss reads nothing");
+    let puts = spans.ops("put");
+    assert!(!puts.is_empty());
+    for put in &puts {
+        assert!(put.parent_span_id.is_empty());
+        spans.check_operation(put);
+    }
+    let settled: Vec<_> = puts
+        .iter()
+        .filter(|p| Spans::attr(p, "ending").is_some())
+        .collect();
+    assert!(!settled.is_empty(), "the settled backups were agreed");
+    for p in settled {
+        assert_eq!(spans.ending(p), "publish");
+    }
+}
