@@ -354,11 +354,24 @@ mod tests {
         .unwrap()
     }
 
-    /// Series identities (name and labels, value dropped) of an exposition.
+    /// Series identities of an exposition: name and labels sorted by name, value dropped
+    /// (the registry's constant labels come in hash order).
     fn series(text: &str) -> BTreeSet<String> {
         text.lines()
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .filter_map(|l| l.rsplit_once(' ').map(|(id, _)| id.to_string()))
+            .filter_map(|l| l.rsplit_once(' ').map(|(id, _)| id))
+            .map(|id| match id.split_once('{') {
+                Some((name, labels)) => {
+                    let mut ls: Vec<String> = labels
+                        .trim_end_matches('}')
+                        .split("\",")
+                        .map(|l| format!("{}\"", l.trim_end_matches('"')))
+                        .collect();
+                    ls.sort_unstable();
+                    format!("{name}{{{}}}", ls.join(","))
+                }
+                None => id.to_string(),
+            })
             .collect()
     }
 
