@@ -33,10 +33,14 @@ cargo test --workspace --no-fail-fast 2>&1 | tee /tmp/tsl3-cargo-test.log
 # promtool and the grafana-foundation-sdk venv deploy/.venv-checks on first use and starts no
 # service): SDK round trip, promtool check rules on every query, metric names against
 # names.rs and a fixture exposition, panel semantics, and self-tests on broken inputs.
-# Hook for a running engine host (after a short workload):
-#   check_live_metrics http://127.0.0.1:8000/metrics
+# Then a live engine host (deploy/checks/live_engine.sh, < 20 s): `engine-host serve --store
+# local` on a free loopback port, a few completions (one repeated), then
+# `check_live_metrics http://127.0.0.1:PORT/metrics` and `promtool check metrics` on the
+# scrape; SIGTERM must stop it with exit 0.
 echo "== observability checks (dashboards)"
 # shellcheck source=deploy/checks/live.sh
 source "$ROOT/deploy/checks/live.sh"
 bash "$ROOT/deploy/checks/run.sh"
+echo "== observability: live engine host metrics"
+bash "$ROOT/deploy/checks/live_engine.sh"
 # --- end observability checks ---

@@ -1,14 +1,21 @@
 //! Exports snapshots of the rank (scheduler, StorageTransferManager, L3 executor, health)
 //! into the Prometheus registry: at most once a second, and whenever storage turns pending
 //! or idle. Counters advance by the difference between cumulative snapshots. Metrics never
-//! feed a decision; this module only reads.
+//! feed a decision; this module only reads. The local store's promotion funnel and GET tiers
+//! come from the `LocalStore` the serve code hands over (`Exporter::with_local`).
 
 use actors::engine::RankEngine;
 use actors::frontend::FallbackReason;
-use actors::metrics::Metrics;
+use actors::l3::store::local::LocalStore;
+use actors::metrics::{
+    capacity_label, fail_reason_label, Metrics, CAPACITY_REASONS, L3_JOB_STATES, L3_OUTCOMES,
+    LOCAL_GET_TIERS, PREFIX_TIERS, PROMOTION_FAIL_REASONS,
+};
 use actors::storage_transfer::DropReason;
 use messages::StorageOpKind;
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -16,9 +23,19 @@ pub struct Exporter {
     last: Option<Instant>,
     was_pending: bool,
     prev: BTreeMap<String, u64>,
+    local: Option<Arc<LocalStore>>,
 }
 
 impl Exporter {
+    /// An exporter that also reads the local store's promotion and GET statistics (when the
+    /// rank's store is the local store).
+    pub fn with_local(local: Option<Arc<LocalStore>>) -> Self {
+        Self {
+            local,
+            ..Self::default()
+        }
+    }
+
     /// Advances a counter to the cumulative value `now` (never backwards).
     fn advance(&mut self, key: String, now: u64) -> u64 {
         let prev = self.prev.insert(key, now).unwrap_or(0);
@@ -57,12 +74,8 @@ impl Exporter {
         let s = engine.scheduler().stats().clone();
         let d = self.advance("rounds".into(), s.rounds);
         m.rounds.inc_by(d);
-        for (tier, v) in [
-            ("device", s.prefix_device),
-            ("host", s.prefix_host),
-            ("l3", s.prefix_l3),
-            ("computed", s.computed),
-        ] {
+        let tiers = [s.prefix_device, s.prefix_host, s.prefix_l3, s.computed];
+        for (tier, v) in PREFIX_TIERS.into_iter().zip(tiers) {
             let d = self.advance(format!("prefix/{tier}"), v);
             m.prefix_tokens.with_label_values(&[tier]).inc_by(d);
         }
@@ -101,11 +114,8 @@ impl Exporter {
             for k in StorageOpKind::ALL {
                 let ks = st.kind(k);
                 let kind = k.as_str();
-                for (outcome, v) in [
-                    ("completed", ks.completed),
-                    ("rejected", ks.rejected),
-                    ("cancelled", ks.cancelled),
-                ] {
+                let outcomes = [ks.completed, ks.rejected, ks.cancelled];
+                for (outcome, v) in L3_OUTCOMES.into_iter().zip(outcomes) {
                     let d = self.advance(format!("ops/{kind}/{outcome}"), v);
                     m.l3_operations
                         .with_label_values(&[kind, outcome])
@@ -126,12 +136,9 @@ impl Exporter {
                     .with_label_values(&[kind])
                     .inc_by(d as f64 / 1e6);
                 let j = st.jobs[k.index()];
-                m.l3_jobs
-                    .with_label_values(&[kind, "queued"])
-                    .set(j.queued as i64);
-                m.l3_jobs
-                    .with_label_values(&[kind, "running"])
-                    .set(j.running as i64);
+                for (state, v) in L3_JOB_STATES.into_iter().zip([j.queued, j.running]) {
+                    m.l3_jobs.with_label_values(&[kind, state]).set(v as i64);
+                }
             }
             let d = self.advance("new_writes".into(), st.kind(StorageOpKind::Put).new_writes);
             m.l3_put_new_writes.inc_by(d);
@@ -149,6 +156,9 @@ impl Exporter {
             let unproven = st.jobs.iter().any(|j| j.unretired > 0);
             m.l3_unproven_retirement.set(unproven as i64);
         }
+        if let Some(local) = self.local.clone() {
+            self.export_local(m, &local);
+        }
         let h = engine.health();
         let doc = serde_json::json!({
             "status": "ok",
@@ -159,5 +169,40 @@ impl Exporter {
             "l3_enabled": engine.scheduler().l3_enabled(),
         });
         *health.lock() = doc.to_string();
+    }
+
+    /// DFS -> MEMORY promotion funnel, staging and GET tiers of the local store.
+    fn export_local(&mut self, m: &Metrics, local: &LocalStore) {
+        let ps = local.promotion_stats();
+        let f = ps.funnel();
+        for (key, v, c) in [
+            ("promo/attempted", f.attempted, &m.promotion_attempted),
+            ("promo/committed", f.committed, &m.promotion_committed),
+            ("promo/expired", f.expired, &m.promotion_expired),
+            ("promo/cancelled", f.cancelled, &m.promotion_cancelled),
+        ] {
+            let d = self.advance(key.into(), v);
+            c.inc_by(d);
+        }
+        for r in PROMOTION_FAIL_REASONS {
+            let label = fail_reason_label(r);
+            let d = self.advance(format!("promo/failed/{label}"), ps.failed_by(r));
+            m.promotion_failed.with_label_values(&[label]).inc_by(d);
+        }
+        for c in CAPACITY_REASONS {
+            let label = capacity_label(c);
+            let d = self.advance(format!("promo/rejected/{label}"), ps.rejected_by(c));
+            m.promotion_rejected.with_label_values(&[label]).inc_by(d);
+        }
+        m.promotion_in_flight.set(f.in_flight as i64);
+        m.promotion_staging_bytes.set(local.staging().used() as i64);
+        let gets = [
+            local.stats.memory_hits.load(Ordering::Relaxed),
+            local.stats.dfs_reads.load(Ordering::Relaxed),
+        ];
+        for (tier, v) in LOCAL_GET_TIERS.into_iter().zip(gets) {
+            let d = self.advance(format!("local_get/{tier}"), v);
+            m.local_get.with_label_values(&[tier]).inc_by(d);
+        }
     }
 }

@@ -76,6 +76,7 @@ pub fn make_store(
     s: &Settings,
     clock: SharedClock,
     host: &Arc<actors::host::HostCacheStorage>,
+    local: &parking_lot::Mutex<Option<Arc<LocalStore>>>, // for the metrics exporter
 ) -> Result<Arc<dyn Store>, String> {
     match s.storage.backend {
         StoreKind::None => Err("storage is disabled".into()),
@@ -84,9 +85,9 @@ pub fn make_store(
             let cfg = LocalStoreConfig::from_settings(&s.storage.local);
             std::fs::create_dir_all(&cfg.dir)
                 .map_err(|e| format!("storage.local.dir {}: {e}", cfg.dir.display()))?;
-            LocalStore::open(&cfg, clock)
-                .map(|l| Arc::new(l) as Arc<dyn Store>)
-                .map_err(|e| e.to_string())
+            let l = Arc::new(LocalStore::open(&cfg, clock).map_err(|e| e.to_string())?);
+            *local.lock() = Some(l.clone());
+            Ok(l)
         }
         StoreKind::Mooncake => {
             let m = MooncakeStore::connect(&s.storage.mooncake).map_err(|e| e.to_string())?;
@@ -117,6 +118,7 @@ struct Shared {
     metrics: Metrics,
     health: parking_lot::Mutex<String>,
     stop: AtomicBool,
+    local_store: Option<Arc<LocalStore>>,
 }
 
 pub fn run(settings: Settings) -> Result<()> {
@@ -124,10 +126,12 @@ pub fn run(settings: Settings) -> Result<()> {
     let spec = rank_spec(&settings)?;
     let store_holder: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>> = Arc::default();
     let holder = store_holder.clone();
+    let local_store: Arc<parking_lot::Mutex<Option<Arc<LocalStore>>>> = Arc::default();
+    let local2 = local_store.clone();
     let s2 = settings.clone();
     let c2 = clock.clone();
     let engine = build_rank(&spec, clock.clone(), move |host| {
-        let st = make_store(&s2, c2, host)?;
+        let st = make_store(&s2, c2, host, &local2)?;
         *holder.lock() = Some(st.clone());
         Ok(st)
     })
@@ -144,6 +148,7 @@ pub fn run(settings: Settings) -> Result<()> {
         .context("metrics registry")?,
         health: parking_lot::Mutex::new("{\"status\":\"starting\"}".into()),
         stop: AtomicBool::new(false),
+        local_store: local_store.lock().take(),
     });
     let (state, inbox) = {
         let m = shared.clone();
@@ -284,7 +289,7 @@ async fn round_loop(
         admin: vec![],
         started: BTreeMap::new(),
     };
-    let mut exporter = Exporter::default();
+    let mut exporter = Exporter::with_local(shared.local_store.clone());
     let mut round: u64 = 0;
     let mut stopping_since: Option<Instant> = None;
     loop {

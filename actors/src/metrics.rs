@@ -1,14 +1,84 @@
 //! Prometheus metrics of one engine host: one registry whose constant labels identify model,
-//! role, DP rank and TP rank. This module owns registration and rendering only; values are
-//! set from snapshots by the engine host at most once a second (and when storage turns
-//! pending or idle). Metrics never feed a decision.
+//! role, DP rank and TP rank. This module owns registration, the closed label enumerations
+//! and rendering only; every known label combination is pre-initialized to zero so each
+//! series exists from the first scrape. Values are set from snapshots by the engine host at
+//! most once a second (and when storage turns pending or idle). Metrics never feed a
+//! decision, and no label ever carries a request ID or an object key.
 
+use crate::frontend::FallbackReason;
+use crate::l3::store::local::stats::FailReason;
+use crate::l3::store::{CapacityReason, PromotionFailure};
 use crate::names::metric as m;
+use crate::storage_transfer::DropReason;
+use messages::StorageOpKind;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
 use std::collections::HashMap;
+
+/// `outcome` of `tsl3_l3_operations_total`: how an L3 operation ended.
+pub const L3_OUTCOMES: [&str; 3] = ["completed", "rejected", "cancelled"];
+/// `state` of `tsl3_l3_jobs`.
+pub const L3_JOB_STATES: [&str; 2] = ["queued", "running"];
+/// `credit` of `tsl3_l3_credits_in_use`.
+pub const CREDITS: [&str; 2] = ["operation", "host"];
+/// `tier` of `tsl3_prefix_tokens_total`: where a prompt token's KV came from.
+pub const PREFIX_TIERS: [&str; 4] = ["device", "host", "l3", "computed"];
+/// `tier` of `tsl3_local_get_total`: where the local store served a GET from.
+pub const LOCAL_GET_TIERS: [&str; 2] = ["memory", "dfs"];
+
+/// `reason` label of a capacity gate.
+pub fn capacity_label(c: CapacityReason) -> &'static str {
+    match c {
+        CapacityReason::Quota => "quota",
+        CapacityReason::Allocation => "allocation",
+        CapacityReason::Watermark => "watermark",
+        CapacityReason::InFlightCap => "in_flight_cap",
+    }
+}
+
+/// `reason` label of a promotion failure.
+pub fn failure_label(f: PromotionFailure) -> &'static str {
+    match f {
+        PromotionFailure::Busy => "busy",
+        PromotionFailure::Fenced => "fenced",
+        PromotionFailure::Expired => "expired",
+        PromotionFailure::SourceChanged => "source_changed",
+        PromotionFailure::Io => "io",
+        PromotionFailure::Checksum => "checksum",
+    }
+}
+
+/// Every capacity reason (`reason` of `tsl3_promotion_rejected_total`).
+pub const CAPACITY_REASONS: [CapacityReason; 4] = [
+    CapacityReason::Quota,
+    CapacityReason::Allocation,
+    CapacityReason::Watermark,
+    CapacityReason::InFlightCap,
+];
+
+/// Every reason an admitted promotion failed (`reason` of `tsl3_promotion_failed_total`).
+pub const PROMOTION_FAIL_REASONS: [FailReason; 10] = [
+    FailReason::Failure(PromotionFailure::Busy),
+    FailReason::Failure(PromotionFailure::Fenced),
+    FailReason::Failure(PromotionFailure::Expired),
+    FailReason::Failure(PromotionFailure::SourceChanged),
+    FailReason::Failure(PromotionFailure::Io),
+    FailReason::Failure(PromotionFailure::Checksum),
+    FailReason::Capacity(CapacityReason::Quota),
+    FailReason::Capacity(CapacityReason::Allocation),
+    FailReason::Capacity(CapacityReason::Watermark),
+    FailReason::Capacity(CapacityReason::InFlightCap),
+];
+
+/// `reason` label of a promotion failure reason.
+pub fn fail_reason_label(r: FailReason) -> &'static str {
+    match r {
+        FailReason::Failure(f) => failure_label(f),
+        FailReason::Capacity(c) => capacity_label(c),
+    }
+}
 
 /// The labels every series carries.
 #[derive(Clone, Debug)]
@@ -47,6 +117,10 @@ pub struct Metrics {
     pub promotion_failed: IntCounterVec,
     pub promotion_in_flight: IntGauge,
     pub promotion_staging_bytes: IntGauge,
+    pub promotion_expired: IntCounter,
+    pub promotion_cancelled: IntCounter,
+    pub promotion_rejected: IntCounterVec,
+    pub local_get: IntCounterVec,
     pub ttft_seconds: Histogram,
     pub prefix_tokens: IntCounterVec,
     pub requests: IntCounterVec,
@@ -58,7 +132,56 @@ fn opts(name: &str, help: &str) -> Opts {
 }
 
 impl Metrics {
+    /// A registry with every series of every known label combination present at zero.
     pub fn new(labels: &MetricLabels) -> prometheus::Result<Self> {
+        let me = Self::register(labels)?;
+        me.zero_every_series();
+        Ok(me)
+    }
+
+    /// Touches every known label combination so it is exported (at zero) from the start.
+    fn zero_every_series(&self) {
+        for k in StorageOpKind::ALL {
+            let kind = k.as_str();
+            for outcome in L3_OUTCOMES {
+                self.l3_operations.with_label_values(&[kind, outcome]);
+            }
+            for state in L3_JOB_STATES {
+                self.l3_jobs.with_label_values(&[kind, state]);
+            }
+            self.l3_queue_seconds.with_label_values(&[kind]);
+            self.l3_backend_seconds.with_label_values(&[kind]);
+            self.l3_completed_jobs.with_label_values(&[kind]);
+            self.l3_payload_bytes.with_label_values(&[kind]);
+            self.l3_queued_payload_bytes.with_label_values(&[kind]);
+            self.l3_backend_calls.with_label_values(&[kind]);
+        }
+        for r in DropReason::ALL {
+            self.l3_dropped_backup_keys.with_label_values(&[r.as_str()]);
+        }
+        for c in CREDITS {
+            self.l3_credits_in_use.with_label_values(&[c]);
+        }
+        for r in PROMOTION_FAIL_REASONS {
+            self.promotion_failed
+                .with_label_values(&[fail_reason_label(r)]);
+        }
+        for c in CAPACITY_REASONS {
+            self.promotion_rejected
+                .with_label_values(&[capacity_label(c)]);
+        }
+        for t in LOCAL_GET_TIERS {
+            self.local_get.with_label_values(&[t]);
+        }
+        for t in PREFIX_TIERS {
+            self.prefix_tokens.with_label_values(&[t]);
+        }
+        for f in FallbackReason::ALL {
+            self.requests.with_label_values(&[f.as_str()]);
+        }
+    }
+
+    fn register(labels: &MetricLabels) -> prometheus::Result<Self> {
         let mut constant = HashMap::new();
         constant.insert("model".to_string(), labels.model.clone());
         constant.insert("role".to_string(), labels.role.clone());
@@ -168,6 +291,25 @@ impl Metrics {
                 m::PROMOTION_STAGING_BYTES,
                 "Bytes of promotion staging in use"
             ))?),
+            promotion_expired: reg!(IntCounter::with_opts(opts(
+                m::PROMOTION_EXPIRED_TOTAL,
+                "Admitted DFS to MEMORY promotions that expired before commit"
+            ))?),
+            promotion_cancelled: reg!(IntCounter::with_opts(opts(
+                m::PROMOTION_CANCELLED_TOTAL,
+                "Admitted DFS to MEMORY promotions cancelled before commit"
+            ))?),
+            promotion_rejected: reg!(IntCounterVec::new(
+                opts(
+                    m::PROMOTION_REJECTED_TOTAL,
+                    "DFS to MEMORY promotions refused before admission, by capacity reason"
+                ),
+                &["reason"]
+            )?),
+            local_get: reg!(IntCounterVec::new(
+                opts(m::LOCAL_GET_TOTAL, "Local store GETs served, by tier"),
+                &["tier"]
+            )?),
             ttft_seconds: reg!(Histogram::with_opts(
                 HistogramOpts::new(m::TTFT_SECONDS, "Time to first token").buckets(vec![
                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
@@ -200,17 +342,59 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
-    #[test]
-    fn every_series_carries_the_rank_labels_and_no_keys() {
-        let m = Metrics::new(&MetricLabels {
+    fn metrics() -> Metrics {
+        Metrics::new(&MetricLabels {
             model: "tiny".into(),
             role: "fused".into(),
             dp_rank: 0,
             tp_rank: 1,
         })
-        .unwrap();
-        m.l3_operations.with_label_values(&["get", "ok"]).inc();
+        .unwrap()
+    }
+
+    /// Series identities of an exposition: name and labels sorted by name, value dropped
+    /// (the registry's constant labels come in hash order).
+    fn series(text: &str) -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| l.rsplit_once(' ').map(|(id, _)| id))
+            .map(|id| match id.split_once('{') {
+                Some((name, labels)) => {
+                    let mut ls: Vec<String> = labels
+                        .trim_end_matches('}')
+                        .split("\",")
+                        .map(|l| format!("{}\"", l.trim_end_matches('"')))
+                        .collect();
+                    ls.sort_unstable();
+                    format!("{name}{{{}}}", ls.join(","))
+                }
+                None => id.to_string(),
+            })
+            .collect()
+    }
+
+    /// Every `pub const ... = "tsl3_..."` metric name declared in names.rs.
+    fn declared_names() -> Vec<String> {
+        include_str!("names.rs")
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                let rest = l.strip_prefix("pub const ")?;
+                let (_, v) = rest.split_once("= \"")?;
+                let v = v.split('"').next()?;
+                (v.starts_with("tsl3_")).then(|| v.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_series_carries_the_rank_labels_and_no_keys() {
+        let m = metrics();
+        m.l3_operations
+            .with_label_values(&["get", "completed"])
+            .inc();
         m.prefix_tokens.with_label_values(&["l3"]).inc_by(5);
         m.ttft_seconds.observe(0.01);
         let text = m.render();
@@ -223,5 +407,111 @@ mod tests {
             assert!(line.contains("model=\"tiny\""), "{line}");
             assert!(!line.contains("tsl3-"), "no object keys: {line}");
         }
+    }
+
+    #[test]
+    fn every_known_label_combination_exists_at_zero_before_any_traffic() {
+        let text = metrics().render();
+        let ids = series(&text);
+        let has = |name: &str, labels: &str| {
+            ids.iter()
+                .any(|id| id.starts_with(&format!("{name}{{")) && id.contains(labels))
+        };
+        for k in StorageOpKind::ALL {
+            for o in L3_OUTCOMES {
+                let l = format!("kind=\"{}\",model", k.as_str());
+                assert!(
+                    ids.iter().any(|id| id.starts_with(m::L3_OPERATIONS)
+                        && id.contains(&l)
+                        && id.contains(&format!("outcome=\"{o}\""))),
+                    "{k:?} {o}\n{text}"
+                );
+            }
+            for st in L3_JOB_STATES {
+                assert!(
+                    ids.iter()
+                        .any(|id| id.starts_with(&format!("{}{{", m::L3_JOBS))
+                            && id.contains(&format!("kind=\"{}\"", k.as_str()))
+                            && id.contains(&format!("state=\"{st}\""))),
+                    "{k:?} {st}"
+                );
+            }
+        }
+        for r in DropReason::ALL {
+            assert!(has(
+                m::L3_DROPPED_BACKUP_KEYS,
+                &format!("reason=\"{}\"", r.as_str())
+            ));
+        }
+        for f in FallbackReason::ALL {
+            assert!(has(
+                m::REQUESTS,
+                &format!("fallback_reason=\"{}\"", f.as_str())
+            ));
+        }
+        for t in PREFIX_TIERS {
+            assert!(has(m::PREFIX_TOKENS, &format!("tier=\"{t}\"")));
+        }
+        for c in CREDITS {
+            assert!(has(m::L3_CREDITS_IN_USE, &format!("credit=\"{c}\"")));
+        }
+        let fail: BTreeSet<_> = PROMOTION_FAIL_REASONS
+            .iter()
+            .map(|r| fail_reason_label(*r))
+            .collect();
+        assert_eq!(
+            fail.len(),
+            PROMOTION_FAIL_REASONS.len(),
+            "labels are distinct"
+        );
+        for r in fail {
+            assert!(has(m::PROMOTION_FAILED, &format!("reason=\"{r}\"")), "{r}");
+        }
+        for c in CAPACITY_REASONS {
+            assert!(has(
+                m::PROMOTION_REJECTED_TOTAL,
+                &format!("reason=\"{}\"", capacity_label(c))
+            ));
+        }
+        for t in LOCAL_GET_TIERS {
+            assert!(has(m::LOCAL_GET_TOTAL, &format!("tier=\"{t}\"")));
+        }
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            if !line.contains("_bucket{") {
+                assert!(line.ends_with(" 0"), "zero before traffic: {line}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_declared_metric_name_is_registered() {
+        let text = metrics().render();
+        let names = declared_names();
+        assert!(names.len() >= 30, "{names:?}");
+        for n in names {
+            assert!(
+                text.contains(&format!("# TYPE {n} ")),
+                "{n} is declared in names.rs but not exported"
+            );
+        }
+    }
+
+    /// The dashboards' fixture exposition has exactly the series this registry exports, so
+    /// its label values are the real ones (values may differ).
+    #[test]
+    fn the_dashboard_fixture_has_exactly_the_real_series() {
+        let fixture = include_str!("../../deploy/checks/fixtures/engine-host-metrics.txt");
+        let want = series(&metrics().render());
+        let got = series(fixture);
+        let missing: Vec<_> = want.difference(&got).collect();
+        let extra: Vec<_> = got.difference(&want).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "fixture differs from Metrics::new: missing {missing:#?} extra {extra:#?} \
+             (regenerate it: deploy/checks/gen_fixture.py)"
+        );
     }
 }

@@ -10,9 +10,8 @@ With --declared actors/src/names.rs instead of an exposition, the check is stati
 metric a panel uses (histogram `_bucket/_sum/_count` folded to the base name) is declared in
 names.rs; names.rs metrics no dashboard shows are listed as a note.
 
-Note: the prometheus crate omits a labelled metric (a *Vec) until one of its label sets is
-touched, so a live exposition lacks e.g. dropped-key reasons that never happened; such a
-miss is reported as "absent (no sample yet?)".
+Note: actors/src/metrics.rs pre-initializes every known label combination to zero, so a
+live exposition has every series from the start; a miss is reported as "absent".
 
 Usage: check_metrics_used.py [--no-lint] METRICS_TEXT_FILE [DASHBOARD.json ...]
        check_metrics_used.py --declared NAMES_RS [DASHBOARD.json ...]
@@ -48,7 +47,7 @@ def against_exposition(text: str, files: list[pathlib.Path]) -> list[str]:
     problems = []
     for where, name, labels in used(files):
         if name not in samples:
-            problems.append(f"{where}: {name} absent from the exposition (no sample yet?)")
+            problems.append(f"{where}: {name} absent from the exposition")
             continue
         missing = [lb for lb in labels if lb not in samples[name]]
         if missing:

@@ -69,8 +69,8 @@ def cases(d: dict) -> tuple[list[dict], list[dict]]:
 
     # Shard-local I/O: every rank's operations add up (1+2+3+4 = 10 ops/s).
     inputs += series("tsl3_l3_operations_total", counter(lambda dp, tp: 1 + int(tp) + 2 * int(dp)),
-                     kind="get", outcome="ok")
-    expect("L3 operations by kind and outcome", "A", [('{kind="get", outcome="ok"}', 10)])
+                     kind="get", outcome="completed")
+    expect("L3 operations by kind and outcome", "A", [('{kind="get", outcome="completed"}', 10)])
     # Latency: 0.5 queue seconds per second over 1 completed job per second per rank -> 0.5 s/job.
     inputs += series("tsl3_l3_queue_seconds_total", counter(lambda dp, tp: 0.5), kind="put")
     inputs += series("tsl3_l3_completed_jobs_total", counter(lambda dp, tp: 1), kind="put")

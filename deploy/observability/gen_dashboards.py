@@ -314,21 +314,29 @@ def l3() -> dict:
     ]
     promo = [
         panel("bargauge", "Promotion funnel (time range)",
-              "DFS to MEMORY promotions over the dashboard time range: admitted, committed, failed.",
+              "DFS to MEMORY promotions over the dashboard time range: admitted = committed + "
+              "failed + expired + cancelled + in flight.",
               [(f"sum(increase(tsl3_promotion_attempted_total{sel()}[$__range]))", "attempted"),
                (f"sum(increase(tsl3_promotion_committed_total{sel()}[$__range]))", "committed"),
-               (f"sum(increase(tsl3_promotion_failed_total{sel()}[$__range]))", "failed")],
+               (f"sum(increase(tsl3_promotion_failed_total{sel()}[$__range]))", "failed"),
+               (f"sum(increase(tsl3_promotion_expired_total{sel()}[$__range]))", "expired"),
+               (f"sum(increase(tsl3_promotion_cancelled_total{sel()}[$__range]))", "cancelled")],
               instant=True),
         panel("timeseries", "Promotion rates and failures by reason",
-              "DFS to MEMORY promotions per second: admitted, committed, and failures by reason.",
+              "DFS to MEMORY promotions per second: admitted, committed, failures by reason, and "
+              "refusals before admission by capacity reason.",
               [(f"sum({rate('tsl3_promotion_attempted_total')})", "attempted"),
                (f"sum({rate('tsl3_promotion_committed_total')})", "committed"),
-               (f"sum by (reason) ({rate('tsl3_promotion_failed_total')})", "failed {{reason}}")],
+               (f"sum by (reason) ({rate('tsl3_promotion_failed_total')})", "failed {{reason}}"),
+               (f"sum by (reason) ({rate('tsl3_promotion_rejected_total')})", "rejected {{reason}}")],
               unit="ops"),
         panel("timeseries", "Promotions in flight and staging",
               "Promotions in flight and bytes of promotion staging in use, per rank.",
               [(f"max by ({RANK_KEYS}) (tsl3_promotion_in_flight{sel()})", "in flight " + RANK),
                (f"max by ({RANK_KEYS}) (tsl3_promotion_staging_bytes{sel()})", "staging bytes " + RANK)]),
+        panel("timeseries", "Local store GETs by tier",
+              "Local store GETs per second served from MEMORY or from the DFS tier, summed over ranks.",
+              [(f"sum by (tier) ({rate('tsl3_local_get_total')})", "{{tier}}")], unit="ops"),
     ]
     return dashboard(
         "tsl3-l3", "tsl3 / L3 tier",
