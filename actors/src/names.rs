@@ -25,6 +25,13 @@ pub mod env {
     pub const DFS_TEST_CHILD: &str = "TSL3_DFS_TEST_CHILD";
     /// Multi-process DFS tests: the shared DFS directory of the child.
     pub const DFS_TEST_DIR: &str = "TSL3_DFS_TEST_DIR";
+    /// Cross-process flat-KV test (actors/tests/flat_kv_process.rs): the child's role
+    /// (`writer` or `reader`) on a re-entered test binary.
+    pub const FLAT_KV_TEST_CHILD: &str = "TSL3_FLAT_KV_TEST_CHILD";
+    /// Cross-process flat-KV test: the store of the child (`local:<dir>` or `mooncake`).
+    pub const FLAT_KV_TEST_STORE: &str = "TSL3_FLAT_KV_TEST_STORE";
+    /// Cross-process flat-KV test: the fresh namespace (and prompt salt) of the run.
+    pub const FLAT_KV_TEST_NAMESPACE: &str = "TSL3_FLAT_KV_TEST_NAMESPACE";
 }
 
 /// Metric names (Prometheus conventions: `_total` on counters, unit suffixes). Labels are

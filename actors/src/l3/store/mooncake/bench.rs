@@ -1,15 +1,25 @@
-//! `engine-host bench mooncake`: GET and PUT throughput of N objects through MooncakeStore
-//! and through Mooncake's own Python client (`MooncakeDistributedStore` of the master's
-//! venv), against the same master in the same run, with their ratio. It owns only the
-//! measurement; it never runs in tests' timing assertions (figures are reported, not
-//! checked) and never touches another namespace than the fresh ones it creates and removes.
+//! `engine-host bench mooncake`: GET and PUT throughput of N objects, one batch each,
+//! through three clients against the same master in the same run: the L3 executor over
+//! MooncakeStore (the engine host's path: a registered Host allocation, one job per batch,
+//! timed from submit until its completion is observed), MooncakeStore called directly, and
+//! Mooncake's own Python client (`MooncakeDistributedStore` of the master's venv), with the
+//! ratios to Python. It owns only the measurement; it never runs in tests' timing
+//! assertions (figures are reported, not checked) and never touches another namespace than
+//! the fresh ones it creates and removes.
 
 use super::MooncakeStore;
+use crate::clock::SystemClock;
+use crate::host::HostCacheStorage;
+use crate::l3::executor::{L3Executor, Submitted};
 use crate::l3::store::{KeyResult, Store};
-use messages::settings::MooncakeStoreSettings;
-use messages::{Namespace, StorageKey};
+use messages::settings::{MooncakeStoreSettings, StorageRuntimeConfig};
+use messages::{
+    HostRange, Namespace, OperationId, StorageDone, StorageGetOp, StorageKey, StorageOp,
+    StoragePutOp,
+};
 use std::process::Command;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Throughput of one client, in GiB/s.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,6 +34,9 @@ pub struct MooncakeBenchReport {
     pub objects: usize,
     pub object_bytes: usize,
     pub rounds: usize,
+    /// Through the L3 executor over MooncakeStore (Host buffer registered).
+    pub executor: ClientFigures,
+    /// MooncakeStore called directly.
     pub tsl3: ClientFigures,
     pub python: ClientFigures,
 }
@@ -37,22 +50,38 @@ impl MooncakeBenchReport {
         )
     }
 
+    /// executor / Python for PUT and GET.
+    pub fn executor_ratios(&self) -> (f64, f64) {
+        (
+            self.executor.put_gib_s / self.python.put_gib_s,
+            self.executor.get_gib_s / self.python.get_gib_s,
+        )
+    }
+
     pub fn render(&self) -> String {
         let (put, get) = self.ratios();
+        let (eput, eget) = self.executor_ratios();
         format!(
             "mooncake bench: {} x {} KiB, one batch each, same master, median of {} rounds\n\
              {:<8} PUT {:>7.3} GiB/s  GET {:>7.3} GiB/s\n\
              {:<8} PUT {:>7.3} GiB/s  GET {:>7.3} GiB/s\n\
+             {:<8} PUT {:>7.3} GiB/s  GET {:>7.3} GiB/s\n\
+             ratio executor/python: PUT {:.2}  GET {:.2}\n\
              ratio tsl3/python: PUT {:.2}  GET {:.2}",
             self.objects,
             self.object_bytes / 1024,
             self.rounds,
+            self.executor.client,
+            self.executor.put_gib_s,
+            self.executor.get_gib_s,
             self.tsl3.client,
             self.tsl3.put_gib_s,
             self.tsl3.get_gib_s,
             self.python.client,
             self.python.put_gib_s,
             self.python.get_gib_s,
+            eput,
+            eget,
             put,
             get
         )
@@ -74,10 +103,11 @@ fn fresh_namespace(client: &str) -> Namespace {
     ))
 }
 
-/// Runs both clients, each after an untimed one-object warm-up. `python` is the interpreter of the master's venv (deploy/mooncake/
-/// env.sh exports it as $MOONCAKE_PYTHON).
-/// The clients alternate for `rounds` rounds (each on a fresh namespace) and each figure
-/// is the median of its rounds, which tames a shared machine's noise.
+/// Runs the three clients, each after an untimed one-object warm-up. `python` is the
+/// interpreter of the master's venv (deploy/mooncake/env.sh exports it as
+/// $MOONCAKE_PYTHON). The clients alternate for `rounds` rounds (each on a fresh
+/// namespace) and each figure is the median of its rounds, which tames a shared machine's
+/// noise.
 pub fn bench_mooncake(
     settings: &MooncakeStoreSettings,
     python: &str,
@@ -88,9 +118,11 @@ pub fn bench_mooncake(
     if objects == 0 || object_bytes == 0 || rounds == 0 {
         return Err("objects, object_bytes and rounds must be greater than 0".into());
     }
+    let mut executor = Vec::with_capacity(rounds);
     let mut ours = Vec::with_capacity(rounds);
     let mut theirs = Vec::with_capacity(rounds);
     for _ in 0..rounds {
+        executor.push(bench_executor(settings, objects, object_bytes)?);
         ours.push(bench_tsl3(settings, objects, object_bytes)?);
         theirs.push(bench_python(settings, python, objects, object_bytes)?);
     }
@@ -98,6 +130,7 @@ pub fn bench_mooncake(
         objects,
         object_bytes,
         rounds,
+        executor: median(&executor),
         tsl3: median(&ours),
         python: median(&theirs),
     })
@@ -162,6 +195,134 @@ fn bench_tsl3(
     let _ = store.close();
     Ok(ClientFigures {
         client: "tsl3",
+        put_gib_s: gib_s(total, put_s),
+        get_gib_s: gib_s(total, get_s),
+    })
+}
+
+/// Submits one job and waits (bounded) until its completion is observed; it must have
+/// fully succeeded.
+fn settle(exec: &L3Executor, op: StorageOp) -> Result<StorageDone, String> {
+    let id = op.id();
+    match exec.submit(op) {
+        Submitted::Queued => {}
+        other => return Err(format!("executor did not queue {id}: {other:?}")),
+    }
+    if !exec.wait_undelivered(1, Duration::from_secs(300)) {
+        return Err(format!("executor job {id} did not settle"));
+    }
+    let (done, _) = exec.poll();
+    let d = done
+        .into_iter()
+        .find(|d| d.op == id)
+        .ok_or_else(|| format!("no completion of {id}"))?;
+    if !d.fully_succeeded() {
+        return Err(format!(
+            "executor job {id} failed: error {:?}, rejection {:?}, failures {:?}",
+            d.error,
+            d.rejection,
+            d.failures.iter().flatten().next()
+        ));
+    }
+    Ok(d)
+}
+
+/// The engine host's path: one PUT job and one GET job of `objects` keys each through the
+/// L3 executor over MooncakeStore, from and into a registered Host allocation.
+fn bench_executor(
+    settings: &MooncakeStoreSettings,
+    objects: usize,
+    object_bytes: usize,
+) -> Result<ClientFigures, String> {
+    let total = objects * object_bytes;
+    let ob = object_bytes as u64;
+    let host = HostCacheStorage::new(2 * total as u64).map_err(|e| e.to_string())?;
+    for i in 0..objects {
+        let fill: Vec<u8> = (0..object_bytes).map(|b| ((i + b) % 251) as u8).collect();
+        host.write(i as u64 * ob, &fill)
+            .map_err(|e| e.to_string())?;
+    }
+    let store = MooncakeStore::connect(settings).map_err(|e| e.to_string())?;
+    store.register_host(&host).map_err(|e| e.to_string())?;
+    let store: Arc<dyn Store> = Arc::new(store);
+    let runtime = StorageRuntimeConfig {
+        query_workers: 1,
+        get_workers: 1,
+        put_workers: 1,
+        query_queue_capacity: 2,
+        get_queue_capacity: 2,
+        put_queue_capacity: 2,
+        outstanding_limit: 8,
+        health_cooldown_ms: 1000,
+        close_deadline_ms: 30_000,
+    };
+    let exec = L3Executor::start(store.clone(), host.clone(), runtime, SystemClock::shared())
+        .map_err(|e| e.to_string())?;
+    let ns = fresh_namespace("executor");
+    let keys: Vec<StorageKey> = (0..objects as u32)
+        .map(|p| ns.key(0xbe4c, 0, p, 0))
+        .collect();
+    let sources: Vec<HostRange> = (0..objects as u64)
+        .map(|i| HostRange::new(i * ob, ob))
+        .collect();
+    let destinations: Vec<HostRange> = (0..objects as u64)
+        .map(|i| HostRange::new(total as u64 + i * ob, ob))
+        .collect();
+    // Warm-up (untimed): the first transfer opens the connections to the owner.
+    settle(
+        &exec,
+        StorageOp::Put(StoragePutOp {
+            op: OperationId(1),
+            keys: vec![ns.key(0xbe4c, 1, 0, 0)],
+            sources: sources[..1].to_vec(),
+        }),
+    )?;
+    let t = Instant::now();
+    let put = settle(
+        &exec,
+        StorageOp::Put(StoragePutOp {
+            op: OperationId(2),
+            keys: keys.clone(),
+            sources,
+        }),
+    )?;
+    let put_s = t.elapsed().as_secs_f64();
+    if put.new_writes as usize != objects {
+        return Err(format!(
+            "executor PUT wrote {} new objects of {objects}",
+            put.new_writes
+        ));
+    }
+    let t = Instant::now();
+    let got = settle(
+        &exec,
+        StorageOp::Get(StorageGetOp {
+            op: OperationId(3),
+            request: None,
+            keys,
+            destinations,
+        }),
+    )?;
+    let get_s = t.elapsed().as_secs_f64();
+    if got.bytes.iter().any(|b| *b != ob) {
+        return Err("executor GET rows read short".into());
+    }
+    let sent = host
+        .read(HostRange::new(0, total as u64))
+        .map_err(|e| e.to_string())?;
+    let landed = host
+        .read(HostRange::new(total as u64, total as u64))
+        .map_err(|e| e.to_string())?;
+    if sent != landed {
+        return Err("executor GET bytes differ from the PUT bytes".into());
+    }
+    let _ = store.remove_namespace(&ns);
+    let report = exec.close();
+    if report.restart_required {
+        return Err("executor close required a restart".into());
+    }
+    Ok(ClientFigures {
+        client: "executor",
         put_gib_s: gib_s(total, put_s),
         get_gib_s: gib_s(total, get_s),
     })
@@ -255,6 +416,11 @@ mod tests {
             objects: 1000,
             object_bytes: 65536,
             rounds: 3,
+            executor: ClientFigures {
+                client: "executor",
+                put_gib_s: 0.5,
+                get_gib_s: 3.0,
+            },
             tsl3: ClientFigures {
                 client: "tsl3",
                 put_gib_s: 1.0,
@@ -267,6 +433,7 @@ mod tests {
             },
         };
         assert_eq!(r.ratios(), (0.5, 1.0));
+        assert_eq!(r.executor_ratios(), (0.25, 2.0));
         let m = median(&[
             ClientFigures {
                 client: "tsl3",
@@ -287,7 +454,15 @@ mod tests {
         assert_eq!((m.put_gib_s, m.get_gib_s), (2.0, 5.0));
         let text = r.render();
         assert!(text.contains("1000 x 64 KiB"), "{text}");
-        assert!(text.contains("PUT 0.50  GET 1.00"), "{text}");
+        assert!(
+            text.contains("ratio tsl3/python: PUT 0.50  GET 1.00"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratio executor/python: PUT 0.25  GET 2.00"),
+            "{text}"
+        );
+        assert!(text.contains("executor PUT   0.500 GiB/s"), "{text}");
     }
 
     #[test]
