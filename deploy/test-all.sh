@@ -44,3 +44,7 @@ bash "$ROOT/deploy/checks/run.sh"
 echo "== observability: live engine host metrics"
 bash "$ROOT/deploy/checks/live_engine.sh"
 # --- end observability checks ---
+
+# The closing line: every cargo test that passed (a failure stops the script earlier).
+total=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tsl3-cargo-test.log | awk '{s+=$4} END {print s+0}')
+echo "test-all: ${total} passed, 0 failed"
