@@ -64,8 +64,13 @@ pub struct RoundFigures {
     pub allocations_per_round: Option<f64>,
     /// Mean over timed rounds of the live (unfinished) requests after `apply`.
     pub live_requests: f64,
-    /// Mean over timed rounds of the StorageTransferManager's outstanding tickets.
+    /// Mean over timed rounds of the StorageTransferManager's outstanding tickets (issued
+    /// operations, plus completed reads whose Ready hold waits for admission).
     pub outstanding_tickets: f64,
+    /// Mean of the manager's requests waiting on a QUERY or GET.
+    pub storage_waiting_requests: f64,
+    /// Mean of the manager's Ready holds (read, waiting for Device admission).
+    pub ready_holds: f64,
     pub storage_ops_per_round: f64,
     pub admitted_per_round: f64,
     pub finished_per_round: f64,
@@ -99,9 +104,11 @@ impl fmt::Display for RoundFigures {
         )?;
         writeln!(
             f,
-            "  live requests {:.0}, outstanding storage tickets {:.0}, storage ops {:.1}/round, admitted {:.1}/round, finished {:.1}/round",
+            "  live requests {:.0}, outstanding storage tickets {:.0} ({:.0} requests waiting on QUERY/GET, {:.0} Ready holds), storage ops {:.1}/round, admitted {:.1}/round, finished {:.1}/round",
             self.live_requests,
             self.outstanding_tickets,
+            self.storage_waiting_requests,
+            self.ready_holds,
             self.storage_ops_per_round,
             self.admitted_per_round,
             self.finished_per_round
@@ -327,7 +334,7 @@ impl Driver {
         }
     }
 
-    /// One round; returns (elapsed µs, allocations, storage ops, forwards).
+    /// One round: the timed Scheduler calls, then (untimed) the engine's part.
     fn round(&mut self, allocations: Option<fn() -> u64>) -> Result<RoundSample, String> {
         let input = self.inputs();
         let a0 = allocations.map(|f| f());
@@ -361,15 +368,17 @@ impl Driver {
             .iter()
             .filter(|e| matches!(e, super::RequestEvent::Finished { .. }))
             .count();
-        let outstanding = self
-            .scheduler
-            .stm()
-            .map_or(0, |s| s.stats().outstanding_tickets);
+        let stats = self.scheduler.stm().map(|s| s.stats());
+        let outstanding = stats.as_ref().map_or(0, |s| s.outstanding_tickets);
+        let waiting = stats.as_ref().map_or(0, |s| s.waiting_requests);
+        let ready = stats.as_ref().map_or(0, |s| s.ready_holds);
         Ok(RoundSample {
             us,
             allocs,
             live,
             outstanding,
+            waiting,
+            ready,
             ops,
             forwards,
             finished,
@@ -382,6 +391,8 @@ struct RoundSample {
     allocs: Option<u64>,
     live: usize,
     outstanding: u64,
+    waiting: u64,
+    ready: u64,
     ops: usize,
     forwards: usize,
     finished: usize,
@@ -439,6 +450,8 @@ fn run_scenario(
         allocations_per_round,
         live_requests: mean(&|s| s.live as f64),
         outstanding_tickets: mean(&|s| s.outstanding as f64),
+        storage_waiting_requests: mean(&|s| s.waiting as f64),
+        ready_holds: mean(&|s| s.ready as f64),
         storage_ops_per_round: mean(&|s| s.ops as f64),
         admitted_per_round: mean(&|s| s.forwards as f64),
         finished_per_round: mean(&|s| s.finished as f64),
@@ -451,6 +464,13 @@ pub fn bench_scheduler(
     cfg: &SchedulerBenchConfig,
     allocations: Option<fn() -> u64>,
 ) -> Result<SchedulerBenchReport, String> {
+    if cfg.outstanding.saturating_mul(2) > cfg.waiting {
+        return Err(format!(
+            "{} outstanding reads need at least {} waiting requests: otherwise every request waits on a withheld GET and no round admits anything",
+            cfg.outstanding,
+            cfg.outstanding.saturating_mul(2)
+        ));
+    }
     let storage = run_scenario(cfg, true, allocations)?;
     let disabled = run_scenario(cfg, false, allocations)?;
     Ok(SchedulerBenchReport {
@@ -491,6 +511,16 @@ mod tests {
             .last()
             .unwrap()
             .starts_with("ratio storage/disabled"));
+    }
+
+    #[test]
+    fn too_few_waiting_requests_for_the_held_reads_is_refused() {
+        let cfg = SchedulerBenchConfig {
+            waiting: 30,
+            outstanding: 20,
+            ..small()
+        };
+        assert!(bench_scheduler(&cfg, None).is_err());
     }
 
     #[test]
