@@ -1,11 +1,17 @@
 //! engine-host: the tsl3 binary. It parses the CLI, loads layered settings, and runs one
 //! subcommand. Only this crate knows every actor and wires them.
 
+mod alloc_count;
+
 use engine_host::settings;
 
 use clap::{Parser, Subcommand};
 use std::collections::HashMap;
 use std::process::ExitCode;
+
+/// Counts allocations only while a benchmark has switched counting on (alloc_count.rs).
+#[global_allocator]
+static GLOBAL: alloc_count::CountingAllocator = alloc_count::CountingAllocator;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -134,7 +140,9 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
-    /// StorageTransferManager round cost with outstanding operations and waiting requests.
+    /// Round cost (apply + plan + d2h_done) of the real Scheduler with waiting requests and
+    /// outstanding storage operations, beside the same round with storage disabled: µs and
+    /// allocations per round, the ratio last.
     Scheduler {
         #[arg(long, default_value_t = 1000)]
         outstanding: usize,
@@ -143,7 +151,35 @@ enum BenchCommand {
         #[arg(long, default_value_t = 200)]
         rounds: usize,
         #[arg(long, default_value_t = 32)]
+        prompt_tokens: u32,
+        #[arg(long, default_value_t = 256)]
+        device_blocks: u32,
+        #[arg(long, default_value_t = 16)]
+        max_running: usize,
+    },
+    /// StorageTransferManager::apply_round alone with outstanding operations and waiting
+    /// requests.
+    Stm {
+        #[arg(long, default_value_t = 1000)]
+        outstanding: usize,
+        #[arg(long, default_value_t = 10_000)]
+        waiting: usize,
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        #[arg(long, default_value_t = 32)]
         per_round: usize,
+    },
+    /// Control-plane round latency on loopback (all ranks in this process, real TCP): p50
+    /// and p99 µs of idle rounds and of rounds carrying `records` completion records.
+    Agreement {
+        /// Rank counts to measure.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        ranks: Vec<u32>,
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        /// Completion records each round carries in the loaded case.
+        #[arg(long, default_value_t = 1000)]
+        records: usize,
     },
     /// Matching and query planning against 1M Host and 100k Device blocks with 32k-token
     /// prompts: µs per request and per block, bytes per pooled block.
@@ -221,6 +257,55 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             r.map(|_| ()).map_err(|e| e.to_string())
         }
         BenchCommand::Scheduler {
+            outstanding,
+            waiting,
+            rounds,
+            prompt_tokens,
+            device_blocks,
+            max_running,
+        } => {
+            let cfg = actors::scheduler::bench::SchedulerBenchConfig {
+                waiting,
+                outstanding,
+                rounds,
+                prompt_tokens,
+                device_blocks,
+                max_running,
+                ..Default::default()
+            };
+            alloc_count::enable();
+            let r =
+                actors::scheduler::bench::bench_scheduler(&cfg, Some(alloc_count::allocations))?;
+            print!("{r}");
+            Ok(())
+        }
+        BenchCommand::Agreement {
+            ranks,
+            rounds,
+            records,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            for world in ranks {
+                for per_round in [0, records] {
+                    let f = rt
+                        .block_on(actors::control_plane::bench::measure(
+                            world,
+                            per_round,
+                            rounds.max(1),
+                        ))
+                        .map_err(|e| e.to_string())?;
+                    println!(
+                        "agreement ranks={} records/round={} rounds={} p50={}us p99={}us",
+                        f.world, f.records, f.rounds, f.p50_us, f.p99_us
+                    );
+                }
+            }
+            Ok(())
+        }
+        BenchCommand::Stm {
             outstanding,
             waiting,
             rounds,

@@ -91,7 +91,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-async fn measure(
+pub async fn measure(
     world: u32,
     per_round: usize,
     rounds: usize,

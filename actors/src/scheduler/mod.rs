@@ -8,6 +8,7 @@
 //! and reports the D2H completion with `d2h_done`. The scheduler never performs I/O, never
 //! touches Host or device bytes and never reads a clock: time is the agreed tick.
 
+pub mod bench;
 pub mod geometry;
 pub mod request;
 #[cfg(test)]

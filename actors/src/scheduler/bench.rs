@@ -1,0 +1,551 @@
+//! Benchmark body of `engine-host bench scheduler`: the round cost of the real Scheduler
+//! (`apply` + `plan` + `d2h_done`) with about 10k waiting requests and about 1k outstanding
+//! storage operations, beside the same scenario with storage disabled, measured side by
+//! side in one run (µs and, when the binary counts them, allocations per round).
+//!
+//! It drives a Scheduler directly with synthetic agreed inputs: new requests topping the
+//! live set up to the target, StorageDone completions for the operations the Scheduler
+//! issued (QUERYs answered at once with all-missing or partially-present existence, PUTs
+//! answered at once, GETs withheld so about `outstanding` reads stay in flight), and rank
+//! digests for every forward it planned. There is no executor, no device, no Host memory
+//! and no clock. It owns only measurement and must never be used as a test of timing.
+
+use super::geometry::RankLayout;
+use super::{AgreedInputs, Scheduler, SchedulerConfig};
+use crate::model::{RankDigest, SyntheticModel};
+use messages::settings::{PressureWatermark, StorageConfig};
+use messages::{Namespace, OperationId, PressureObservation, RequestId, StorageDone, StorageOp};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Instant;
+
+/// Sizes of one benchmark run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulerBenchConfig {
+    /// Live requests the arrivals keep the scheduler at (most of them wait).
+    pub waiting: usize,
+    /// Storage operations held outstanding (GETs whose completions are withheld).
+    pub outstanding: usize,
+    /// Timed rounds per scenario (after an untimed warm-up).
+    pub rounds: usize,
+    /// Prompt length in tokens (the `tiny` profile has 4-token blocks).
+    pub prompt_tokens: u32,
+    /// Output tokens per request (a request runs about `max_tokens + 1` rounds).
+    pub max_tokens: u32,
+    /// Device blocks of the cache group (small: most requests wait).
+    pub device_blocks: u32,
+    /// Requests running at once.
+    pub max_running: usize,
+}
+
+impl Default for SchedulerBenchConfig {
+    fn default() -> Self {
+        Self {
+            waiting: 10_000,
+            outstanding: 1_000,
+            rounds: 200,
+            prompt_tokens: 32,
+            max_tokens: 2,
+            device_blocks: 256,
+            max_running: 16,
+        }
+    }
+}
+
+/// Figures of one scenario.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundFigures {
+    pub label: &'static str,
+    pub rounds: usize,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// None when the binary has no allocation counter.
+    pub allocations_per_round: Option<f64>,
+    /// Mean over timed rounds of the live (unfinished) requests after `apply`.
+    pub live_requests: f64,
+    /// Mean over timed rounds of the StorageTransferManager's outstanding tickets (issued
+    /// operations, plus completed reads whose Ready hold waits for admission).
+    pub outstanding_tickets: f64,
+    /// Mean of the manager's requests waiting on a QUERY or GET.
+    pub storage_waiting_requests: f64,
+    /// Mean of the manager's Ready holds (read, waiting for Device admission).
+    pub ready_holds: f64,
+    pub storage_ops_per_round: f64,
+    pub admitted_per_round: f64,
+    pub finished_per_round: f64,
+}
+
+/// Both scenarios of one run; `Display` prints the storage-disabled ratio last.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedulerBenchReport {
+    pub config: SchedulerBenchConfig,
+    pub storage: RoundFigures,
+    pub disabled: RoundFigures,
+}
+
+impl SchedulerBenchReport {
+    /// Round cost with storage over round cost without (mean µs).
+    pub fn time_ratio(&self) -> f64 {
+        self.storage.mean_us / self.disabled.mean_us.max(f64::MIN_POSITIVE)
+    }
+}
+
+impl fmt::Display for RoundFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let allocs = match self.allocations_per_round {
+            Some(a) => format!("{a:.0} allocations/round"),
+            None => "allocations not counted".to_string(),
+        };
+        writeln!(
+            f,
+            "scheduler round [{}]: {:.1} us/round mean, p50 {:.1} us, p99 {:.1} us, {} ({} rounds)",
+            self.label, self.mean_us, self.p50_us, self.p99_us, allocs, self.rounds
+        )?;
+        writeln!(
+            f,
+            "  live requests {:.0}, outstanding storage tickets {:.0} ({:.0} requests waiting on QUERY/GET, {:.0} Ready holds), storage ops {:.1}/round, admitted {:.1}/round, finished {:.1}/round",
+            self.live_requests,
+            self.outstanding_tickets,
+            self.storage_waiting_requests,
+            self.ready_holds,
+            self.storage_ops_per_round,
+            self.admitted_per_round,
+            self.finished_per_round
+        )
+    }
+}
+
+impl fmt::Display for SchedulerBenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        writeln!(
+            f,
+            "scheduler bench: profile tiny, {} live requests, {} outstanding GETs held, {}-token prompts, {} device blocks, max_running {}",
+            c.waiting, c.outstanding, c.prompt_tokens, c.device_blocks, c.max_running
+        )?;
+        write!(f, "{}", self.storage)?;
+        write!(f, "{}", self.disabled)?;
+        let alloc_ratio = match (
+            self.storage.allocations_per_round,
+            self.disabled.allocations_per_round,
+        ) {
+            (Some(a), Some(b)) => format!(", {:.2}x allocations", a / b.max(1.0)),
+            _ => String::new(),
+        };
+        writeln!(
+            f,
+            "ratio storage/disabled: {:.2}x us/round{}",
+            self.time_ratio(),
+            alloc_ratio
+        )
+    }
+}
+
+fn storage_config(outstanding: usize) -> StorageConfig {
+    let ops = u32::try_from(outstanding).unwrap_or(u32::MAX / 16);
+    StorageConfig {
+        // Room above the withheld GETs for this round's QUERYs and PUTs.
+        operation_credits: ops.saturating_add(ops / 2).saturating_add(64),
+        max_host_blocks: ops.saturating_mul(16).saturating_add(1024),
+        max_keys_per_operation: 8,
+        lookahead_tokens: 4096,
+        negative_metadata_capacity: 1024,
+        backup_candidate_capacity: 1024,
+        soft_deadline_ms: 1 << 40,
+        ready_hold_ms: 1 << 40,
+        min_extension_tokens: 1,
+        pressure_high: PressureWatermark {
+            queued_jobs: u64::MAX,
+            queued_bytes: u64::MAX,
+            oldest_age_ms: u64::MAX / 1000,
+        },
+        pressure_low: PressureWatermark {
+            queued_jobs: 1,
+            queued_bytes: 1,
+            oldest_age_ms: 1,
+        },
+    }
+}
+
+/// A distinct prompt per request (no shared prefixes).
+fn prompt(id: u64, len: u32, vocab: u32) -> Vec<u32> {
+    (0..len as u64)
+        .map(|j| {
+            let x = id
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add(j.wrapping_mul(0xBF58_476D_1CE4_E5B9));
+            ((x >> 17) % vocab.max(1) as u64) as u32
+        })
+        .collect()
+}
+
+/// What the synthetic executor owes the Scheduler.
+#[derive(Default)]
+struct Owed {
+    /// QUERYs to answer next round: (op, keys, request).
+    queries: Vec<(OperationId, usize, u64)>,
+    /// PUTs to answer next round: (op, keys).
+    puts: Vec<(OperationId, usize)>,
+    /// Withheld GETs in issue order: op -> destination lengths.
+    gets: BTreeMap<OperationId, Vec<u64>>,
+    /// Cancelled GETs to answer next round: (op, destination lengths).
+    cancelled: Vec<(OperationId, Vec<u64>)>,
+}
+
+impl Owed {
+    fn take(&mut self, plan_storage: Vec<StorageOp>) {
+        for op in plan_storage {
+            match op {
+                StorageOp::Query(q) => {
+                    self.queries
+                        .push((q.op, q.keys.len(), q.request.map_or(0, |r| r.0)))
+                }
+                StorageOp::Put(p) => self.puts.push((p.op, p.keys.len())),
+                StorageOp::Get(g) => {
+                    self.gets
+                        .insert(g.op, g.destinations.iter().map(|d| d.len).collect());
+                }
+                StorageOp::Cancel(c) => {
+                    if let Some(lens) = self.gets.remove(&c.op) {
+                        self.cancelled.push((c.op, lens));
+                    }
+                }
+            }
+        }
+    }
+
+    /// This round's completions: every QUERY (a quarter all-missing, the rest with the
+    /// first half present), every PUT, every cancelled GET, and the oldest GETs above
+    /// `hold`.
+    fn completions(&mut self, hold: usize) -> Vec<StorageDone> {
+        let mut out = Vec::new();
+        for (op, n, req) in self.queries.drain(..) {
+            let exists = (0..n).map(|i| req % 4 != 0 && i < n.div_ceil(2)).collect();
+            out.push(StorageDone::query(op, exists, true));
+        }
+        for (op, n) in self.puts.drain(..) {
+            out.push(StorageDone::put(
+                op,
+                vec![true; n],
+                vec![0; n],
+                vec![false; n],
+                true,
+            ));
+        }
+        for (op, lens) in self.cancelled.drain(..) {
+            let n = lens.len();
+            out.push(StorageDone::get(
+                op,
+                vec![false; n],
+                lens,
+                vec![None; n],
+                true,
+            ));
+        }
+        while self.gets.len() > hold {
+            let Some((op, lens)) = self.gets.pop_first() else {
+                break;
+            };
+            let n = lens.len();
+            out.push(StorageDone::get(
+                op,
+                vec![true; n],
+                lens,
+                vec![None; n],
+                true,
+            ));
+        }
+        out
+    }
+}
+
+struct Driver {
+    cfg: SchedulerBenchConfig,
+    scheduler: Scheduler,
+    owed: Owed,
+    digests: Vec<(RequestId, Vec<RankDigest>)>,
+    next_request: u64,
+    tick_us: u64,
+    vocab: u32,
+}
+
+impl Driver {
+    fn new(cfg: &SchedulerBenchConfig, storage: bool) -> Result<Self, String> {
+        let model = SyntheticModel::by_name("tiny").map_err(|e| e.to_string())?;
+        let groups = model.profile().groups.len() as u32;
+        let max_running = cfg.max_running.max(1);
+        let host_blocks = u32::try_from(cfg.outstanding)
+            .unwrap_or(u32::MAX / 64)
+            .saturating_mul(16)
+            .saturating_add(16_384);
+        let layout = RankLayout::new(
+            model.profile(),
+            0,
+            1,
+            cfg.device_blocks,
+            host_blocks,
+            (max_running as u32).saturating_mul(groups).max(1),
+        )?;
+        let vocab = model.profile().vocab;
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                layout,
+                namespace: Namespace("tsl3-00000000benchsched".into()),
+                storage: storage.then(|| storage_config(cfg.outstanding)),
+                max_running,
+                tail_capacity: 1024,
+            },
+            model,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            scheduler,
+            owed: Owed::default(),
+            digests: vec![],
+            next_request: 0,
+            tick_us: 0,
+            vocab,
+        })
+    }
+
+    /// The next round's agreed inputs (untimed).
+    fn inputs(&mut self) -> AgreedInputs {
+        self.tick_us += 1_000;
+        let live = self.scheduler.live_requests();
+        let mut new_requests = vec![];
+        for _ in live..self.cfg.waiting {
+            self.next_request += 1;
+            let id = self.next_request;
+            new_requests.push((
+                RequestId(id),
+                prompt(id, self.cfg.prompt_tokens, self.vocab),
+                self.cfg.max_tokens,
+            ));
+        }
+        AgreedInputs {
+            tick_us: self.tick_us,
+            pressure: PressureObservation::default(),
+            new_requests,
+            cancellations: vec![],
+            completions: self.owed.completions(self.cfg.outstanding),
+            digests: std::mem::take(&mut self.digests),
+        }
+    }
+
+    /// One round: the timed Scheduler calls, then (untimed) the engine's part.
+    fn round(&mut self, allocations: Option<fn() -> u64>) -> Result<RoundSample, String> {
+        let input = self.inputs();
+        let a0 = allocations.map(|f| f());
+        let start = Instant::now();
+        self.scheduler.apply(input).map_err(|e| e.to_string())?;
+        let live = self.scheduler.live_requests();
+        let plan = self.scheduler.plan();
+        self.scheduler.d2h_done();
+        let us = start.elapsed().as_secs_f64() * 1e6;
+        let allocs = match (a0, allocations) {
+            (Some(a0), Some(f)) => Some(f().saturating_sub(a0)),
+            _ => None,
+        };
+        // Untimed: the engine's part (digests of the forwards, the executor's owed work).
+        let ops = plan.storage.len();
+        let forwards = plan.forwards.len();
+        for (id, step) in &plan.forwards {
+            self.digests.push((
+                *id,
+                vec![RankDigest {
+                    shard: step.shard,
+                    tokens: step.tokens.len() as u64,
+                    value: id.0,
+                }],
+            ));
+        }
+        self.owed.take(plan.storage);
+        let finished = self
+            .scheduler
+            .drain_events()
+            .iter()
+            .filter(|e| matches!(e, super::RequestEvent::Finished { .. }))
+            .count();
+        let stats = self.scheduler.stm().map(|s| s.stats());
+        let outstanding = stats.as_ref().map_or(0, |s| s.outstanding_tickets);
+        let waiting = stats.as_ref().map_or(0, |s| s.waiting_requests);
+        let ready = stats.as_ref().map_or(0, |s| s.ready_holds);
+        Ok(RoundSample {
+            us,
+            allocs,
+            live,
+            outstanding,
+            waiting,
+            ready,
+            ops,
+            forwards,
+            finished,
+        })
+    }
+}
+
+struct RoundSample {
+    us: f64,
+    allocs: Option<u64>,
+    live: usize,
+    outstanding: u64,
+    waiting: u64,
+    ready: u64,
+    ops: usize,
+    forwards: usize,
+    finished: usize,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn run_scenario(
+    cfg: &SchedulerBenchConfig,
+    storage: bool,
+    allocations: Option<fn() -> u64>,
+) -> Result<RoundFigures, String> {
+    let mut d = Driver::new(cfg, storage)?;
+    // Untimed warm-up: fill the live set and the withheld GETs (bounded).
+    for _ in 0..2_000 {
+        d.round(None)?;
+        let held = d.owed.gets.len();
+        if d.scheduler.live_requests() >= cfg.waiting && (!storage || held >= cfg.outstanding) {
+            break;
+        }
+    }
+    for _ in 0..10 {
+        d.round(None)?;
+    }
+    let rounds = cfg.rounds.max(1);
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        samples.push(d.round(allocations)?);
+    }
+    let n = samples.len() as f64;
+    let mut us: Vec<f64> = samples.iter().map(|s| s.us).collect();
+    us.sort_by(f64::total_cmp);
+    let mean = |f: &dyn Fn(&RoundSample) -> f64| samples.iter().map(f).sum::<f64>() / n;
+    let allocations_per_round = samples
+        .iter()
+        .map(|s| s.allocs)
+        .collect::<Option<Vec<u64>>>()
+        .map(|v| v.iter().sum::<u64>() as f64 / n);
+    Ok(RoundFigures {
+        label: if storage {
+            "storage enabled"
+        } else {
+            "storage disabled"
+        },
+        rounds,
+        mean_us: mean(&|s| s.us),
+        p50_us: percentile(&us, 0.50),
+        p99_us: percentile(&us, 0.99),
+        allocations_per_round,
+        live_requests: mean(&|s| s.live as f64),
+        outstanding_tickets: mean(&|s| s.outstanding as f64),
+        storage_waiting_requests: mean(&|s| s.waiting as f64),
+        ready_holds: mean(&|s| s.ready as f64),
+        storage_ops_per_round: mean(&|s| s.ops as f64),
+        admitted_per_round: mean(&|s| s.forwards as f64),
+        finished_per_round: mean(&|s| s.finished as f64),
+    })
+}
+
+/// Runs both scenarios (storage enabled, then disabled) in one process. `allocations`
+/// reads the binary's allocation counter (monotonic, process-wide); None skips counting.
+pub fn bench_scheduler(
+    cfg: &SchedulerBenchConfig,
+    allocations: Option<fn() -> u64>,
+) -> Result<SchedulerBenchReport, String> {
+    if cfg.outstanding.saturating_mul(2) > cfg.waiting {
+        return Err(format!(
+            "{} outstanding reads need at least {} waiting requests: otherwise every request waits on a withheld GET and no round admits anything",
+            cfg.outstanding,
+            cfg.outstanding.saturating_mul(2)
+        ));
+    }
+    let storage = run_scenario(cfg, true, allocations)?;
+    let disabled = run_scenario(cfg, false, allocations)?;
+    Ok(SchedulerBenchReport {
+        config: cfg.clone(),
+        storage,
+        disabled,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> SchedulerBenchConfig {
+        SchedulerBenchConfig {
+            waiting: 200,
+            outstanding: 20,
+            rounds: 5,
+            device_blocks: 32,
+            max_running: 2,
+            ..SchedulerBenchConfig::default()
+        }
+    }
+
+    #[test]
+    fn storage_scenario_holds_outstanding_reads_and_waiting_requests() {
+        let r = bench_scheduler(&small(), None).unwrap();
+        assert!(r.storage.outstanding_tickets >= 20.0, "{r}");
+        // Live is read after `apply`, which may finish a request or two after the top-up.
+        assert!(r.storage.live_requests >= 190.0, "{r}");
+        assert_eq!(r.disabled.outstanding_tickets, 0.0);
+        assert_eq!(r.disabled.storage_ops_per_round, 0.0);
+        assert!(r.disabled.finished_per_round > 0.0, "{r}");
+        assert!(r.storage.allocations_per_round.is_none());
+        let text = r.to_string();
+        assert!(text
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("ratio storage/disabled"));
+    }
+
+    #[test]
+    fn too_few_waiting_requests_for_the_held_reads_is_refused() {
+        let cfg = SchedulerBenchConfig {
+            waiting: 30,
+            outstanding: 20,
+            ..small()
+        };
+        assert!(bench_scheduler(&cfg, None).is_err());
+    }
+
+    #[test]
+    fn owed_answers_queries_and_withholds_gets_above_the_hold() {
+        let mut o = Owed::default();
+        o.queries.push((OperationId(1), 4, 4));
+        o.queries.push((OperationId(2), 4, 5));
+        for i in 10..15 {
+            o.gets.insert(OperationId(i), vec![16, 16]);
+        }
+        let done = o.completions(3);
+        assert_eq!(done.len(), 4);
+        assert_eq!(done[0].success, vec![false; 4]);
+        assert_eq!(done[1].success, vec![true, true, false, false]);
+        assert_eq!(done[2].op, OperationId(10));
+        assert_eq!(done[3].op, OperationId(11));
+        assert_eq!(o.gets.len(), 3);
+        assert!(done.iter().all(|d| d.validate().is_ok()));
+    }
+
+    #[test]
+    fn prompts_are_distinct_and_in_vocabulary() {
+        let a = prompt(1, 32, 1000);
+        let b = prompt(2, 32, 1000);
+        assert_ne!(a, b);
+        assert!(a.iter().all(|t| *t < 1000));
+    }
+}
