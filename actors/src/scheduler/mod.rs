@@ -137,6 +137,9 @@ pub struct Scheduler {
     requests: BTreeMap<RequestId, Request>,
     /// Submitted and Admissible requests, in arrival order.
     queue: VecDeque<RequestId>,
+    /// New arrivals not yet considered for storage preparation (each is considered once:
+    /// `storage_prepared` is one-shot).
+    unprepared: VecDeque<RequestId>,
     free_scratch: Vec<u32>,
     refs: BTreeMap<HostRef, RefUse>,
     reads: BTreeMap<u64, ReadRecord>,
@@ -182,6 +185,7 @@ impl Scheduler {
             stm,
             requests: BTreeMap::new(),
             queue: VecDeque::new(),
+            unprepared: VecDeque::new(),
             free_scratch,
             refs: BTreeMap::new(),
             reads: BTreeMap::new(),
@@ -300,6 +304,7 @@ impl Scheduler {
             self.requests
                 .insert(id, Request::new(id, prompt, max_tokens.max(1)));
             self.queue.push_back(id);
+            self.unprepared.push_back(id);
         }
         for (id, parts) in digests {
             self.apply_digest(id, &parts);
@@ -798,7 +803,7 @@ impl Scheduler {
     }
 
     fn prepare_storage(&mut self, plan: &mut Plan) {
-        let ids: Vec<RequestId> = self.queue.iter().copied().collect();
+        let ids: Vec<RequestId> = std::mem::take(&mut self.unprepared).into();
         for id in ids {
             let eligible = self
                 .requests
@@ -869,7 +874,8 @@ impl Scheduler {
     }
 
     fn admit(&mut self, plan: &mut Plan) {
-        while self.running() < self.cfg.max_running {
+        let mut running = self.running();
+        while running < self.cfg.max_running {
             let Some(&id) = self.queue.front() else {
                 return;
             };
@@ -885,6 +891,7 @@ impl Scheduler {
             match self.try_admit(id, plan) {
                 Ok(true) => {
                     self.queue.pop_front();
+                    running += 1;
                 }
                 Ok(false) => return, // no Device capacity: wait for running requests
                 Err(e) => {
