@@ -114,10 +114,18 @@ impl Drop for TelemetryGuard {
     }
 }
 
-/// Installs the global subscriber: a stderr log layer (RUST_LOG, default `info`) and, when
-/// a target is set, the OTLP layer.
+/// The stderr log filter when RUST_LOG is unset: info, without the per-operation storage
+/// lifecycle (with export on, that goes to the OTLP collector).
+pub const DEFAULT_LOG_FILTER: &str = "info,actors::l3=warn,actors::scheduler=warn";
+
+/// Installs the global subscriber: a stderr log layer and, when a target is set, the OTLP
+/// layer. The filter is RUST_LOG (default [`DEFAULT_LOG_FILTER`]); with export on, tsl3's own
+/// spans are always enabled on top of it, so export does not depend on RUST_LOG. With
+/// export off and the default filter, the per-operation storage spans are disabled at their
+/// callsites and cost only that check.
 pub fn init(target: Option<OtlpTarget>, service: &str, rank: u32) -> Result<TelemetryGuard> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false);
@@ -127,6 +135,11 @@ pub fn init(target: Option<OtlpTarget>, service: &str, rank: u32) -> Result<Tele
             Ok(TelemetryGuard { provider: None })
         }
         Some(t) => {
+            for d in ["actors=info", "engine_host=info"] {
+                if let Ok(d) = d.parse() {
+                    filter = filter.add_directive(d);
+                }
+            }
             let p = provider(&t, service, rank)?;
             let otel = otel_layer(&p);
             Registry::default()

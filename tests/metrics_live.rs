@@ -4,116 +4,31 @@
 //! then an L3 restore in a fresh process served by the local store's DFS tier), and never
 //! carries an object key or a request id.
 
+mod common;
+
+use common::Host;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A minimal HTTP/1.1 client (one request per connection).
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
+/// An engine host on the local store in `store_dir`.
+fn start(store_dir: &str) -> Host {
+    Host::start(
+        &["serve", "--store", "local", "--store-dir", store_dir],
+        &[],
     )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    (status, body)
 }
 
-struct Host {
-    child: Child,
-    addr: String,
-}
-
-impl Host {
-    fn start(store_dir: &str) -> Host {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
-            .args(["serve", "--store", "local", "--store-dir", store_dir])
-            .args(["--listen", &addr])
-            .env("TSL3_MODEL__EMULATE_DEVICE_TIME", "false")
-            .env("TSL3_MODEL__DEVICE", "emulated")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut h = Host { child, addr };
-        for _ in 0..600 {
-            if let Ok(Some(st)) = h.child.try_wait() {
-                panic!("engine-host exited during startup: {st}");
-            }
-            if TcpStream::connect(&h.addr).is_ok() && http(&h.addr, "GET", "/health", "").0 == 200 {
-                return h;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+/// Scrapes until `done` holds on the parsed samples (snapshots are exported at most once
+/// a second), bounded by a number of scrapes, not by a timing assertion.
+fn metrics_until(h: &Host, what: &str, done: impl Fn(&Samples) -> bool) -> String {
+    for _ in 0..200 {
+        let text = h.metrics();
+        if done(&samples(&text)) {
+            return text;
         }
-        h.child.kill().ok();
-        panic!("engine-host never became healthy at {}", h.addr);
+        std::thread::sleep(Duration::from_millis(50));
     }
-
-    fn complete(&self, prompt: &[u32]) -> serde_json::Value {
-        let body = serde_json::json!({"prompt": prompt, "max_tokens": 3}).to_string();
-        let (code, text) = http(&self.addr, "POST", "/v1/completions", &body);
-        assert_eq!(code, 200, "{text}");
-        serde_json::from_str(&text).unwrap()
-    }
-
-    fn metrics(&self) -> String {
-        let (code, text) = http(&self.addr, "GET", "/metrics", "");
-        assert_eq!(code, 200, "{text}");
-        text
-    }
-
-    /// Scrapes until `done` holds on the parsed samples (snapshots are exported at most once
-    /// a second), bounded by a number of scrapes, not by a timing assertion.
-    fn metrics_until(&self, what: &str, done: impl Fn(&Samples) -> bool) -> String {
-        for _ in 0..200 {
-            let text = self.metrics();
-            if done(&samples(&text)) {
-                return text;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("{what} never held; last scrape:\n{}", self.metrics());
-    }
-
-    /// SIGTERM, then the exit status.
-    fn stop(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    panic!("{what} never held; last scrape:\n{}", h.metrics());
 }
 
 /// Samples by metric name: (labels, value).
@@ -208,7 +123,7 @@ fn a_live_engine_host_exports_every_declared_metric_and_counts_its_workload() {
     let d = dir.path().to_str().unwrap();
     let p = prompt(48, 1);
 
-    let first = Host::start(d);
+    let first = start(d);
     let before = first.metrics();
     let names = declared_metric_names();
     assert!(names.len() >= 30, "{names:?}");
@@ -218,11 +133,11 @@ fn a_live_engine_host_exports_every_declared_metric_and_counts_its_workload() {
             "{n} (names.rs) is not exported before any traffic"
         );
     }
-    let a = first.complete(&p);
+    let a = first.complete(&p, 3);
     assert_eq!(a["tsl3"]["fallback_reason"], "miss");
-    let b = first.complete(&p);
+    let b = first.complete(&p, 3);
     assert!(b["tsl3"]["device"].as_u64().unwrap() > 0, "{b}");
-    let text = first.metrics_until("a miss, Device reuse and a completed PUT", |s| {
+    let text = metrics_until(&first, "a miss, Device reuse and a completed PUT", |s| {
         value(s, "tsl3_requests_total", "fallback_reason", "miss") >= 1.0
             && value(s, "tsl3_prefix_tokens_total", "tier", "device") > 0.0
             && value(s, "tsl3_l3_operations_total", "kind", "put") > 0.0
@@ -245,10 +160,10 @@ fn a_live_engine_host_exports_every_declared_metric_and_counts_its_workload() {
 
     // A fresh process restores the prompt from L3 through the local store (its query admits
     // DFS -> MEMORY promotions; GETs are served from MEMORY or DFS).
-    let second = Host::start(d);
-    let c = second.complete(&p);
+    let second = start(d);
+    let c = second.complete(&p, 3);
     assert!(c["tsl3"]["l3"].as_u64().unwrap() > 0, "{c}");
-    let text = second.metrics_until("an L3 restore served by the local store", |s| {
+    let text = metrics_until(&second, "an L3 restore served by the local store", |s| {
         let one = |n: &str| value(s, n, "dp_rank", "0");
         let settled = one("tsl3_promotion_committed_total")
             + one("tsl3_promotion_failed_total")

@@ -5,6 +5,9 @@
 //! attribute carries an object key. SIGTERM ends the process; the telemetry guard flushes
 //! the exporter before it exits.
 
+mod common;
+
+use common::Host;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -14,12 +17,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 type Received = Arc<Mutex<Vec<ExportTraceServiceRequest>>>;
 
@@ -36,124 +34,6 @@ impl TraceService for Sink {
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A minimal HTTP/1.1 client (one request per connection).
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    (status, body)
-}
-
-struct Host {
-    child: Child,
-    addr: String,
-}
-
-impl Host {
-    /// Starts `engine-host serve` exporting spans to `endpoint`; its log goes to `log`.
-    fn start(args: &[&str], envs: &[(&str, &str)], log: &Path) -> Host {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine-host"));
-        cmd.args(args)
-            .args(["--listen", &addr])
-            .env("TSL3_MODEL__EMULATE_DEVICE_TIME", "false")
-            .env("TSL3_MODEL__DEVICE", "emulated")
-            // Spans are info level; the log filter also gates export.
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let mut h = Host {
-            child: cmd.spawn().unwrap(),
-            addr,
-        };
-        for _ in 0..600 {
-            if let Ok(Some(st)) = h.child.try_wait() {
-                panic!(
-                    "engine-host exited during startup: {st}: {}",
-                    std::fs::read_to_string(log).unwrap_or_default()
-                );
-            }
-            if TcpStream::connect(&h.addr).is_ok() && http(&h.addr, "GET", "/health", "").0 == 200 {
-                return h;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("engine-host never became healthy at {}", h.addr);
-    }
-
-    fn complete(&self, prompt: &[u32], max_tokens: u32) -> serde_json::Value {
-        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens}).to_string();
-        let (code, text) = http(&self.addr, "POST", "/v1/completions", &body);
-        assert_eq!(code, 200, "{text}");
-        serde_json::from_str(&text).unwrap()
-    }
-
-    /// Sum of a metric's samples whose line contains `label`.
-    fn metric(&self, name: &str, label: &str) -> f64 {
-        let (_, text) = http(&self.addr, "GET", "/metrics", "");
-        text.lines()
-            .filter(|l| l.starts_with(name) && l.contains(label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-
-    /// Waits (polling, no timing assertion) until a backup PUT completed and every
-    /// operation credit is back, i.e. the backups were agreed and settled.
-    fn wait_backups_settled(&self) {
-        for _ in 0..2000 {
-            let puts = self.metric("tsl3_l3_completed_jobs_total", "kind=\"put\"");
-            let credits = self.metric("tsl3_l3_credits_in_use", "credit=\"operation\"");
-            if puts > 0.0 && credits == 0.0 {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("the backups never settled");
-    }
-
-    /// SIGTERM, then the exit status (the telemetry guard flushes before exit).
-    fn stop(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -325,10 +205,13 @@ fn a_restored_read_and_its_backups_are_traced_over_grpc() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("store");
     let d = d.to_str().unwrap();
-    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("RUST_LOG", "info"),
+    ];
     let p = prompt(64, 4);
     // The writer misses and backs its blocks up.
-    let writer = Host::start(
+    let writer = Host::start_logged(
         &["serve", "--store", "local", "--store-dir", d],
         &env,
         &dir.path().join("writer.log"),
@@ -337,7 +220,7 @@ fn a_restored_read_and_its_backups_are_traced_over_grpc() {
     writer.wait_backups_settled();
     assert!(writer.stop().success());
     // A fresh reader restores the prefix from L3: QUERY → GET → publish.
-    let reader = Host::start(
+    let reader = Host::start_logged(
         &["serve", "--store", "local", "--store-dir", d],
         &env,
         &dir.path().join("reader.log"),
@@ -399,7 +282,7 @@ fn a_restored_read_and_its_backups_are_traced_over_grpc() {
 fn a_memory_store_host_exports_over_http() {
     let (endpoint, got, handle) = http_receiver();
     let dir = tempfile::tempdir().unwrap();
-    let host = Host::start(
+    let host = Host::start_logged(
         &["serve", "--store", "memory"],
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),

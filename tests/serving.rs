@@ -2,119 +2,9 @@
 //! fresh processes with empty local caches share L3 through the embedded local store, and
 //! their outputs are compared with a recomputation run (storage disabled).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+mod common;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A minimal HTTP/1.1 client (one request per connection).
-fn http(addr: &str, method: &str, path: &str, body: &str, auth: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let auth = auth
-        .map(|t| format!("authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    (status, body)
-}
-
-struct Host {
-    child: Child,
-    addr: String,
-}
-
-impl Host {
-    fn start(args: &[&str], envs: &[(&str, &str)]) -> Host {
-        let port = free_port();
-        let addr = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine-host"));
-        cmd.args(args)
-            .args(["--listen", &addr])
-            .env("TSL3_MODEL__EMULATE_DEVICE_TIME", "false")
-            .env("TSL3_MODEL__DEVICE", "emulated")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().unwrap();
-        let mut h = Host { child, addr };
-        h.wait_healthy();
-        h
-    }
-
-    fn wait_healthy(&mut self) {
-        for _ in 0..600 {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("engine-host exited during startup: {st}");
-            }
-            if TcpStream::connect(&self.addr).is_ok() {
-                let (code, _) = http(&self.addr, "GET", "/health", "", None);
-                if code == 200 {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("engine-host never became healthy at {}", self.addr);
-    }
-
-    fn complete(&self, prompt: &[u32], max_tokens: u32) -> serde_json::Value {
-        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens}).to_string();
-        let (code, text) = http(&self.addr, "POST", "/v1/completions", &body, None);
-        assert_eq!(code, 200, "{text}");
-        serde_json::from_str(&text).unwrap()
-    }
-
-    /// SIGTERM, then the exit status (in-flight work ends cleanly).
-    fn stop(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tokens(v: &serde_json::Value) -> Vec<u64> {
-    v["tsl3"]["output_tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
-}
+use common::{http, tokens, Host};
 
 fn prompt(n: u32, salt: u32) -> Vec<u32> {
     (0..n).map(|i| (i * 13 + salt * 101) % 997).collect()
@@ -141,7 +31,7 @@ fn two_fresh_engine_hosts_share_l3_through_the_local_store() {
     assert_eq!(a["tsl3"]["l3"], 0);
     assert_eq!(a["tsl3"]["fallback_reason"], "miss");
     // Let the backups retire before the process exits.
-    std::thread::sleep(Duration::from_millis(500));
+    first.wait_backups_settled();
     assert!(
         first.stop().success(),
         "SIGTERM ends the engine host cleanly"
@@ -185,7 +75,7 @@ fn a_partial_l3_hit_reports_partial() {
     let base = prompt(32, 2);
     let writer = Host::start(&["serve", "--store", "local", "--store-dir", d], &[]);
     writer.complete(&base, 1);
-    std::thread::sleep(Duration::from_millis(500));
+    writer.wait_backups_settled();
     assert!(writer.stop().success());
     let reader = Host::start(&["serve", "--store", "local", "--store-dir", d], &[]);
     let mut longer = base.clone();

@@ -9,10 +9,12 @@
 //! library or master skips loudly ("SKIPPED: ..." on stderr); with it, it fails. The shared
 //! master keeps objects across runs, so every run uses a prompt salted by its PID and time.
 
+mod common;
+
 use actors::names::env;
-use std::io::{Read, Write};
+use common::{tokens, Host};
+use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const TEST: &str = "serving_mooncake";
@@ -82,144 +84,6 @@ fn mooncake_env() -> Option<Vec<(String, String)>> {
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A minimal HTTP/1.1 client (one request per connection).
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    (status, body)
-}
-
-struct Host {
-    child: Child,
-    addr: String,
-}
-
-impl Host {
-    fn start(args: &[&str], envs: &[(String, String)]) -> Host {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine-host"));
-        cmd.args(args)
-            .args(["--listen", &addr])
-            .env("TSL3_MODEL__EMULATE_DEVICE_TIME", "false")
-            .env("TSL3_MODEL__DEVICE", "emulated")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let mut h = Host {
-            child: cmd.spawn().unwrap(),
-            addr,
-        };
-        h.wait_healthy();
-        h
-    }
-
-    /// A bounded poll of the process's observable state (no timing is asserted).
-    fn wait_healthy(&mut self) {
-        for _ in 0..1200 {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("engine-host exited during startup: {st}");
-            }
-            if TcpStream::connect(&self.addr).is_ok()
-                && http(&self.addr, "GET", "/health", "").0 == 200
-            {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("engine-host never became healthy at {}", self.addr);
-    }
-
-    fn complete(&self, prompt: &[u32], max_tokens: u32) -> serde_json::Value {
-        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens}).to_string();
-        let (code, text) = http(&self.addr, "POST", "/v1/completions", &body);
-        assert_eq!(code, 200, "{text}");
-        serde_json::from_str(&text).unwrap()
-    }
-
-    /// The value of one exported sample (name plus the labels it must carry), summed over
-    /// every line that matches.
-    fn metric(&self, name: &str, labels: &[&str]) -> f64 {
-        let (code, text) = http(&self.addr, "GET", "/metrics", "");
-        assert_eq!(code, 200);
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{name}{{")))
-            .filter(|l| labels.iter().all(|x| l.contains(x)))
-            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-            .sum()
-    }
-
-    /// Waits (bounded poll) until the backups have retired: PUT operations completed with
-    /// new writes, and no PUT job queued or running and no L3 credit held.
-    fn wait_backups_retired(&self) {
-        for _ in 0..600 {
-            let completed = self.metric(
-                "tsl3_l3_operations_total",
-                &["kind=\"put\"", "outcome=\"completed\""],
-            );
-            let writes = self.metric("tsl3_l3_put_new_writes_total", &[]);
-            let jobs = self.metric("tsl3_l3_jobs", &["kind=\"put\""]);
-            let credits = self.metric("tsl3_l3_credits_in_use", &[]);
-            if completed >= 1.0 && writes >= 1.0 && jobs == 0.0 && credits == 0.0 {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("the backups never retired on {}", self.addr);
-    }
-
-    /// SIGTERM, then the exit status.
-    fn stop(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tokens(v: &serde_json::Value) -> Vec<u64> {
-    v["tsl3"]["output_tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
-}
-
 /// A prompt no earlier run used: tokens of a xorshift stream seeded by the PID and time.
 fn salted_prompt(n: usize) -> Vec<u32> {
     let nanos = std::time::SystemTime::now()
@@ -249,12 +113,13 @@ fn a_fresh_engine_host_restores_a_prefix_from_mooncake_and_matches_recomputation
         tokens(&v)
     };
 
+    let mc: Vec<(&str, &str)> = mc.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let first = Host::start(&["serve", "--store", "mooncake"], &mc);
     let a = first.complete(&p, 6);
     assert_eq!(tokens(&a), want, "a computed answer equals recomputation");
     assert_eq!(a["tsl3"]["l3"], 0, "a new prompt is not in the store yet");
     assert_eq!(a["tsl3"]["fallback_reason"], "miss");
-    first.wait_backups_retired();
+    first.wait_backups_settled();
     assert!(
         first.stop().success(),
         "SIGTERM ends the engine host cleanly"

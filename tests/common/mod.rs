@@ -1,0 +1,175 @@
+//! Shared helpers of the multi-process tests: start a real `engine-host` process on a free
+//! loopback port, talk HTTP/1.1 to it, read its metrics, stop it with SIGTERM. Waits are
+//! bounded polls of observable state; no test asserts a timing.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal HTTP/1.1 client (one request per connection): (status, body).
+pub fn http(addr: &str, method: &str, path: &str, body: &str, auth: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let auth = auth
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    (status, body)
+}
+
+/// An engine-host process (`serve` or `launch`) answering on `addr`.
+pub struct Host {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Host {
+    /// Starts `engine-host ARGS --listen <free port>` with the emulated device, no device-time
+    /// emulation and quiet logs (each `envs` pair overrides), and waits until it is healthy.
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Host {
+        Self::spawn(args, envs, None)
+    }
+
+    /// Like `start`, with the process's stderr written to `log`.
+    pub fn start_logged(args: &[&str], envs: &[(&str, &str)], log: &Path) -> Host {
+        Self::spawn(args, envs, Some(log))
+    }
+
+    fn spawn(args: &[&str], envs: &[(&str, &str)], log: Option<&Path>) -> Host {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine-host"));
+        cmd.args(args)
+            .args(["--listen", &addr])
+            .env("TSL3_MODEL__EMULATE_DEVICE_TIME", "false")
+            .env("TSL3_MODEL__DEVICE", "emulated")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null());
+        match log {
+            Some(p) => cmd.stderr(std::fs::File::create(p).unwrap()),
+            None => cmd.stderr(Stdio::inherit()),
+        };
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut h = Host {
+            child: cmd.spawn().unwrap(),
+            addr,
+        };
+        for _ in 0..1200 {
+            if let Ok(Some(st)) = h.child.try_wait() {
+                let tail = log
+                    .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+                    .unwrap_or_default();
+                panic!("engine-host exited during startup: {st} {tail}");
+            }
+            if TcpStream::connect(&h.addr).is_ok() && h.get("/health").0 == 200 {
+                return h;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("engine-host never became healthy at {}", h.addr);
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http(&self.addr, "GET", path, "", None)
+    }
+
+    pub fn post(&self, path: &str, body: &str, auth: Option<&str>) -> (u16, String) {
+        http(&self.addr, "POST", path, body, auth)
+    }
+
+    /// A completion that must succeed; the response document.
+    pub fn complete(&self, prompt: &[u32], max_tokens: u32) -> serde_json::Value {
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens}).to_string();
+        let (code, text) = self.post("/v1/completions", &body, None);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    pub fn metrics(&self) -> String {
+        let (code, text) = self.get("/metrics");
+        assert_eq!(code, 200, "{text}");
+        text
+    }
+
+    /// The sum of a metric's samples that carry every one of `labels`.
+    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .filter(|l| labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    }
+
+    /// Waits until the backups retired: a PUT completed, no PUT job is queued or running
+    /// and no storage credit is held (agreed and settled).
+    pub fn wait_backups_settled(&self) {
+        for _ in 0..1200 {
+            let puts = self.metric(
+                "tsl3_l3_operations_total",
+                &["kind=\"put\"", "outcome=\"completed\""],
+            );
+            let jobs = self.metric("tsl3_l3_jobs", &["kind=\"put\""]);
+            let credits = self.metric("tsl3_l3_credits_in_use", &[]);
+            if puts >= 1.0 && jobs == 0.0 && credits == 0.0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("the backups never settled on {}", self.addr);
+    }
+
+    /// SIGTERM, then the exit status (in-flight work ends cleanly).
+    pub fn stop(mut self) -> ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The output tokens of a completion response.
+pub fn tokens(v: &serde_json::Value) -> Vec<u64> {
+    v["tsl3"]["output_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
