@@ -18,6 +18,7 @@ use actors::frontend::{
 use actors::l3::store::local::{LocalStore, LocalStoreConfig};
 use actors::l3::store::memory::MemoryStore;
 use actors::l3::store::mooncake::MooncakeStore;
+use actors::l3::store::tiered::{TieredConfig, TieredStore};
 use actors::l3::store::Store;
 use actors::metrics::{MetricLabels, Metrics};
 use actors::model::SyntheticModel;
@@ -92,7 +93,14 @@ pub fn make_store(
         StoreKind::Mooncake => {
             let m = MooncakeStore::connect(&s.storage.mooncake).map_err(|e| e.to_string())?;
             m.register_host(host).map_err(|e| e.to_string())?;
-            Ok(Arc::new(m))
+            let dfs_dir = &s.storage.mooncake.dfs_dir;
+            if dfs_dir.is_empty() {
+                return Ok(Arc::new(m));
+            }
+            let cfg = TieredConfig::from_settings(dfs_dir, &s.storage.local);
+            Ok(Arc::new(
+                TieredStore::open(Arc::new(m), &cfg).map_err(|e| e.to_string())?,
+            ))
         }
     }
 }

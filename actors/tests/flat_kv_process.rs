@@ -132,6 +132,7 @@ fn mooncake_settings() -> MooncakeStoreSettings {
         global_segment_size: 0,
         local_buffer_size: 0,
         tenant_id: "default".into(),
+        dfs_dir: String::new(),
     }
 }
 

@@ -87,6 +87,7 @@ fn settings(lib: &str, master: &str, metadata: &str, tenant: &str) -> MooncakeSt
         global_segment_size: 0,
         local_buffer_size: 0,
         tenant_id: tenant.into(),
+        dfs_dir: String::new(),
     }
 }
 

@@ -246,6 +246,9 @@ pub struct MooncakeStoreSettings {
     pub global_segment_size: u64,
     pub local_buffer_size: u64,
     pub tenant_id: String,
+    /// Root of the shared-DFS tier under Mooncake (the tiered store); empty: Mooncake only.
+    #[serde(default)]
+    pub dfs_dir: String,
 }
 
 impl MooncakeStoreSettings {

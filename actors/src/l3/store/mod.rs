@@ -9,6 +9,7 @@ pub mod faulty;
 pub mod local;
 pub mod memory;
 pub mod mooncake;
+pub mod tiered;
 
 use messages::{Namespace, StorageKey};
 

@@ -477,6 +477,7 @@ mod tests {
             global_segment_size: 0,
             local_buffer_size: 0,
             tenant_id: "default".into(),
+            dfs_dir: String::new(),
         };
         assert!(bench_mooncake(&s, "python3", 0, 1, 1).is_err());
         assert!(bench_mooncake(&s, "python3", 1, 1, 0).is_err());
