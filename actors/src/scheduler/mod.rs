@@ -417,8 +417,11 @@ impl Scheduler {
             dests.push((h, row.range));
         }
         let keys = res.keys();
-        let stm = self.stm.as_mut().expect("checked above");
-        match stm.issue_get(id, keys, dests) {
+        let issued = match self.stm.as_mut() {
+            Some(stm) => stm.issue_get(id, keys, dests),
+            None => Err(crate::storage_transfer::Refusal::Disabled),
+        };
+        match issued {
             Ok(op) => {
                 self.pending_storage.push(StorageOp::Get(op));
                 self.reads.insert(
@@ -841,7 +844,9 @@ impl Scheduler {
             r.resources.local_at_plan = qp.local_tokens;
             r.resources.planned_boundary = qp.boundaries.first().map_or(0, |b| b.boundary);
             let keys = qp.keys.clone();
-            let stm = self.stm.as_mut().expect("checked");
+            let Some(stm) = self.stm.as_mut() else {
+                return;
+            };
             match stm.issue_query(id, keys) {
                 Ok((op, lease)) => {
                     plan.storage.push(StorageOp::Query(op));
@@ -1138,7 +1143,9 @@ impl Scheduler {
                 for page in 0..pages {
                     let key = page_key(self.cache.namespace(), self.cache.geometry(), a, page);
                     let h = self.new_ref(RefUse::PutSource(a, page));
-                    let stm = self.stm.as_mut().expect("checked");
+                    let Some(stm) = self.stm.as_mut() else {
+                        break;
+                    };
                     let out = stm.offer_backup(key, h);
                     if matches!(out, crate::storage_transfer::OfferOutcome::Dropped(_)) {
                         self.refs.remove(&h);
