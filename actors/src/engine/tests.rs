@@ -4,68 +4,17 @@
 use super::factory::{build_rank, RankSpec};
 use super::{agree_single, RankEngine};
 use crate::clock::SystemClock;
-use crate::device::DeviceBackendChoice;
 use crate::frontend::FallbackReason;
 use crate::l3::store::memory::MemoryStore;
 use crate::l3::store::Store;
 use crate::model::SyntheticModel;
 use crate::scheduler::request::PrefixSplit;
 use crate::scheduler::RequestEvent;
-use messages::settings::{PressureWatermark, StorageConfig, StorageRuntimeConfig};
 use messages::RequestId;
 use std::sync::Arc;
 
-fn storage() -> (StorageConfig, StorageRuntimeConfig) {
-    (
-        StorageConfig {
-            operation_credits: 16,
-            max_host_blocks: 512,
-            max_keys_per_operation: 256,
-            lookahead_tokens: 0,
-            negative_metadata_capacity: 64,
-            backup_candidate_capacity: 256,
-            soft_deadline_ms: 60_000,
-            ready_hold_ms: 60_000,
-            min_extension_tokens: 1,
-            pressure_high: PressureWatermark {
-                queued_jobs: 10_000,
-                queued_bytes: 1 << 40,
-                oldest_age_ms: 600_000,
-            },
-            pressure_low: PressureWatermark {
-                queued_jobs: 5_000,
-                queued_bytes: 1 << 39,
-                oldest_age_ms: 300_000,
-            },
-        },
-        StorageRuntimeConfig {
-            query_workers: 1,
-            get_workers: 1,
-            put_workers: 1,
-            query_queue_capacity: 32,
-            get_queue_capacity: 32,
-            put_queue_capacity: 32,
-            outstanding_limit: 64,
-            health_cooldown_ms: 1000,
-            close_deadline_ms: 2000,
-        },
-    )
-}
-
 fn spec(storage_on: bool) -> RankSpec {
-    RankSpec {
-        profile: "tiny".into(),
-        rank: 0,
-        world: 1,
-        device_blocks: 64,
-        host_blocks: 256,
-        max_running: 4,
-        checkpoint: String::new(),
-        target_weight_version: 1,
-        draft_weight_version: None,
-        storage: storage_on.then(storage),
-        device: DeviceBackendChoice::Emulated,
-    }
+    RankSpec::small(storage_on)
 }
 
 fn engine(store: Option<Arc<MemoryStore>>) -> RankEngine {
@@ -98,25 +47,8 @@ struct Outcome {
 /// Serves one request to completion (a world of one; rounds until it finishes), then
 /// keeps rounding until the executor is idle so backups have retired.
 fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcome {
-    let mut tokens = vec![];
-    let mut done = None;
-    let mut first = Some((RequestId(id), prompt.to_vec(), max_tokens));
+    let out = serve_until(e, id, prompt, max_tokens, |_, _| {});
     for _ in 0..20_000 {
-        let report = e.head();
-        let agreed = agree_single(report, first.take().into_iter().collect(), vec![]).unwrap();
-        e.run_round(agreed).unwrap();
-        for ev in e.drain_events() {
-            match ev {
-                RequestEvent::Token(r, t) if r.0 == id => tokens.push(t),
-                RequestEvent::Finished {
-                    id: r,
-                    split,
-                    fallback,
-                } if r.0 == id => done = Some((split, fallback)),
-                RequestEvent::Aborted(r, why) if r.0 == id => panic!("aborted: {why}"),
-                _ => {}
-            }
-        }
         let idle = e.executor().is_none_or(|x| {
             x.stats()
                 .jobs
@@ -125,17 +57,15 @@ fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcom
         }) && e.scheduler().stm().is_none_or(|s| {
             s.stats().outstanding_tickets == 0 && s.stats().queued_backup_candidates == 0
         });
-        if done.is_some() && idle {
+        if idle {
             break;
         }
+        let agreed = agree_single(e.head(), vec![], vec![]).unwrap();
+        e.run_round(agreed).unwrap();
+        e.drain_events();
         std::thread::yield_now();
     }
-    let (split, fallback) = done.expect("request finished");
-    Outcome {
-        tokens,
-        split,
-        fallback,
-    }
+    out
 }
 
 /// Serves while `during` runs between rounds (for releasing gates), like `serve`.
