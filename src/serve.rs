@@ -300,6 +300,7 @@ async fn round_loop(
     let mut exporter = Exporter::with_local(shared.local_store.clone());
     let mut round: u64 = 0;
     let mut stopping_since: Option<Instant> = None;
+    let mut idle_rounds: u32 = 0;
     loop {
         round += 1;
         let stopping = shared.stop.load(Ordering::SeqCst);
@@ -430,9 +431,14 @@ async fn round_loop(
                 break;
             }
         }
-        if !busy {
-            // Idle: tick again shortly (the agreed tick is delivered every round).
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        if busy {
+            idle_rounds = 0;
+        } else {
+            // Idle: tick again shortly (the agreed tick is delivered every round); the pause
+            // grows from 1 ms to 4 ms over a quiet stretch and resets on any work.
+            idle_rounds = idle_rounds.saturating_add(1);
+            let pause = 1u64 << (idle_rounds / 64).min(2);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     }
     fail_all(&mut clients, "the engine host is shutting down");
