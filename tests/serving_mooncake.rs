@@ -11,71 +11,26 @@
 
 mod common;
 
-use actors::names::env;
+use actors::l3::store::mooncake::live;
 use common::{tokens, Host};
-use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
 
 const TEST: &str = "serving_mooncake";
-
-fn required() -> bool {
-    std::env::var(env::MOONCAKE_REQUIRE_MASTER).is_ok_and(|v| v == "1")
-}
-
-/// Skips loudly (straight to stderr, past the harness's capture), or fails under
-/// MOONCAKE_REQUIRE_MASTER=1.
-fn skip(why: &str) {
-    assert!(
-        !required(),
-        "{} is 1 but {TEST}: {why}",
-        env::MOONCAKE_REQUIRE_MASTER
-    );
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {TEST}: {why}");
-}
 
 /// The engine host's `[storage.mooncake]` settings as TSL3_* overrides, from the variables
 /// deploy/mooncake/env.sh exports; None (skipped loudly) without a library or a master.
 fn mooncake_env() -> Option<Vec<(String, String)>> {
-    let lib = std::env::var(env::MOONCAKE_STORE_LIBRARY).unwrap_or_default();
-    let master = std::env::var(env::MOONCAKE_MASTER).unwrap_or_default();
-    if lib.is_empty() || master.is_empty() {
-        skip(&format!(
-            "${} or ${} unset (run deploy/mooncake/install.sh and start.sh, then source deploy/mooncake/env.sh)",
-            env::MOONCAKE_STORE_LIBRARY,
-            env::MOONCAKE_MASTER
-        ));
-        return None;
-    }
-    if !std::path::Path::new(&lib).exists() {
-        skip(&format!("the library {lib} does not exist"));
-        return None;
-    }
-    // A quick probe: a client setup against a dead master retries for ~90 s.
-    let listening = master
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
-    if !listening {
-        skip(&format!("no Mooncake master listening on {master}"));
-        return None;
-    }
-    let metadata = std::env::var(env::MOONCAKE_METADATA_SERVER)
-        .ok()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| "P2PHANDSHAKE".into());
+    let m = live::settings_or_skip(TEST)?;
     let p = "TSL3_STORAGE__MOONCAKE__";
     Some(
         [
-            ("LIBRARY_PATH", lib),
-            ("MASTER_SERVER_ADDR", master),
-            ("METADATA_SERVER", metadata),
-            ("LOCAL_HOSTNAME", "127.0.0.1".into()),
-            ("PROTOCOL", "tcp".into()),
-            ("GLOBAL_SEGMENT_SIZE", "0".into()),
-            ("LOCAL_BUFFER_SIZE", "0".into()),
-            ("TENANT_ID", "default".into()),
+            ("LIBRARY_PATH", m.library_path),
+            ("MASTER_SERVER_ADDR", m.master_server_addr),
+            ("METADATA_SERVER", m.metadata_server),
+            ("LOCAL_HOSTNAME", m.local_hostname),
+            ("PROTOCOL", m.protocol),
+            ("GLOBAL_SEGMENT_SIZE", m.global_segment_size.to_string()),
+            ("LOCAL_BUFFER_SIZE", m.local_buffer_size.to_string()),
+            ("TENANT_ID", m.tenant_id),
         ]
         .into_iter()
         .map(|(k, v)| (format!("{p}{k}"), v))

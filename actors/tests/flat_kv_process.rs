@@ -19,7 +19,7 @@ use actors::device::{
 };
 use actors::host::HostCacheStorage;
 use actors::l3::store::local::{LocalStore, LocalStoreConfig, DEFAULT_PROMOTION_TTL_US};
-use actors::l3::store::mooncake::MooncakeStore;
+use actors::l3::store::mooncake::{live, MooncakeStore};
 use actors::l3::store::Store;
 use actors::l3::{L3Executor, Submitted};
 use actors::model::{Shard, SyntheticModel};
@@ -29,8 +29,6 @@ use messages::{
     HostRange, Namespace, ObjectFailure, OperationId, StorageDone, StorageGetOp, StorageKey,
     StorageOp, StoragePutOp, StorageQueryOp,
 };
-use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,21 +117,7 @@ impl Plan {
 // Stores and the executor.
 
 fn mooncake_settings() -> MooncakeStoreSettings {
-    MooncakeStoreSettings {
-        library_path: std::env::var(env::MOONCAKE_STORE_LIBRARY).unwrap_or_default(),
-        local_hostname: "127.0.0.1".into(),
-        metadata_server: std::env::var(env::MOONCAKE_METADATA_SERVER)
-            .ok()
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| "P2PHANDSHAKE".into()),
-        master_server_addr: std::env::var(env::MOONCAKE_MASTER).unwrap_or_default(),
-        protocol: "tcp".into(),
-        device_name: String::new(),
-        global_segment_size: 0,
-        local_buffer_size: 0,
-        tenant_id: "default".into(),
-        dfs_dir: String::new(),
-    }
+    live::settings_from_env().unwrap()
 }
 
 /// `local:<dir>` or `mooncake` (a pure client with the Host buffer registered).
@@ -513,55 +497,9 @@ fn flat_kv_crosses_processes_through_the_local_store() {
     );
 }
 
-fn required() -> bool {
-    std::env::var(env::MOONCAKE_REQUIRE_MASTER).is_ok_and(|v| v == "1")
-}
-
-/// Skips loudly (straight to stderr), or fails under MOONCAKE_REQUIRE_MASTER=1.
-fn skip(test: &str, why: &str) {
-    assert!(
-        !required(),
-        "{} is 1 but {test}: {why}",
-        env::MOONCAKE_REQUIRE_MASTER
-    );
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
-}
-
 /// Whether the shared Mooncake instance is reachable (else skipped loudly or failed).
 fn mooncake_available(test: &str) -> bool {
-    let s = mooncake_settings();
-    if s.library_path.is_empty() || s.master_server_addr.is_empty() {
-        skip(
-            test,
-            &format!(
-                "${} or ${} unset (run deploy/mooncake/install.sh and start.sh, then source deploy/mooncake/env.sh)",
-                env::MOONCAKE_STORE_LIBRARY,
-                env::MOONCAKE_MASTER
-            ),
-        );
-        return false;
-    }
-    if !std::path::Path::new(&s.library_path).exists() {
-        skip(
-            test,
-            &format!("the library {} does not exist", s.library_path),
-        );
-        return false;
-    }
-    let listening = s
-        .master_server_addr
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
-    if !listening {
-        skip(
-            test,
-            &format!("no Mooncake master listening on {}", s.master_server_addr),
-        );
-        return false;
-    }
-    true
+    live::settings_or_skip(test).is_some()
 }
 
 #[test]

@@ -9,13 +9,11 @@
 //! master's readiness, an object becoming readable), never asserted timings.
 
 use actors::host::HostCacheStorage;
-use actors::l3::store::mooncake::MooncakeStore;
+use actors::l3::store::mooncake::{live, MooncakeStore};
 use actors::l3::store::{KeyResult, Store};
 use actors::names::env;
 use messages::settings::MooncakeStoreSettings;
 use messages::{HostRange, Namespace, StorageKey};
-use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::Ordering;
@@ -24,56 +22,10 @@ use std::time::{Duration, Instant};
 const WRITER_ENV: &str = "TSL3_MOONCAKE_LIVE_WRITER";
 const PAGE: usize = 64 * 1024;
 
-fn required() -> bool {
-    std::env::var(env::MOONCAKE_REQUIRE_MASTER).is_ok_and(|v| v == "1")
-}
-
-/// Skips loudly (written straight to stderr, so the test harness's capture cannot hide
-/// it), or fails under MOONCAKE_REQUIRE_MASTER=1.
-fn skip(test: &str, why: &str) {
-    assert!(
-        !required(),
-        "{} is 1 but {test}: {why}",
-        env::MOONCAKE_REQUIRE_MASTER
-    );
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
-}
-
 /// The shared instance's settings, or None (skipped loudly) when there is no library or no
 /// master listening.
 fn shared(test: &str) -> Option<MooncakeStoreSettings> {
-    let lib = std::env::var(env::MOONCAKE_STORE_LIBRARY).unwrap_or_default();
-    let master = std::env::var(env::MOONCAKE_MASTER).unwrap_or_default();
-    if lib.is_empty() || master.is_empty() {
-        skip(
-            test,
-            &format!(
-                "${} or ${} unset (run deploy/mooncake/install.sh and start.sh, then source deploy/mooncake/env.sh)",
-                env::MOONCAKE_STORE_LIBRARY,
-                env::MOONCAKE_MASTER
-            ),
-        );
-        return None;
-    }
-    if !std::path::Path::new(&lib).exists() {
-        skip(test, &format!("the library {lib} does not exist"));
-        return None;
-    }
-    // A quick probe: a client setup against a dead master retries for ~90 s.
-    let listening = master
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
-    if !listening {
-        skip(test, &format!("no Mooncake master listening on {master}"));
-        return None;
-    }
-    let metadata = std::env::var(env::MOONCAKE_METADATA_SERVER)
-        .ok()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| "P2PHANDSHAKE".into());
-    Some(settings(&lib, &master, &metadata, "default"))
+    live::settings_or_skip(test)
 }
 
 fn settings(lib: &str, master: &str, metadata: &str, tenant: &str) -> MooncakeStoreSettings {
@@ -725,7 +677,7 @@ fn bench_runs_both_clients_against_the_same_master() {
         return;
     };
     let Ok(python) = std::env::var(env::MOONCAKE_PYTHON) else {
-        skip(
+        live::skip(
             "bench_runs_both_clients_against_the_same_master",
             "$MOONCAKE_PYTHON unset (source deploy/mooncake/env.sh)",
         );

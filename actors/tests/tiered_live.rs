@@ -8,81 +8,21 @@
 
 use actors::l3::store::dfs::{DfsStore, DFS_HEADER_LEN};
 use actors::l3::store::faulty::Gate;
-use actors::l3::store::mooncake::MooncakeStore;
+use actors::l3::store::mooncake::{live, MooncakeStore};
 use actors::l3::store::tiered::promotion::TierLimits;
 use actors::l3::store::tiered::TieredStore;
 use actors::l3::store::{KeyResult, PromotionFailure, PromotionResult as R, Store};
-use actors::names::env;
 use messages::settings::MooncakeStoreSettings;
 use messages::{Namespace, StorageKey};
 use std::io::{Seek, SeekFrom, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 const PAGE: usize = 64 * 1024;
 
-fn required() -> bool {
-    std::env::var(env::MOONCAKE_REQUIRE_MASTER).is_ok_and(|v| v == "1")
-}
-
-/// Skips loudly (straight to stderr, past the harness's capture), or fails under
-/// MOONCAKE_REQUIRE_MASTER=1.
-fn skip(test: &str, why: &str) {
-    assert!(
-        !required(),
-        "{} is 1 but {test}: {why}",
-        env::MOONCAKE_REQUIRE_MASTER
-    );
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
-}
-
 /// The instance's settings, or None (skipped loudly) without a library or a master.
 fn shared(test: &str) -> Option<MooncakeStoreSettings> {
-    let lib = std::env::var(env::MOONCAKE_STORE_LIBRARY).unwrap_or_default();
-    let master = std::env::var(env::MOONCAKE_MASTER).unwrap_or_default();
-    if lib.is_empty() || master.is_empty() {
-        skip(
-            test,
-            &format!(
-                "${} or ${} unset (run deploy/mooncake/install.sh and start.sh, then source deploy/mooncake/env.sh)",
-                env::MOONCAKE_STORE_LIBRARY,
-                env::MOONCAKE_MASTER
-            ),
-        );
-        return None;
-    }
-    if !std::path::Path::new(&lib).exists() {
-        skip(test, &format!("the library {lib} does not exist"));
-        return None;
-    }
-    // A quick probe: a client setup against a dead master retries for ~90 s.
-    let listening = master
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
-    if !listening {
-        skip(test, &format!("no Mooncake master listening on {master}"));
-        return None;
-    }
-    let metadata = std::env::var(env::MOONCAKE_METADATA_SERVER)
-        .ok()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| "P2PHANDSHAKE".into());
-    Some(MooncakeStoreSettings {
-        library_path: lib,
-        local_hostname: "127.0.0.1".into(),
-        metadata_server: metadata,
-        master_server_addr: master,
-        protocol: "tcp".into(),
-        device_name: String::new(),
-        global_segment_size: 0,
-        local_buffer_size: 0,
-        tenant_id: "default".into(),
-        dfs_dir: String::new(),
-    })
+    live::settings_or_skip(test)
 }
 
 /// A tiered store over a fresh client and a temporary DFS root, keeping the Mooncake

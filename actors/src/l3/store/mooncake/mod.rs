@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod codes;
 pub mod ffi;
+pub mod live;
 
 use super::{KeyResult, Store, StoreError};
 use crate::host::HostCacheStorage;
