@@ -144,3 +144,44 @@ fn launch_tp2_matches_single_rank_recomputation() {
         "launch forwards SIGTERM and every rank exits cleanly"
     );
 }
+
+#[test]
+fn launch_tp4_and_tp8_rank_processes_match_single_rank_recomputation() {
+    // 8 KV heads split over 4 and 8 rank processes; small pools keep 8 processes light.
+    let envs = [
+        ("TSL3_MODEL__DEVICE_BLOCKS", "32"),
+        ("TSL3_MODEL__MAX_RUNNING", "2"),
+    ];
+    let profile = ["--model-profile", "llama-8b-like"];
+    let p = prompt(40, 8);
+    let want = {
+        let h = Host::start(
+            &[&["serve", "--store", "none"][..], &profile[..]].concat(),
+            &envs,
+        );
+        let v = h.complete(&p, 3);
+        assert_eq!(v["tsl3"]["fallback_reason"], "disabled");
+        tokens(&v)
+    };
+    for tp in ["4", "8"] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let args = [
+            &["launch", "--tp", tp, "--store", "local", "--store-dir", d][..],
+            &profile[..],
+        ]
+        .concat();
+        let h = Host::start(&args, &envs);
+        let v = h.complete(&p, 3);
+        assert_eq!(
+            tokens(&v),
+            want,
+            "TP={tp} output equals the single-rank recomputation"
+        );
+        // The same prompt again is a Device hit on every rank (the decision is agreed).
+        let again = h.complete(&p, 3);
+        assert_eq!(tokens(&again), want);
+        assert_eq!(again["tsl3"]["device"], 32, "TP={tp}: {again}");
+        assert!(h.stop().success(), "TP={tp}: every rank exits cleanly");
+    }
+}
