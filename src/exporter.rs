@@ -6,7 +6,9 @@
 
 use actors::engine::RankEngine;
 use actors::frontend::FallbackReason;
+use actors::l3::store::local::stats::PromotionStats;
 use actors::l3::store::local::LocalStore;
+use actors::l3::store::tiered::TieredStore;
 use actors::metrics::{
     capacity_label, fail_reason_label, Metrics, CAPACITY_REASONS, L3_JOB_STATES, L3_OUTCOMES,
     LOCAL_GET_TIERS, PREFIX_TIERS, PROMOTION_FAIL_REASONS,
@@ -18,18 +20,54 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A store with DFS -> MEMORY promotion whose statistics the exporter reads: the local store
+/// (in-process MEMORY tier) or the tiered store (Mooncake as the MEMORY tier).
+#[derive(Clone)]
+pub enum PromotingStore {
+    Local(Arc<LocalStore>),
+    Tiered(Arc<TieredStore>),
+}
+
+impl PromotingStore {
+    fn promotion_stats(&self) -> &PromotionStats {
+        match self {
+            PromotingStore::Local(l) => l.promotion_stats(),
+            PromotingStore::Tiered(t) => t.promotion_stats(),
+        }
+    }
+    fn staging_used(&self) -> u64 {
+        match self {
+            PromotingStore::Local(l) => l.staging().used(),
+            PromotingStore::Tiered(t) => t.staging().used(),
+        }
+    }
+    /// GETs served by the MEMORY tier and by the DFS tier.
+    fn gets(&self) -> [u64; 2] {
+        match self {
+            PromotingStore::Local(l) => [
+                l.stats.memory_hits.load(Ordering::Relaxed),
+                l.stats.dfs_reads.load(Ordering::Relaxed),
+            ],
+            PromotingStore::Tiered(t) => [
+                t.stats.memory_hits.load(Ordering::Relaxed),
+                t.stats.dfs_reads.load(Ordering::Relaxed),
+            ],
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Exporter {
     last: Option<Instant>,
     was_pending: bool,
     prev: BTreeMap<String, u64>,
-    local: Option<Arc<LocalStore>>,
+    local: Option<PromotingStore>,
 }
 
 impl Exporter {
-    /// An exporter that also reads the local store's promotion and GET statistics (when the
-    /// rank's store is the local store).
-    pub fn with_local(local: Option<Arc<LocalStore>>) -> Self {
+    /// An exporter that also reads the promotion and GET statistics of the rank's store
+    /// when it promotes (the local store, or Mooncake over a DFS tier).
+    pub fn with_local(local: Option<PromotingStore>) -> Self {
         Self {
             local,
             ..Self::default()
@@ -172,7 +210,7 @@ impl Exporter {
     }
 
     /// DFS -> MEMORY promotion funnel, staging and GET tiers of the local store.
-    fn export_local(&mut self, m: &Metrics, local: &LocalStore) {
+    fn export_local(&mut self, m: &Metrics, local: &PromotingStore) {
         let ps = local.promotion_stats();
         let f = ps.funnel();
         for (key, v, c) in [
@@ -195,11 +233,8 @@ impl Exporter {
             m.promotion_rejected.with_label_values(&[label]).inc_by(d);
         }
         m.promotion_in_flight.set(f.in_flight as i64);
-        m.promotion_staging_bytes.set(local.staging().used() as i64);
-        let gets = [
-            local.stats.memory_hits.load(Ordering::Relaxed),
-            local.stats.dfs_reads.load(Ordering::Relaxed),
-        ];
+        m.promotion_staging_bytes.set(local.staging_used() as i64);
+        let gets = local.gets();
         for (tier, v) in LOCAL_GET_TIERS.into_iter().zip(gets) {
             let d = self.advance(format!("local_get/{tier}"), v);
             m.local_get.with_label_values(&[tier]).inc_by(d);

@@ -3,7 +3,7 @@
 //! thread, and — on the leader — serves the HTTP API. Shutdown (SIGTERM, Ctrl-C) stops new
 //! requests, lets in-flight ones finish, closes the L3 executor, then the device engine.
 
-use crate::exporter::Exporter;
+use crate::exporter::{Exporter, PromotingStore};
 use crate::settings::Settings;
 use actors::clock::{SharedClock, SystemClock};
 use actors::control_plane::mesh::MeshSettings;
@@ -77,7 +77,7 @@ pub fn make_store(
     s: &Settings,
     clock: SharedClock,
     host: &Arc<actors::host::HostCacheStorage>,
-    local: &parking_lot::Mutex<Option<Arc<LocalStore>>>, // for the metrics exporter
+    local: &parking_lot::Mutex<Option<PromotingStore>>, // for the metrics exporter
 ) -> Result<Arc<dyn Store>, String> {
     match s.storage.backend {
         StoreKind::None => Err("storage is disabled".into()),
@@ -87,7 +87,7 @@ pub fn make_store(
             std::fs::create_dir_all(&cfg.dir)
                 .map_err(|e| format!("storage.local.dir {}: {e}", cfg.dir.display()))?;
             let l = Arc::new(LocalStore::open(&cfg, clock).map_err(|e| e.to_string())?);
-            *local.lock() = Some(l.clone());
+            *local.lock() = Some(PromotingStore::Local(l.clone()));
             Ok(l)
         }
         StoreKind::Mooncake => {
@@ -98,9 +98,9 @@ pub fn make_store(
                 return Ok(Arc::new(m));
             }
             let cfg = TieredConfig::from_settings(dfs_dir, &s.storage.local);
-            Ok(Arc::new(
-                TieredStore::open(Arc::new(m), &cfg).map_err(|e| e.to_string())?,
-            ))
+            let t = Arc::new(TieredStore::open(Arc::new(m), &cfg).map_err(|e| e.to_string())?);
+            *local.lock() = Some(PromotingStore::Tiered(t.clone()));
+            Ok(t)
         }
     }
 }
@@ -126,7 +126,7 @@ struct Shared {
     metrics: Metrics,
     health: parking_lot::Mutex<String>,
     stop: AtomicBool,
-    local_store: Option<Arc<LocalStore>>,
+    local_store: Option<PromotingStore>,
 }
 
 pub fn run(settings: Settings) -> Result<()> {
@@ -134,7 +134,7 @@ pub fn run(settings: Settings) -> Result<()> {
     let spec = rank_spec(&settings)?;
     let store_holder: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>> = Arc::default();
     let holder = store_holder.clone();
-    let local_store: Arc<parking_lot::Mutex<Option<Arc<LocalStore>>>> = Arc::default();
+    let local_store: Arc<parking_lot::Mutex<Option<PromotingStore>>> = Arc::default();
     let local2 = local_store.clone();
     let s2 = settings.clone();
     let c2 = clock.clone();
