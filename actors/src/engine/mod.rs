@@ -200,7 +200,9 @@ impl RankEngine {
     }
 }
 
-/// Agreement of a world of one: the local report is the agreed round.
+/// Agreement of a world of one without a mesh: the local report is the agreed round. For
+/// tests and benchmarks that drive one rank directly; `engine-host serve` always agrees
+/// through the ControlPlane, a world of one included.
 pub fn agree_single(
     report: LocalReport,
     frontend: Vec<(RequestId, Vec<u32>, u32)>,
