@@ -56,6 +56,16 @@ fn malformed(len: usize, n: usize) -> String {
     format!("malformed result: {len} entries for {n} keys")
 }
 
+/// One result per key, or why the call failed (an exception or a malformed result; its
+/// retirement then follows `failures_retire`).
+fn per_key(n: usize, result: Result<Vec<KeyResult>, StoreError>) -> Result<Vec<KeyResult>, String> {
+    match result {
+        Err(e) => Err(e.to_string()),
+        Ok(r) if r.len() != n => Err(malformed(r.len(), n)),
+        Ok(r) => Ok(r),
+    }
+}
+
 /// `expected[i]` is the destination length of key i.
 pub(crate) fn settle_get(
     op: OperationId,
@@ -65,12 +75,9 @@ pub(crate) fn settle_get(
 ) -> Settled {
     let kind = StorageOpKind::Get;
     let n = expected.len();
-    let results = match result {
-        Err(e) => return Settled::failed(op, kind, n, failures_retire, e.to_string()),
-        Ok(r) if r.len() != n => {
-            return Settled::failed(op, kind, n, failures_retire, malformed(r.len(), n))
-        }
+    let results = match per_key(n, result) {
         Ok(r) => r,
+        Err(why) => return Settled::failed(op, kind, n, failures_retire, why),
     };
     let mut done = StorageDone::get(op, vec![false; n], vec![0; n], vec![None; n], true);
     let mut outage = false;
@@ -120,12 +127,9 @@ pub(crate) fn settle_put(
 ) -> Settled {
     let kind = StorageOpKind::Put;
     let n = expected.len();
-    let results = match result {
-        Err(e) => return Settled::failed(op, kind, n, failures_retire, e.to_string()),
-        Ok(r) if r.len() != n => {
-            return Settled::failed(op, kind, n, failures_retire, malformed(r.len(), n))
-        }
+    let results = match per_key(n, result) {
         Ok(r) => r,
+        Err(why) => return Settled::failed(op, kind, n, failures_retire, why),
     };
     let mut done = StorageDone::put(op, vec![false; n], vec![0; n], vec![false; n], true);
     let mut outage = false;
