@@ -112,3 +112,30 @@ impl Funnel {
             == self.committed + self.failed + self.expired + self.cancelled + self.in_flight
     }
 }
+
+impl PromotionStats {
+    /// Admission's resource step, shared by every promoting store: one in-flight slot under
+    /// a hard cap (compare-and-swap, never a racy load) and `bytes` of staging — both or
+    /// neither. The caller gives the slot back (`in_flight -= 1`) when it joins another
+    /// attempt instead; the staging reservation returns when dropped.
+    pub fn admit_resources(
+        &self,
+        max_in_flight: u64,
+        staging: &std::sync::Arc<super::staging::StagingBudget>,
+        bytes: u64,
+    ) -> Result<super::staging::StagingReservation, CapacityReason> {
+        if self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max_in_flight).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(CapacityReason::InFlightCap);
+        }
+        staging.try_reserve(bytes).ok_or_else(|| {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            CapacityReason::Quota
+        })
+    }
+}

@@ -293,22 +293,14 @@ impl TierPromotion {
             self.stats.record_rejected(c);
             Admission::Done(R::Capacity(c))
         };
-        // Hard cap on outstanding attempts: compare-and-swap, never a racy load.
-        let max = self.max_in_flight;
-        if self
-            .stats
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_err()
-        {
-            return reject(CapacityReason::InFlightCap);
-        }
-        let Some(staging) = self.staging.try_reserve(source.len) else {
-            self.stats.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return reject(CapacityReason::Quota);
-        };
+        let staging =
+            match self
+                .stats
+                .admit_resources(self.max_in_flight, &self.staging, source.len)
+            {
+                Ok(s) => s,
+                Err(c) => return reject(c),
+            };
         let attempt = {
             let mut live = self.live.lock();
             if let Some(a) = live.get(key).cloned() {
