@@ -2,34 +2,14 @@
 //! at an in-test OTLP receiver, over gRPC (tonic TraceService) and over HTTP (protobuf at
 //! /v1/traces), with the expected parent/child tree, resource and attributes.
 
+mod common;
+
+use common::otlp::{grpc_receiver, http_receiver};
 use engine_host::telemetry::{otel_layer, provider, OtlpProtocol, OtlpTarget};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use prost::Message;
-use std::sync::{Arc, Mutex};
 use tracing_subscriber::layer::SubscriberExt;
-
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<ExportTraceServiceRequest>>>);
-
-#[tonic::async_trait]
-impl TraceService for Sink {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.0.lock().unwrap().push(request.into_inner());
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
 
 /// Emits one storage-operation-like span tree: op → queue, backend_call.
 fn emit(target: OtlpTarget) -> opentelemetry_sdk::trace::SdkTracerProvider {
@@ -98,85 +78,52 @@ fn check_tree(reqs: &[ExportTraceServiceRequest]) {
         .any(|(k, v)| k == "service.name" && v == "tsl3-test"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spans_arrive_over_grpc() {
-    let sink = Sink::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tonic::transport::Server::builder()
-        .add_service(TraceServiceServer::new(sink.clone()))
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
-    let handle = tokio::spawn(server);
-    let p = emit(OtlpTarget {
-        endpoint: format!("http://{addr}"),
-        protocol: OtlpProtocol::Grpc,
+/// Emits the tree towards `target` on a runtime of its own, then flushes and shuts down.
+fn emit_and_flush(rt: &tokio::runtime::Runtime, target: OtlpTarget) {
+    rt.block_on(async move {
+        let p = emit(target);
+        tokio::task::spawn_blocking(move || {
+            p.force_flush().unwrap();
+            p.shutdown().unwrap();
+        })
+        .await
+        .unwrap();
     });
-    tokio::task::spawn_blocking(move || {
-        p.force_flush().unwrap();
-        p.shutdown().unwrap();
-    })
-    .await
-    .unwrap();
-    check_tree(&sink.0.lock().unwrap());
-    handle.abort();
 }
 
-#[actix_web::test]
-async fn spans_arrive_over_http() {
-    use actix_web::{web, App, HttpResponse, HttpServer};
-    let got: Arc<Mutex<Vec<ExportTraceServiceRequest>>> = Arc::default();
-    let g2 = got.clone();
-    let server = HttpServer::new(move || {
-        let g = g2.clone();
-        App::new().route(
-            "/v1/traces",
-            web::post().to(move |body: web::Bytes| {
-                let g = g.clone();
-                async move {
-                    match ExportTraceServiceRequest::decode(body) {
-                        Ok(r) => {
-                            g.lock().unwrap().push(r);
-                            HttpResponse::Ok()
-                                .content_type("application/x-protobuf")
-                                .body(
-                                    ExportTraceServiceResponse {
-                                        partial_success: None,
-                                    }
-                                    .encode_to_vec(),
-                                )
-                        }
-                        Err(_) => HttpResponse::BadRequest().finish(),
-                    }
-                }
-            }),
-        )
-    })
-    .workers(1)
-    .bind("127.0.0.1:0")
-    .unwrap();
-    let addr = server.addrs()[0];
-    let running = server.run();
-    let handle = running.handle();
-    actix_web::rt::spawn(running);
-    let target = OtlpTarget {
-        endpoint: format!("http://{addr}"),
-        protocol: OtlpProtocol::Http,
-    };
-    // The exporter runs on its own tokio runtime thread; the actix system keeps serving.
-    actix_web::rt::task::spawn_blocking(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async move {
-            let p = emit(target);
-            tokio::task::spawn_blocking(move || {
-                p.force_flush().unwrap();
-                p.shutdown().unwrap();
-            })
-            .await
-            .unwrap();
-        });
-    })
-    .await
-    .unwrap();
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn spans_arrive_over_grpc() {
+    let rt = runtime();
+    let (endpoint, got) = grpc_receiver(&rt);
+    emit_and_flush(
+        &rt,
+        OtlpTarget {
+            endpoint,
+            protocol: OtlpProtocol::Grpc,
+        },
+    );
     check_tree(&got.lock().unwrap());
-    handle.stop(true).await;
+}
+
+#[test]
+fn spans_arrive_over_http() {
+    let (endpoint, got, handle) = http_receiver();
+    let rt = runtime();
+    emit_and_flush(
+        &rt,
+        OtlpTarget {
+            endpoint,
+            protocol: OtlpProtocol::Http,
+        },
+    );
+    check_tree(&got.lock().unwrap());
+    rt.block_on(handle.stop(true));
 }

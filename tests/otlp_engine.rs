@@ -7,35 +7,11 @@
 
 mod common;
 
+use common::otlp::{grpc_receiver, http_receiver};
 use common::Host;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use prost::Message;
-use std::sync::{Arc, Mutex};
-
-type Received = Arc<Mutex<Vec<ExportTraceServiceRequest>>>;
-
-#[derive(Clone, Default)]
-struct Sink(Received);
-
-#[tonic::async_trait]
-impl TraceService for Sink {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.0.lock().unwrap().push(request.into_inner());
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
 
 fn prompt(n: u32, salt: u32) -> Vec<u32> {
     (0..n).map(|i| (i * 13 + salt * 101) % 997).collect()
@@ -131,67 +107,6 @@ impl Spans {
             }
         }
     }
-}
-
-fn grpc_receiver(rt: &tokio::runtime::Runtime) -> (String, Received) {
-    let sink = Sink::default();
-    let got = sink.0.clone();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(sink))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
-    (format!("http://{addr}"), got)
-}
-
-fn http_receiver() -> (String, Received, actix_web::dev::ServerHandle) {
-    use actix_web::{web, App, HttpResponse, HttpServer};
-    let got: Received = Arc::default();
-    let g2 = got.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let sys = actix_web::rt::System::new();
-        sys.block_on(async move {
-            let server = HttpServer::new(move || {
-                let g = g2.clone();
-                App::new().route(
-                    "/v1/traces",
-                    web::post().to(move |body: web::Bytes| {
-                        let g = g.clone();
-                        async move {
-                            match ExportTraceServiceRequest::decode(body) {
-                                Ok(r) => {
-                                    g.lock().unwrap().push(r);
-                                    HttpResponse::Ok()
-                                        .content_type("application/x-protobuf")
-                                        .body(
-                                            ExportTraceServiceResponse {
-                                                partial_success: None,
-                                            }
-                                            .encode_to_vec(),
-                                        )
-                                }
-                                Err(_) => HttpResponse::BadRequest().finish(),
-                            }
-                        }
-                    }),
-                )
-            })
-            .workers(1)
-            .bind("127.0.0.1:0")
-            .unwrap();
-            let addr = server.addrs()[0];
-            let running = server.run();
-            tx.send((addr, running.handle())).unwrap();
-            running.await.unwrap();
-        });
-    });
-    let (addr, handle) = rx.recv().unwrap();
-    (format!("http://{addr}"), got, handle)
 }
 
 #[test]

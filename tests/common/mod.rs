@@ -3,6 +3,8 @@
 //! bounded polls of observable state; no test asserts a timing.
 #![allow(dead_code)]
 
+pub mod otlp;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
