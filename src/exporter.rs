@@ -88,7 +88,6 @@ impl Exporter {
         round: u64,
     ) {
         let pending = engine
-            .scheduler()
             .stm()
             .is_some_and(|s| s.stats().outstanding_tickets > 0);
         let due = self
@@ -122,7 +121,7 @@ impl Exporter {
             let d = self.advance(format!("fallback/{}", f.as_str()), v);
             m.requests.with_label_values(&[f.as_str()]).inc_by(d);
         }
-        if let Some(stm) = engine.scheduler().stm() {
+        if let Some(stm) = engine.stm() {
             let st = stm.stats();
             m.l3_ready_holds.set(st.ready_holds as i64);
             m.l3_quarantined_references.set(st.quarantined_refs as i64);

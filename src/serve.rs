@@ -563,9 +563,7 @@ fn apply_admin(
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             });
-            engine
-                .scheduler_mut()
-                .apply_admin(ClearKind::FullClear, deletion, None)?;
+            engine.apply_admin(ClearKind::FullClear, deletion, None)?;
             Ok(format!("cleared the cache of namespace {}", ns.as_str()))
         }
         AdminCommand::SetWeightVersion { target, draft } => {
@@ -573,11 +571,7 @@ fn apply_admin(
             let mut id = identity(&spec, engine.scheduler().layout());
             id = id.with_weight_versions(target, draft);
             let new_ns: Namespace = id.namespace();
-            engine.scheduler_mut().apply_admin(
-                ClearKind::WeightUpdate,
-                None,
-                Some(new_ns.clone()),
-            )?;
+            engine.apply_admin(ClearKind::WeightUpdate, None, Some(new_ns.clone()))?;
             Ok(format!(
                 "weights {target}{}: namespace {} (was {})",
                 draft.map(|d| format!("/draft {d}")).unwrap_or_default(),

@@ -13,5 +13,6 @@ pub mod l3;
 pub mod metrics;
 pub mod model;
 pub mod names;
+pub mod pipeline;
 pub mod scheduler;
 pub mod storage_transfer;

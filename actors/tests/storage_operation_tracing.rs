@@ -113,7 +113,7 @@ fn serve(e: &mut RankEngine, id: u64, prompt: &[u32]) {
                 _ => {}
             }
         }
-        let idle = e.scheduler().stm().is_none_or(|s| {
+        let idle = e.stm().is_none_or(|s| {
             s.stats().outstanding_tickets == 0 && s.stats().queued_backup_candidates == 0
         });
         if done && idle {
@@ -288,10 +288,7 @@ fn a_detached_read_ends_with_detach() {
             let agreed = agree_single(report, vec![], cancel).unwrap();
             e.run_round(agreed).unwrap();
             e.drain_events();
-            let idle = e
-                .scheduler()
-                .stm()
-                .is_none_or(|s| s.stats().outstanding_tickets == 0);
+            let idle = e.stm().is_none_or(|s| s.stats().outstanding_tickets == 0);
             if cancelled && idle {
                 break;
             }

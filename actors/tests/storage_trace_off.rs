@@ -25,11 +25,11 @@ fn without_a_subscriber_no_span_is_kept() {
     e.run_round(agreed).unwrap();
     assert_eq!(e.scheduler().live_requests(), 1);
     assert!(e.scheduler().request_span(RequestId(1)).is_none());
-    let stm = e.scheduler().stm().unwrap();
+    let stm = e.stm().unwrap();
     assert_eq!(stm.stats().outstanding_tickets, 1, "the QUERY was issued");
     let op = stm.tickets().next().unwrap().op;
     assert!(
-        e.scheduler().op_span(op).is_none(),
+        stm.op_span(op).is_none(),
         "no bookkeeping when no subscriber is interested"
     );
     e.close();

@@ -115,6 +115,14 @@ impl StorageOp {
             StorageOp::Cancel(c) => c.op,
         }
     }
+    /// The request a read serves (None for PUT and CANCEL).
+    pub fn request(&self) -> Option<RequestId> {
+        match self {
+            StorageOp::Query(q) => q.request,
+            StorageOp::Get(g) => g.request,
+            StorageOp::Put(_) | StorageOp::Cancel(_) => None,
+        }
+    }
     /// The kind of job this command creates; None for Cancel (no ticket).
     pub fn kind(&self) -> Option<StorageOpKind> {
         match self {

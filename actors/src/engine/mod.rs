@@ -1,10 +1,12 @@
-//! RankEngine: one rank's round executor. It owns the Scheduler, the L3 executor (when
+//! RankEngine: one rank's round executor for tests and benchmarks, synchronous. It owns
+//! the RoundPipeline (Scheduler and StorageTransferManager cores), the L3 executor (when
 //! storage is enabled), the DeviceCopyEngine core and the synthetic model's forward, and
 //! runs the two feedback points of a round: the head (poll the executor and fences into a
-//! local report) and, once the report is agreed, apply → plan → dispatch (storage to the
-//! executor in plan order; H2D, forward and D2H to the device engine). It never talks to
-//! other ranks: the caller exchanges reports (the ControlPlane, or itself for a world of
-//! one) and hands back the agreed inputs.
+//! local report) and, once the report is agreed, the pipeline (apply → plan → commit) and
+//! dispatch (storage to the executor in plan order; H2D, forward and D2H to the device
+//! engine). `engine-host serve` runs the same steps through the actors (`engine::actors`).
+//! It never talks to other ranks: the caller exchanges reports and hands back the agreed
+//! inputs.
 
 pub mod factory;
 #[cfg(test)]
@@ -17,7 +19,9 @@ use crate::device::{
 use crate::host::HostCacheStorage;
 use crate::l3::{CloseReport, L3Executor};
 use crate::model::{RankDigest, SyntheticModel};
-use crate::scheduler::{AgreedInputs, Plan, RequestEvent, Scheduler};
+use crate::pipeline::{RoundPipeline, RoundPlan};
+use crate::scheduler::{AgreedInputs, RequestEvent, Scheduler};
+use crate::storage_transfer::{ClearKind, StorageTransferManager};
 use messages::{
     HealthState, PressureObservation, PressureSnapshot, RequestId, StorageDone, StorageOp,
 };
@@ -53,7 +57,7 @@ pub struct RoundWork {
 }
 
 pub struct RankEngine {
-    scheduler: Scheduler,
+    pipeline: RoundPipeline,
     executor: Option<L3Executor>,
     device: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
     host: Arc<HostCacheStorage>,
@@ -73,7 +77,7 @@ impl RankEngine {
     ) -> Self {
         let model = scheduler.model().clone();
         Self {
-            scheduler,
+            pipeline: RoundPipeline::new(scheduler),
             executor,
             device,
             host,
@@ -85,10 +89,14 @@ impl RankEngine {
     }
 
     pub fn scheduler(&self) -> &Scheduler {
-        &self.scheduler
+        self.pipeline.scheduler()
     }
     pub fn scheduler_mut(&mut self) -> &mut Scheduler {
-        &mut self.scheduler
+        self.pipeline.scheduler_mut()
+    }
+    /// The StorageTransferManager (None: storage disabled).
+    pub fn stm(&self) -> Option<&StorageTransferManager> {
+        self.pipeline.stm()
     }
     pub fn executor(&self) -> Option<&L3Executor> {
         self.executor.as_ref()
@@ -127,12 +135,11 @@ impl RankEngine {
 
     /// Applies the agreed round, plans, and dispatches the plan.
     pub fn run_round(&mut self, agreed: AgreedInputs) -> Result<RoundWork, EngineError> {
-        self.scheduler.apply(agreed)?;
-        let plan = self.scheduler.plan();
+        let plan = self.pipeline.round(agreed)?;
         self.dispatch(plan)
     }
 
-    fn dispatch(&mut self, plan: Plan) -> Result<RoundWork, EngineError> {
+    fn dispatch(&mut self, plan: RoundPlan) -> Result<RoundWork, EngineError> {
         let mut work = RoundWork {
             storage_ops: plan.storage.len(),
             ..RoundWork::default()
@@ -141,7 +148,11 @@ impl RankEngine {
         if let Some(ex) = self.executor.as_ref() {
             for op in plan.storage {
                 // Inside the operation's span, the executor's `l3_op` span is its child.
-                let span = self.scheduler.op_span(op.id()).cloned();
+                let span = self
+                    .pipeline
+                    .stm()
+                    .and_then(|s| s.op_span(op.id()))
+                    .cloned();
                 let _entered = span.as_ref().map(|s| s.enter());
                 let _ = ex.submit(op);
             }
@@ -179,12 +190,29 @@ impl RankEngine {
         } else {
             self.device.poll_fences()?;
         }
-        self.scheduler.d2h_done();
+        self.pipeline.d2h_done();
         Ok(work)
     }
 
     pub fn drain_events(&mut self) -> Vec<RequestEvent> {
-        self.scheduler.drain_events()
+        self.pipeline.scheduler_mut().drain_events()
+    }
+
+    /// Applies the pending admin command (see `RoundPipeline::apply_admin`) and submits the
+    /// cancellations of the rejected operations.
+    pub fn apply_admin(
+        &mut self,
+        kind: ClearKind,
+        remote_deletion: Option<Result<(), String>>,
+        new_namespace: Option<messages::Namespace>,
+    ) -> Result<(), String> {
+        let cancels = self
+            .pipeline
+            .apply_admin(kind, remote_deletion, new_namespace)?;
+        for op in cancels {
+            self.submit_storage(op);
+        }
+        Ok(())
     }
 
     /// Submits storage ops directly (admin paths and tests).

@@ -54,7 +54,7 @@ fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcom
                 .jobs
                 .iter()
                 .all(|j| j.queued + j.running + j.undelivered == 0)
-        }) && e.scheduler().stm().is_none_or(|s| {
+        }) && e.stm().is_none_or(|s| {
             s.stats().outstanding_tickets == 0 && s.stats().queued_backup_candidates == 0
         });
         if idle {
@@ -246,7 +246,7 @@ fn a_soft_deadline_ends_the_wait_and_local_admission_gives_the_right_answer() {
     assert_eq!(out.fallback, FallbackReason::Deadline);
     assert_eq!(out.split.l3, 0);
     assert_eq!(out.tokens, recompute(&p, 2));
-    assert_eq!(e.scheduler().stm().unwrap().stats().soft_timeouts, 1);
+    assert_eq!(e.stm().unwrap().stats().soft_timeouts, 1);
 }
 
 #[test]
@@ -275,7 +275,7 @@ fn a_closed_pressure_gate_bypasses_l3() {
     let out = serve_until(&mut e, 2, &b, 2, |_, _| {});
     assert_eq!(out.fallback, FallbackReason::Pressure);
     assert_eq!(out.tokens, recompute(&b, 2));
-    let st = e.scheduler().stm().unwrap().stats();
+    let st = e.stm().unwrap().stats();
     assert!(st.gate_closed);
     assert!(st.pressure_bypasses >= 2, "{st:?}");
     gate.release();
@@ -317,7 +317,7 @@ fn backend_outage_and_quarantine_are_reported_and_serving_continues() {
     );
     let later = serve_until(&mut e, 4, &prompt(16, 17), 1, |_, _| {});
     assert_eq!(later.fallback, FallbackReason::Quarantine);
-    assert!(e.scheduler().stm().unwrap().stats().quarantined_refs > 0);
+    assert!(e.stm().unwrap().stats().quarantined_refs > 0);
 }
 
 #[test]

@@ -13,6 +13,7 @@
 use super::geometry::RankLayout;
 use super::{AgreedInputs, Scheduler, SchedulerConfig};
 use crate::model::{RankDigest, SyntheticModel};
+use crate::pipeline::RoundPipeline;
 use messages::settings::{PressureWatermark, StorageConfig};
 use messages::{Namespace, OperationId, PressureObservation, RequestId, StorageDone, StorageOp};
 use std::collections::BTreeMap;
@@ -262,7 +263,7 @@ impl Owed {
 
 struct Driver {
     cfg: SchedulerBenchConfig,
-    scheduler: Scheduler,
+    pipeline: RoundPipeline,
     owed: Owed,
     digests: Vec<(RequestId, Vec<RankDigest>)>,
     next_request: u64,
@@ -301,7 +302,7 @@ impl Driver {
         .map_err(|e| e.to_string())?;
         Ok(Self {
             cfg: cfg.clone(),
-            scheduler,
+            pipeline: RoundPipeline::new(scheduler),
             owed: Owed::default(),
             digests: vec![],
             next_request: 0,
@@ -313,7 +314,7 @@ impl Driver {
     /// The next round's agreed inputs (untimed).
     fn inputs(&mut self) -> AgreedInputs {
         self.tick_us += 1_000;
-        let live = self.scheduler.live_requests();
+        let live = self.pipeline.scheduler().live_requests();
         let mut new_requests = vec![];
         for _ in live..self.cfg.waiting {
             self.next_request += 1;
@@ -334,15 +335,15 @@ impl Driver {
         }
     }
 
-    /// One round: the timed Scheduler calls, then (untimed) the engine's part.
+    /// One round: the timed pipeline (StorageTransferManager apply, Scheduler apply and
+    /// plan, commit, D2H completion and backup offers), then (untimed) the engine's part.
     fn round(&mut self, allocations: Option<fn() -> u64>) -> Result<RoundSample, String> {
         let input = self.inputs();
         let a0 = allocations.map(|f| f());
         let start = Instant::now();
-        self.scheduler.apply(input).map_err(|e| e.to_string())?;
-        let live = self.scheduler.live_requests();
-        let plan = self.scheduler.plan();
-        self.scheduler.d2h_done();
+        let plan = self.pipeline.round(input).map_err(|e| e.to_string())?;
+        let live = self.pipeline.scheduler().live_requests();
+        self.pipeline.d2h_done();
         let us = start.elapsed().as_secs_f64() * 1e6;
         let allocs = match (a0, allocations) {
             (Some(a0), Some(f)) => Some(f().saturating_sub(a0)),
@@ -363,12 +364,13 @@ impl Driver {
         }
         self.owed.take(plan.storage);
         let finished = self
-            .scheduler
+            .pipeline
+            .scheduler_mut()
             .drain_events()
             .iter()
             .filter(|e| matches!(e, super::RequestEvent::Finished { .. }))
             .count();
-        let stats = self.scheduler.stm().map(|s| s.stats());
+        let stats = self.pipeline.stm().map(|s| s.stats());
         let outstanding = stats.as_ref().map_or(0, |s| s.outstanding_tickets);
         let waiting = stats.as_ref().map_or(0, |s| s.waiting_requests);
         let ready = stats.as_ref().map_or(0, |s| s.ready_holds);
@@ -416,7 +418,9 @@ fn run_scenario(
     for _ in 0..2_000 {
         d.round(None)?;
         let held = d.owed.gets.len();
-        if d.scheduler.live_requests() >= cfg.waiting && (!storage || held >= cfg.outstanding) {
+        if d.pipeline.scheduler().live_requests() >= cfg.waiting
+            && (!storage || held >= cfg.outstanding)
+        {
             break;
         }
     }

@@ -1,19 +1,21 @@
-//! The Scheduler: the request FSM, the CacheCoordinator and the StorageTransferManager of
-//! one rank, driven by agreed rounds. Given the same agreed inputs every rank makes the
-//! same decisions (SPMD); only the bytes differ (each rank holds its own KV heads).
+//! The Scheduler: the request FSM and the CacheCoordinator of one rank, driven by agreed
+//! rounds. Given the same agreed inputs every rank makes the same decisions (SPMD); only the
+//! bytes differ (each rank holds its own KV heads).
 //!
-//! A round: `apply` (tick, cancellations and completions through the StorageTransferManager,
-//! then new requests and reduced forward digests), then `plan` (storage preparation, then
-//! admission with H2D copies and forwards, then backups), then the engine executes the plan
-//! and reports the D2H completion with `d2h_done`. The scheduler never performs I/O, never
-//! touches Host or device bytes and never reads a clock: time is the agreed tick.
+//! A round: `apply` (the StorageTransferManager's report of the agreed round — rows to
+//! publish, references to release, waits that ended — then cancellations, new requests and
+//! reduced forward digests), then `plan` (storage preparation, then admission with H2D
+//! copies and forwards, then backups; the storage half is a list of StorageIntents the
+//! manager commits), then the engine executes the plan and reports the D2H completion with
+//! `d2h_done`, whose backup candidates go to the manager. The scheduler never holds the
+//! manager: it plans against the manager's StorageView (`StoragePlanner`). It never performs
+//! I/O, never touches Host or device bytes and never reads a clock: time is the agreed tick.
 
 pub mod bench;
 pub mod geometry;
 pub mod request;
 #[cfg(test)]
 mod tests;
-pub mod trace;
 
 use crate::cache::coordinator::{
     CacheCoordinator, CacheError, CoordinatorConfig, QueryLimits, ReadyHold, Reservation,
@@ -23,17 +25,18 @@ use crate::cache::keys::{page_key, BlockAddr, PromptIndex};
 use crate::device::{DeviceCopy, DeviceSlot, ForwardStep, GroupBlockTable};
 use crate::frontend::FallbackReason;
 use crate::model::{RankDigest, SyntheticModel};
+use crate::storage_transfer::trace::RequestTrace;
 use crate::storage_transfer::{
-    ClearKind, HostRef, RoundEffects, RoundInput, StorageTransferManager, WaitEnd,
+    BackendTrouble, BackupCandidate, HostRef, Refusal, RoundEffects, StorageIntent, StoragePlanner,
+    StorageReport, WaitEnd,
 };
 use geometry::RankLayout;
 use messages::settings::StorageConfig;
 use messages::{
-    Namespace, OperationId, PressureObservation, ProtocolError, RequestId, StorageDone, StorageOp,
+    Namespace, OperationId, PressureObservation, ProtocolError, RequestId, StorageDone,
 };
 use request::{Continuation, PrefetchPhase, PrefixSplit, Request, RequestState};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use trace::StorageTrace;
 
 /// Static configuration of one rank's scheduler.
 #[derive(Clone, Debug)]
@@ -59,11 +62,12 @@ pub struct AgreedInputs {
     pub digests: Vec<(RequestId, Vec<RankDigest>)>,
 }
 
-/// What the engine executes this round, in order: storage ops (to the executor), H2D copies,
-/// forwards (each ordered after the copies), D2H copies (then `d2h_done`).
+/// What the engine executes this round, in order: storage intents (committed by the
+/// StorageTransferManager into operations for the executor), H2D copies, forwards (each
+/// ordered after the copies), D2H copies (then `d2h_done`).
 #[derive(Debug, Default)]
 pub struct Plan {
-    pub storage: Vec<StorageOp>,
+    pub storage: Vec<StorageIntent>,
     pub h2d: Vec<DeviceCopy>,
     pub forwards: Vec<(RequestId, ForwardStep)>,
     pub d2h: Vec<DeviceCopy>,
@@ -133,7 +137,8 @@ pub struct Scheduler {
     cfg: SchedulerConfig,
     model: SyntheticModel,
     cache: CacheCoordinator,
-    stm: Option<StorageTransferManager>,
+    /// The storage half of planning (None: storage disabled).
+    storage: Option<StoragePlanner>,
     requests: BTreeMap<RequestId, Request>,
     /// Submitted and Admissible requests, in arrival order.
     queue: VecDeque<RequestId>,
@@ -152,12 +157,8 @@ pub struct Scheduler {
     events: Vec<RequestEvent>,
     stats: SchedulerStats,
     pending_admin: VecDeque<AdminCommand>,
-    /// GETs issued while applying effects, for this round's plan.
-    pending_storage: Vec<StorageOp>,
-    /// Cancellations of detached reads, for this round's plan.
-    pending_cancels: Vec<messages::StorageCancelOp>,
-    /// Request and storage-operation spans (observation only).
-    trace: StorageTrace,
+    /// Request spans (observation only).
+    trace: RequestTrace,
 }
 
 fn fallback_name(f: FallbackReason) -> &'static str {
@@ -175,14 +176,14 @@ impl Scheduler {
                 tail_capacity: cfg.tail_capacity,
             },
         )?;
-        let stm = cfg.storage.clone().map(StorageTransferManager::new);
+        let storage = cfg.storage.clone().map(StoragePlanner::new);
         let free_scratch = (0..cfg.layout.scratch_slots).rev().collect();
-        let trace = StorageTrace::new(cfg.layout.shard.index);
+        let trace = RequestTrace::new(cfg.layout.shard.index);
         Ok(Self {
             cfg,
             model,
             cache,
-            stm,
+            storage,
             requests: BTreeMap::new(),
             queue: VecDeque::new(),
             unprepared: VecDeque::new(),
@@ -196,8 +197,6 @@ impl Scheduler {
             events: vec![],
             stats: SchedulerStats::default(),
             pending_admin: VecDeque::new(),
-            pending_storage: vec![],
-            pending_cancels: vec![],
             trace,
         })
     }
@@ -205,8 +204,10 @@ impl Scheduler {
     pub fn cache(&self) -> &CacheCoordinator {
         &self.cache
     }
-    pub fn stm(&self) -> Option<&StorageTransferManager> {
-        self.stm.as_ref()
+    /// The storage contract (None: storage disabled; no StorageTransferManager serves
+    /// this scheduler).
+    pub fn storage_config(&self) -> Option<&StorageConfig> {
+        self.cfg.storage.as_ref()
     }
     pub fn stats(&self) -> &SchedulerStats {
         &self.stats
@@ -232,7 +233,7 @@ impl Scheduler {
     }
     /// Whether L3 work is enabled (storage configured and not quarantined).
     pub fn l3_enabled(&self) -> bool {
-        self.stm.as_ref().is_some_and(|s| s.l3_enabled())
+        self.storage.as_ref().is_some_and(|s| s.l3_enabled())
     }
 
     fn new_ref(&mut self, use_: RefUse) -> HostRef {
@@ -244,57 +245,54 @@ impl Scheduler {
 
     // ----- apply ----------------------------------------------------------------------
 
-    /// Applies one agreed round: tick, cancellations and completions (through the
-    /// StorageTransferManager, in that order), then new requests and prefill digests.
-    pub fn apply(&mut self, input: AgreedInputs) -> Result<(), ProtocolError> {
+    /// Applies one agreed round: the StorageTransferManager's report of it (which already
+    /// applied the tick, the cancellations and the completions to its tickets; None with
+    /// storage disabled), then cancellations, new requests and prefill digests.
+    pub fn apply(
+        &mut self,
+        input: AgreedInputs,
+        report: Option<StorageReport>,
+    ) -> Result<(), ProtocolError> {
         self.stats.rounds += 1;
         let AgreedInputs {
-            tick_us,
-            pressure,
             new_requests,
             cancellations,
             completions,
             digests,
+            ..
         } = input;
-        self.note_backend_trouble(&completions);
-        // Traced completions (none when no subscriber is interested), with whether a request
-        // still waited on each before this round.
-        let traced: Vec<(StorageDone, bool)> = completions
-            .iter()
-            .filter(|d| self.trace.traces(d.op))
-            .map(|d| {
-                let attached = self
-                    .stm
-                    .as_ref()
-                    .is_some_and(|s| s.attached_waiter(d.op).is_some());
-                (d.clone(), attached)
-            })
-            .collect();
-        let fx = match self.stm.as_mut() {
-            Some(stm) => Some(stm.apply_round(RoundInput {
-                tick_us,
-                pressure,
-                cancellations: cancellations.clone(),
-                completions,
-            })?),
-            None => {
+        match (report, self.storage.as_mut()) {
+            (Some(report), Some(planner)) => {
+                let StorageReport {
+                    effects,
+                    trouble,
+                    view,
+                    put_candidates,
+                } = report;
+                planner.begin(view, put_candidates);
+                self.note_backend_trouble(&trouble);
+                for id in &cancellations {
+                    self.abort(*id, "cancelled by the client");
+                }
+                self.apply_effects(effects);
+            }
+            (None, None) => {
                 if let Some(d) = completions.first() {
                     return Err(ProtocolError::new(
                         d.op,
                         "a storage completion arrived while storage is disabled",
                     ));
                 }
-                None
+                for id in &cancellations {
+                    self.abort(*id, "cancelled by the client");
+                }
             }
-        };
-        for id in &cancellations {
-            self.abort(*id, "cancelled by the client");
-        }
-        if let Some(fx) = fx {
-            for (done, attached) in &traced {
-                self.trace.agreed(done, *attached, &fx);
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ProtocolError::new(
+                    OperationId(0),
+                    "a storage report and the storage configuration disagree",
+                ));
             }
-            self.apply_effects(fx);
         }
         for (id, prompt, max_tokens) in new_requests {
             if self.requests.contains_key(&id) || prompt.is_empty() {
@@ -315,27 +313,28 @@ impl Scheduler {
 
     /// A read that the executor rejected as unhealthy (or that failed with a backend
     /// exception), or rejected after quarantine, records why its request falls back.
-    fn note_backend_trouble(&mut self, completions: &[StorageDone]) {
-        let Some(stm) = self.stm.as_ref() else {
-            return;
-        };
-        for d in completions {
-            let why = match d.rejection {
-                Some(messages::Rejection::Unhealthy) => FallbackReason::Unhealthy,
-                Some(messages::Rejection::Quarantined) => FallbackReason::Quarantine,
-                None if d.error.is_some() => FallbackReason::Unhealthy,
-                None if !d.retired => FallbackReason::Quarantine,
-                _ => continue,
+    fn note_backend_trouble(&mut self, trouble: &[(RequestId, BackendTrouble)]) {
+        for (req, why) in trouble {
+            let why = match why {
+                BackendTrouble::Unhealthy => FallbackReason::Unhealthy,
+                BackendTrouble::Quarantined => FallbackReason::Quarantine,
             };
-            if let Some(req) = stm.attached_waiter(d.op) {
-                if let Some(r) = self.requests.get_mut(&req) {
-                    r.resources.fallback.get_or_insert(why);
-                }
+            if let Some(r) = self.requests.get_mut(req) {
+                r.resources.fallback.get_or_insert(why);
             }
         }
     }
 
     fn apply_effects(&mut self, fx: RoundEffects) {
+        // Candidates that left the backup queue without a PUT: forget their (nonowning)
+        // references. A PUT rejected for capacity re-queues its candidate: its source
+        // reference is released below but the candidate's record stays.
+        for h in &fx.forgotten {
+            if matches!(self.refs.get(h), Some(RefUse::PutSource(..))) {
+                self.refs.remove(h);
+            }
+        }
+        let reoffered: BTreeSet<HostRef> = fx.reoffer.iter().map(|c| c.host).collect();
         // Query results: reserve destinations and read, or fall back to local admission.
         for q in fx.query_results {
             self.on_query_result(q.request, &q.exists);
@@ -357,14 +356,8 @@ impl Scheduler {
             }
         }
         for h in fx.release {
-            self.on_release(h);
+            self.on_release(h, reoffered.contains(&h));
         }
-        // Cancellations of detached reads go out with this round's plan.
-        self.pending_cancels.extend(fx.cancels);
-    }
-
-    fn stm_effects(&mut self, fx: RoundEffects) {
-        self.apply_effects(fx);
     }
 
     fn on_query_result(&mut self, id: RequestId, exists: &[bool]) {
@@ -384,15 +377,14 @@ impl Scheduler {
                 return;
             }
         };
-        let Some(stm) = self.stm.as_ref() else {
+        let Some(planner) = self.storage.as_ref() else {
             return;
         };
-        if stm.gate_closed() {
+        if planner.gate_closed() {
             self.end_prefetch(id, Some(FallbackReason::Pressure));
             return;
         }
-        let credits = stm.credits();
-        let host_credits = credits.host_total().saturating_sub(credits.hosts_used());
+        let host_credits = planner.host_credits_left();
         let prompt = r.prompt.clone();
         let reusable = r.reusable();
         let res = match self.cache.reserve(&prompt, reusable, &hints, host_credits) {
@@ -417,13 +409,13 @@ impl Scheduler {
             dests.push((h, row.range));
         }
         let keys = res.keys();
-        let issued = match self.stm.as_mut() {
-            Some(stm) => stm.issue_get(id, keys, dests),
-            None => Err(crate::storage_transfer::Refusal::Disabled),
+        let parent = self.trace.request_span(id).cloned();
+        let issued = match self.storage.as_mut() {
+            Some(planner) => planner.issue_get(id, keys, dests, parent),
+            None => Err(Refusal::Disabled),
         };
         match issued {
-            Ok(op) => {
-                self.pending_storage.push(StorageOp::Get(op));
+            Ok(_) => {
                 self.reads.insert(
                     read,
                     ReadRecord {
@@ -444,12 +436,7 @@ impl Scheduler {
                     self.refs.remove(&h);
                 }
                 let _ = self.cache.abandon(res);
-                let why = match e {
-                    crate::storage_transfer::Refusal::PressureClosed => FallbackReason::Pressure,
-                    crate::storage_transfer::Refusal::Disabled => FallbackReason::Quarantine,
-                    _ => FallbackReason::Miss,
-                };
-                self.end_prefetch(id, Some(why));
+                self.end_prefetch(id, Some(refusal_reason(&e)));
             }
         }
     }
@@ -533,9 +520,8 @@ impl Scheduler {
             return;
         };
         self.queue_front_by_arrival(id);
-        if let Some(stm) = self.stm.as_mut() {
-            let fx = stm.detach(lease);
-            self.stm_effects(fx);
+        if let Some(planner) = self.storage.as_mut() {
+            planner.detach(lease);
         }
     }
 
@@ -553,7 +539,9 @@ impl Scheduler {
         self.queue.insert(pos, id);
     }
 
-    fn on_release(&mut self, h: HostRef) {
+    /// The manager no longer holds `h`. A re-queued PUT source keeps its candidate record
+    /// (the Host pin is released; dispatch rechecks residency).
+    fn on_release(&mut self, h: HostRef, reoffered: bool) {
         match self.refs.get(&h).copied() {
             Some(RefUse::GetRow { read }) => {
                 self.refs.remove(&h);
@@ -576,7 +564,9 @@ impl Scheduler {
                 }
             }
             Some(RefUse::PutSource(addr, _)) => {
-                self.refs.remove(&h);
+                if !reoffered {
+                    self.refs.remove(&h);
+                }
                 let _ = self.cache.host_mut().release(addr);
             }
             None => {}
@@ -686,9 +676,8 @@ impl Scheduler {
         };
         let prefetching = matches!(r.state, RequestState::Prefetching { .. });
         if prefetching || r.resources.ready.is_some() {
-            if let Some(stm) = self.stm.as_mut() {
-                let fx = stm.cancel(id);
-                self.stm_effects(fx);
+            if let Some(planner) = self.storage.as_mut() {
+                planner.cancel(id);
             }
         }
         self.release_running(id);
@@ -721,25 +710,19 @@ impl Scheduler {
         })
     }
 
-    /// Applies the pending admin command once quiescent: rejects outstanding storage
-    /// operations (never draining them), then clears local caches and, for a weight
-    /// update, moves to `new_namespace`. `remote_deletion` is the agreed result of the
-    /// synchronous namespace deletion (a failure prevents local clearing).
+    /// Applies the pending admin command once quiescent, after the StorageTransferManager
+    /// rejected outstanding storage operations (never draining them): `cleared` is its
+    /// effects (None with storage disabled). Clears local caches and, for a weight update,
+    /// moves to `new_namespace`. A failed remote deletion never reaches here: it prevents
+    /// local clearing.
     pub fn apply_admin(
         &mut self,
-        kind: ClearKind,
-        remote_deletion: Option<Result<(), String>>,
+        cleared: Option<RoundEffects>,
         new_namespace: Option<Namespace>,
     ) -> Result<(), String> {
         self.pending_admin.pop_front();
-        if let Some(stm) = self.stm.as_mut() {
-            let fx = stm
-                .clear(kind, remote_deletion)
-                .map_err(|e| e.to_string())?;
+        if let Some(fx) = cleared {
             self.apply_effects(fx);
-            self.trace.retain_outstanding(self.stm.as_ref());
-        } else if let Some(Err(e)) = remote_deletion {
-            return Err(e);
         }
         // Local clearing: Ready holds are gone; every unreferenced block is evicted.
         for r in self.requests.values_mut() {
@@ -772,26 +755,16 @@ impl Scheduler {
     /// Plans the round: storage preparation, admission (H2D copies and forwards, D2H of the
     /// new blocks) and backups.
     pub fn plan(&mut self) -> Plan {
-        let mut plan = Plan {
-            storage: std::mem::take(&mut self.pending_storage),
-            ..Plan::default()
-        };
-        for c in std::mem::take(&mut self.pending_cancels) {
-            plan.storage.push(StorageOp::Cancel(c));
-        }
+        let mut plan = Plan::default();
         if self.pending_admin.is_empty() {
-            self.prepare_storage(&mut plan);
+            self.prepare_storage();
             self.admit(&mut plan);
         }
-        self.dispatch_backups(&mut plan);
-        self.trace.issued(&plan.storage, self.stm.as_ref());
+        self.dispatch_backups();
+        if let Some(planner) = self.storage.as_mut() {
+            plan.storage = planner.take_intents();
+        }
         plan
-    }
-
-    /// The span of an outstanding storage operation (None when untraced or completed): the
-    /// engine enters it while submitting the operation.
-    pub fn op_span(&self, op: OperationId) -> Option<&tracing::Span> {
-        self.trace.op_span(op)
     }
 
     /// The span of a live request (None when untraced).
@@ -801,11 +774,11 @@ impl Scheduler {
 
     fn storage_eligible(&self, r: &Request) -> bool {
         !r.resources.storage_prepared
-            && self.stm.as_ref().is_some_and(|s| s.l3_enabled())
+            && self.storage.as_ref().is_some_and(|s| s.l3_enabled())
             && matches!(r.state, RequestState::Submitted)
     }
 
-    fn prepare_storage(&mut self, plan: &mut Plan) {
+    fn prepare_storage(&mut self) {
         let ids: Vec<RequestId> = std::mem::take(&mut self.unprepared).into();
         for id in ids {
             let eligible = self
@@ -815,28 +788,23 @@ impl Scheduler {
             if !eligible {
                 continue;
             }
-            let Some(stm) = self.stm.as_ref() else {
+            let Some(planner) = self.storage.as_ref() else {
                 return;
             };
-            let cfg = stm.config().clone();
-            let credits = stm.credits();
+            let cfg = planner.config();
             let q = QueryCredits {
                 keys: cfg.max_keys_per_operation,
-                host_blocks: credits.host_total().saturating_sub(credits.hosts_used()),
+                host_blocks: planner.host_credits_left(),
+            };
+            let limits = QueryLimits {
+                lookahead_tokens: cfg.lookahead_tokens,
+                min_extension_tokens: cfg.min_extension_tokens,
             };
             let Some(r) = self.requests.get_mut(&id) else {
                 continue;
             };
             r.resources.storage_prepared = true;
-            let qp = self.cache.plan_query(
-                &r.prompt,
-                r.reusable(),
-                q,
-                QueryLimits {
-                    lookahead_tokens: cfg.lookahead_tokens,
-                    min_extension_tokens: cfg.min_extension_tokens,
-                },
-            );
+            let qp = self.cache.plan_query(&r.prompt, r.reusable(), q, limits);
             if qp.bypass.is_some() || qp.keys.is_empty() {
                 r.state = RequestState::Admissible;
                 continue;
@@ -844,12 +812,12 @@ impl Scheduler {
             r.resources.local_at_plan = qp.local_tokens;
             r.resources.planned_boundary = qp.boundaries.first().map_or(0, |b| b.boundary);
             let keys = qp.keys.clone();
-            let Some(stm) = self.stm.as_mut() else {
+            let Some(planner) = self.storage.as_mut() else {
                 return;
             };
-            match stm.issue_query(id, keys) {
-                Ok((op, lease)) => {
-                    plan.storage.push(StorageOp::Query(op));
+            let parent = self.trace.request_span(id).cloned();
+            match planner.issue_query(id, keys, parent) {
+                Ok((_, lease)) => {
                     r.state = RequestState::Prefetching {
                         continuation: Continuation::Submitted,
                         phase: PrefetchPhase::Query(qp),
@@ -858,13 +826,7 @@ impl Scheduler {
                     self.queue.retain(|q| *q != id);
                 }
                 Err(e) => {
-                    r.resources.fallback = Some(match e {
-                        crate::storage_transfer::Refusal::PressureClosed => {
-                            FallbackReason::Pressure
-                        }
-                        crate::storage_transfer::Refusal::Disabled => FallbackReason::Quarantine,
-                        _ => FallbackReason::Miss,
-                    });
+                    r.resources.fallback = Some(refusal_reason(&e));
                     r.state = RequestState::Admissible;
                 }
             }
@@ -1061,7 +1023,7 @@ impl Scheduler {
         plan.forwards.push((id, step));
         // Account the prefix split and hand the Ready hold back (admission now holds its
         // own references).
-        let stm_enabled = self.stm.is_some();
+        let stm_enabled = self.storage.is_some();
         let l3_enabled = self.l3_enabled();
         let r = self.requests.get_mut(&id).ok_or("request vanished")?;
         let had_ready = r.resources.ready.is_some();
@@ -1105,9 +1067,8 @@ impl Scheduler {
         self.stats.prefix_host += host as u64;
         self.stats.prefix_l3 += l3 as u64;
         self.stats.computed += prompt.len() as u64 - boundary as u64;
-        if let (Some(lease), Some(stm)) = (ready, self.stm.as_mut()) {
-            let fx = stm.detach(lease);
-            self.stm_effects(fx);
+        if let (Some(lease), Some(planner)) = (ready, self.storage.as_mut()) {
+            planner.detach(lease);
         }
         Ok(true)
     }
@@ -1123,18 +1084,20 @@ impl Scheduler {
 
     /// The engine executed this round's copies and forwards: the D2H copies completed on
     /// every rank (the engine waits for their fence), so Host L2 publishes now and the new
-    /// blocks become backup candidates; the H2D sources are released.
-    pub fn d2h_done(&mut self) {
+    /// blocks become backup candidates (returned, for the StorageTransferManager); the H2D
+    /// sources are released.
+    pub fn d2h_done(&mut self) -> Vec<BackupCandidate> {
         for a in std::mem::take(&mut self.h2d_host_refs) {
             let _ = self.cache.host_mut().release(a);
         }
+        let mut candidates = vec![];
         let blocks = std::mem::take(&mut self.d2h_blocks);
         for a in blocks {
             if self.cache.host_mut().publish(a).is_err() {
                 continue;
             }
             let _ = self.cache.host_mut().release(a);
-            if self.stm.as_ref().is_some_and(|s| s.l3_enabled()) {
+            if self.l3_enabled() {
                 let pages = self
                     .cache
                     .geometry()
@@ -1142,64 +1105,47 @@ impl Scheduler {
                     .pages_per_block;
                 for page in 0..pages {
                     let key = page_key(self.cache.namespace(), self.cache.geometry(), a, page);
-                    let h = self.new_ref(RefUse::PutSource(a, page));
-                    let Some(stm) = self.stm.as_mut() else {
-                        break;
-                    };
-                    let out = stm.offer_backup(key, h);
-                    if matches!(out, crate::storage_transfer::OfferOutcome::Dropped(_)) {
-                        self.refs.remove(&h);
-                    }
+                    let host = self.new_ref(RefUse::PutSource(a, page));
+                    candidates.push(BackupCandidate { key, host });
                 }
             }
         }
-        self.prune_candidate_refs();
+        candidates
     }
 
-    /// Candidate references are nonowning; forget those the bounded queue can no longer
-    /// hold (dropped as overflow or coalesced) so the table stays bounded.
-    fn prune_candidate_refs(&mut self) {
-        let Some(stm) = self.stm.as_ref() else {
-            return;
-        };
-        let keep =
-            stm.config().backup_candidate_capacity as u64 * 4 + stm.config().max_host_blocks as u64;
-        if self.refs.len() as u64 <= keep * 2 {
-            return;
-        }
-        let live: BTreeSet<HostRef> = stm.tickets().flat_map(|t| t.refs.clone()).collect();
-        let floor = self.next_ref.saturating_sub(keep);
-        self.refs.retain(|h, u| match u {
-            RefUse::PutSource(..) => h.0 > floor || live.contains(h),
-            RefUse::GetRow { .. } => true,
-        });
-    }
-
-    fn dispatch_backups(&mut self, plan: &mut Plan) {
-        let Some(stm) = self.stm.as_mut() else {
+    /// PUT dispatch of this round's candidates: rechecks Host residency and takes a source
+    /// reference on each resident page; evicted candidates are forgotten (unavailable).
+    fn dispatch_backups(&mut self) {
+        let Some(planner) = self.storage.as_mut() else {
             return;
         };
         let cache = &mut self.cache;
-        let refs = &self.refs;
+        let refs = &mut self.refs;
         let mut residency = |_key: &messages::StorageKey, h: HostRef| {
             let Some(RefUse::PutSource(addr, page)) = refs.get(&h).copied() else {
                 return None;
             };
-            if !cache.host().contains(addr) {
-                return None;
+            let taken = cache.host().contains(addr).then(|| {
+                let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
+                let range = cache.host().page_range(addr, page, page_bytes).ok()?;
+                cache.host_mut().acquire(addr).ok()?;
+                Some(range)
+            });
+            let range = taken.flatten();
+            if range.is_none() {
+                refs.remove(&h);
             }
-            let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
-            let range = cache.host().page_range(addr, page, page_bytes).ok()?;
-            cache.host_mut().acquire(addr).ok()?;
-            Some(range)
+            range
         };
-        while let Some(op) = stm.dispatch_backups(&mut residency) {
-            plan.storage.push(StorageOp::Put(op));
-        }
+        planner.dispatch_backups(&mut residency);
     }
+}
 
-    /// Operation IDs of this round's storage plan (for tracing).
-    pub fn op_ids(plan: &Plan) -> Vec<OperationId> {
-        plan.storage.iter().map(|o| o.id()).collect()
+/// The fallback a refused planning call leaves on its request.
+fn refusal_reason(e: &Refusal) -> FallbackReason {
+    match e {
+        Refusal::PressureClosed => FallbackReason::Pressure,
+        Refusal::Disabled => FallbackReason::Quarantine,
+        _ => FallbackReason::Miss,
     }
 }

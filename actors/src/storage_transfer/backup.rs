@@ -72,6 +72,10 @@ pub struct BackupQueue {
     queued_keys: BTreeMap<StorageKey, u32>,
     dropped: [u64; 5],
     coalesced: u64,
+    /// References of candidates that left the queue without a PUT (dropped or coalesced):
+    /// the cache owner may forget them (`take_forgotten`). Candidates are nonowning, so
+    /// forgetting unpins nothing.
+    forgotten: Vec<HostRef>,
 }
 
 impl BackupQueue {
@@ -82,6 +86,7 @@ impl BackupQueue {
             queued_keys: BTreeMap::new(),
             dropped: [0; 5],
             coalesced: 0,
+            forgotten: Vec::new(),
         }
     }
 
@@ -90,12 +95,16 @@ impl BackupQueue {
     pub fn offer(&mut self, candidate: BackupCandidate, pending: bool) -> OfferOutcome {
         if pending || self.queued_keys.contains_key(&candidate.key) {
             self.coalesced += 1;
+            self.forgotten.push(candidate.host);
             return OfferOutcome::Coalesced;
         }
         let mut outcome = OfferOutcome::Queued;
-        if self.queue.len() >= self.capacity && self.pop_front().is_some() {
-            self.count_drop(DropReason::Overflow, 1);
-            outcome = OfferOutcome::QueuedDroppedOldest;
+        if self.queue.len() >= self.capacity {
+            if let Some(oldest) = self.pop_front() {
+                self.count_drop(DropReason::Overflow, 1);
+                self.forgotten.push(oldest.host);
+                outcome = OfferOutcome::QueuedDroppedOldest;
+            }
         }
         *self.queued_keys.entry(candidate.key.clone()).or_insert(0) += 1;
         self.queue.push_back(candidate);
@@ -114,9 +123,19 @@ impl BackupQueue {
         Some(c)
     }
 
+    /// Put candidates back at the front, in their order (a dispatch that found no credits
+    /// for them). Requeued candidates are not new offers: no coalescing, no counters.
+    pub fn requeue_front(&mut self, candidates: Vec<BackupCandidate>) {
+        for c in candidates.into_iter().rev() {
+            *self.queued_keys.entry(c.key.clone()).or_insert(0) += 1;
+            self.queue.push_front(c);
+        }
+    }
+
     /// Drop every queued candidate for `reason`; returns how many.
     pub fn drop_all(&mut self, reason: DropReason) -> u64 {
         let n = self.queue.len() as u64;
+        self.forgotten.extend(self.queue.iter().map(|c| c.host));
         self.queue.clear();
         self.queued_keys.clear();
         self.count_drop(reason, n);
@@ -124,8 +143,19 @@ impl BackupQueue {
     }
 
     /// A candidate found covered by a pending PUT at dispatch.
-    pub fn note_coalesced(&mut self) {
+    pub fn note_coalesced(&mut self, host: HostRef) {
         self.coalesced += 1;
+        self.forgotten.push(host);
+    }
+
+    /// A candidate that left without a PUT for a reason counted elsewhere.
+    pub fn forget(&mut self, host: HostRef) {
+        self.forgotten.push(host);
+    }
+
+    /// References of candidates that left the queue without a PUT since the last call.
+    pub fn take_forgotten(&mut self) -> Vec<HostRef> {
+        std::mem::take(&mut self.forgotten)
     }
 
     pub fn count_drop(&mut self, reason: DropReason, n: u64) {

@@ -51,6 +51,9 @@ pub struct RoundEffects {
     pub backed_up: Vec<StorageKey>,
     /// Keys newly entered into negative metadata.
     pub negative: Vec<StorageKey>,
+    /// Backup candidates that left the queue without a PUT (dropped or coalesced): their
+    /// nonowning references may be forgotten (nothing to unpin).
+    pub forgotten: Vec<HostRef>,
 }
 
 impl RoundEffects {
@@ -70,5 +73,6 @@ impl RoundEffects {
         self.settled.extend(other.settled);
         self.backed_up.extend(other.backed_up);
         self.negative.extend(other.negative);
+        self.forgotten.extend(other.forgotten);
     }
 }

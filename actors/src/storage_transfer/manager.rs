@@ -6,6 +6,7 @@
 //! It never reads a clock, never performs I/O and never frees a reference of an Issued or
 //! Quarantined ticket.
 
+use super::admission::{admit_get, admit_query, backup_room, Gates};
 use super::backup::{BackupCandidate, BackupQueue, DropReason, OfferOutcome};
 use super::credits::{CreditClass, Credits};
 use super::deadline::{ready_expiry_us, soft_deadline_us, DeadlineQueue};
@@ -15,6 +16,7 @@ use super::lease::{StorageLease, Wait, WaitEnd, WaitPhase};
 use super::negative::NegativeMetadata;
 use super::stats::StmStats;
 use super::ticket::{Ticket, TicketState};
+use super::trace::OperationTrace;
 use super::HostRef;
 use messages::settings::StorageConfig;
 use messages::{
@@ -62,21 +64,27 @@ pub enum Refusal {
 
 #[derive(Debug)]
 pub struct StorageTransferManager {
-    cfg: StorageConfig,
+    pub(super) cfg: StorageConfig,
     ids: OperationIdAllocator,
-    tickets: BTreeMap<OperationId, Ticket>,
+    pub(super) tickets: BTreeMap<OperationId, Ticket>,
     waits: BTreeMap<RequestId, Wait>,
     deadlines: DeadlineQueue,
     ready_expiry: DeadlineQueue,
-    credits: Credits,
+    pub(super) credits: Credits,
     gate: PressureGate,
-    backups: BackupQueue,
+    pub(super) backups: BackupQueue,
     negative: NegativeMetadata,
-    pending_put_keys: BTreeMap<StorageKey, u32>,
+    pub(super) pending_put_keys: BTreeMap<StorageKey, u32>,
     now_us: u64,
-    lease_serial: u64,
+    pub(super) lease_serial: u64,
     pub(crate) epoch: u64,
-    quarantined: bool,
+    pub(super) quarantined: bool,
+    /// Effects of the last commit's hand-backs and offers, for the next report.
+    pub(super) deferred: RoundEffects,
+    /// Cancellations of detached reads, submitted with the next commit.
+    pub(super) outbox: Vec<StorageCancelOp>,
+    /// Spans of outstanding operations (observation only).
+    pub(super) trace: OperationTrace,
     quarantined_refs: u64,
     ready_holds: u64,
     soft_timeouts: u64,
@@ -102,12 +110,21 @@ impl StorageTransferManager {
             lease_serial: 0,
             epoch: 0,
             quarantined: false,
+            deferred: RoundEffects::default(),
+            outbox: Vec::new(),
+            trace: OperationTrace::default(),
             quarantined_refs: 0,
             ready_holds: 0,
             soft_timeouts: 0,
             ready_expirations: 0,
             pressure_bypasses: 0,
         }
+    }
+
+    /// Names the rank on this manager's operation spans.
+    pub fn with_trace_rank(mut self, rank: u32) -> Self {
+        self.trace = OperationTrace::new(rank);
+        self
     }
 
     // ----- queries -------------------------------------------------------------------
@@ -531,16 +548,12 @@ impl StorageTransferManager {
         if self.waits.contains_key(&request) {
             return Err(Refusal::AlreadyWaiting(request));
         }
-        self.check_keys(keys.len())?;
-        if self.gate.is_closed() {
-            self.pressure_bypasses += 1;
-            return Err(Refusal::PressureClosed);
-        }
-        if self.credits.host_exhausted() {
-            return Err(Refusal::HostCredits);
-        }
-        if !self.credits.charge(CreditClass::Read, 1, 0) {
-            return Err(Refusal::OperationCredits);
+        let gates = self.gates();
+        if let Err(e) = admit_query(gates, &mut self.credits, &self.cfg, keys.len()) {
+            if e == Refusal::PressureClosed {
+                self.pressure_bypasses += 1;
+            }
+            return Err(e);
         }
         let op = self.ids.next_id();
         self.tickets.insert(
@@ -596,32 +609,14 @@ impl StorageTransferManager {
         if self.wait_phase(request) != Some(WaitPhase::QueryDone) {
             return Err(Refusal::NotWaiting(request));
         }
-        self.check_keys(keys.len())?;
-        if keys.len() != destinations.len() {
-            return Err(Refusal::Malformed(format!(
-                "{} keys but {} destinations",
-                keys.len(),
-                destinations.len()
-            )));
-        }
-        if destinations.iter().any(|(_, r)| r.len == 0) {
-            return Err(Refusal::Malformed("empty Host range".into()));
-        }
-        let distinct: BTreeSet<HostRef> = destinations.iter().map(|(h, _)| *h).collect();
-        if distinct.len() != destinations.len() {
-            return Err(Refusal::Malformed("a Host reference appears twice".into()));
-        }
-        if self.gate.is_closed() {
-            return Err(Refusal::PressureClosed);
-        }
-        let n = destinations.len() as u32;
-        if !self.credits.charge(CreditClass::Read, 1, n) {
-            return Err(if self.credits.fits(CreditClass::Read, 1, 0) {
-                Refusal::HostCredits
-            } else {
-                Refusal::OperationCredits
-            });
-        }
+        let gates = self.gates();
+        admit_get(
+            gates,
+            &mut self.credits,
+            &self.cfg,
+            keys.len(),
+            &destinations,
+        )?;
         let op = self.ids.next_id();
         let (refs, ranges): (Vec<HostRef>, Vec<HostRange>) = destinations.into_iter().unzip();
         self.tickets.insert(
@@ -649,14 +644,12 @@ impl StorageTransferManager {
         })
     }
 
-    fn check_keys(&self, n: usize) -> Result<(), Refusal> {
-        if n == 0 {
-            return Err(Refusal::NoKeys);
+    /// The planning gates of this moment (what a StorageView carries).
+    pub(crate) fn gates(&self) -> Gates {
+        Gates {
+            quarantined: self.quarantined,
+            gate_closed: self.gate.is_closed(),
         }
-        if n > self.cfg.max_keys_per_operation as usize {
-            return Err(Refusal::TooManyKeys(n, self.cfg.max_keys_per_operation));
-        }
-        Ok(())
     }
 
     /// Offer a nonowning backup candidate (after a D2H completion published Host L2).
@@ -667,10 +660,12 @@ impl StorageTransferManager {
     fn offer_candidate(&mut self, candidate: BackupCandidate) -> OfferOutcome {
         if self.quarantined || self.credits.write_budget_zero() {
             self.backups.count_drop(DropReason::Disabled, 1);
+            self.backups.forget(candidate.host);
             return OfferOutcome::Dropped(DropReason::Disabled);
         }
         if self.gate.is_closed() {
             self.backups.count_drop(DropReason::Pressure, 1);
+            self.backups.forget(candidate.host);
             return OfferOutcome::Dropped(DropReason::Pressure);
         }
         let pending = self.pending_put_keys.contains_key(&candidate.key);
@@ -689,11 +684,10 @@ impl StorageTransferManager {
         if self.quarantined || self.gate.is_closed() || self.backups.is_empty() {
             return None;
         }
-        if !self.credits.fits(CreditClass::Backup, 1, 1) {
+        let room = backup_room(&self.credits, &self.cfg);
+        if room == 0 {
             return None;
         }
-        let room = (self.credits.backup_hosts_available() as usize)
-            .min(self.cfg.max_keys_per_operation as usize);
         let mut keys = Vec::new();
         let mut refs = Vec::new();
         let mut ranges = Vec::new();
@@ -703,7 +697,7 @@ impl StorageTransferManager {
                 break;
             };
             if self.pending_put_keys.contains_key(&c.key) || batch.contains(&c.key) {
-                self.backups.note_coalesced(); // covered by a pending PUT: not a loss
+                self.backups.note_coalesced(c.host); // covered by a pending PUT: not a loss
                 continue;
             }
             match residency(&c.key, c.host) {
@@ -713,11 +707,42 @@ impl StorageTransferManager {
                     refs.push(c.host);
                     ranges.push(range);
                 }
-                None => self.backups.count_drop(DropReason::Unavailable, 1),
+                None => {
+                    self.backups.count_drop(DropReason::Unavailable, 1);
+                    self.backups.forget(c.host);
+                }
             }
         }
         if keys.is_empty() {
             return None;
+        }
+        self.issue_put(keys, refs, ranges).ok()
+    }
+
+    /// Create the ticket of a create-only PUT whose sources the cache owner has rechecked
+    /// and referenced; charges the backup credits.
+    pub(crate) fn issue_put(
+        &mut self,
+        keys: Vec<StorageKey>,
+        refs: Vec<HostRef>,
+        ranges: Vec<HostRange>,
+    ) -> Result<StoragePutOp, Refusal> {
+        if self.quarantined {
+            return Err(Refusal::Disabled);
+        }
+        if self.gate.is_closed() {
+            return Err(Refusal::PressureClosed);
+        }
+        if keys.is_empty() || keys.len() != refs.len() || keys.len() != ranges.len() {
+            return Err(Refusal::Malformed(format!(
+                "{} keys, {} sources, {} ranges",
+                keys.len(),
+                refs.len(),
+                ranges.len()
+            )));
+        }
+        if keys.len() > backup_room(&self.credits, &self.cfg) {
+            return Err(Refusal::HostCredits);
         }
         let charged = self
             .credits
@@ -741,7 +766,7 @@ impl StorageTransferManager {
                 self.now_us,
             ),
         );
-        Some(StoragePutOp {
+        Ok(StoragePutOp {
             op,
             keys,
             sources: ranges,

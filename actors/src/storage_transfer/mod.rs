@@ -11,18 +11,22 @@
 //! opaque `HostRef` handles supplied by the caller (the CacheCoordinator); the manager only
 //! reports which references to publish, release or keep quarantined.
 
+pub mod admission;
 pub mod backup;
 pub mod bench;
 pub mod clear;
+pub mod commit;
 pub mod credits;
 pub mod deadline;
 pub mod effects;
 pub mod gate;
+pub mod intent;
 pub mod lease;
 pub mod manager;
 pub mod negative;
 pub mod stats;
 pub mod ticket;
+pub mod trace;
 
 #[cfg(test)]
 mod proptests;
@@ -34,6 +38,7 @@ pub use clear::{ClearKind, ClearRefused};
 pub use credits::{CreditClass, Credits};
 pub use effects::{PublishRow, QueryResult, RoundEffects};
 pub use gate::{GateTransition, PressureGate};
+pub use intent::{BackendTrouble, StorageIntent, StoragePlanner, StorageReport, StorageView};
 pub use lease::{StorageLease, WaitEnd, WaitPhase};
 pub use manager::{Refusal, RoundInput, StorageTransferManager};
 pub use negative::NegativeMetadata;

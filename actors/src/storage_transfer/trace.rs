@@ -1,9 +1,10 @@
-//! Storage-operation tracing: one `request` span per live request and one
-//! `storage_operation` span per issued QUERY/GET/PUT, from the scheduler's issue to the
-//! agreed completion and its ending (`publish`, `detach` or `quarantine`). A read's span is
-//! a child of its request's span; a backup PUT is a root span. The engine enters an
-//! operation's span while submitting it, so the executor's `l3_op` span (queue, backend
-//! calls, completion) becomes its child.
+//! Storage-operation tracing: one `request` span per live request (the Scheduler's
+//! RequestTrace) and one `storage_operation` span per issued QUERY/GET/PUT (the
+//! StorageTransferManager's OperationTrace), from the committed plan to the agreed
+//! completion and its ending (`publish`, `detach` or `quarantine`). A read's span is a child
+//! of its request's span (the plan carries the parent); a backup PUT is a root span. The
+//! operation's span is entered while the operation is submitted, so the executor's `l3_op`
+//! span (queue, backend calls, completion) becomes its child.
 //!
 //! This module only observes: it never influences a scheduling decision, never reads a
 //! clock, and never records an object key, prompt token or Host address (attributes are
@@ -12,7 +13,7 @@
 //! formatted. The operation table holds only issued, not yet completed operations, so it
 //! is bounded by the operation credits.
 
-use crate::storage_transfer::{RoundEffects, StorageTransferManager};
+use super::RoundEffects;
 use messages::{OperationId, RequestId, StorageDone, StorageOp, StorageOpKind};
 use std::collections::BTreeMap;
 use tracing::{field, info_span, Span};
@@ -82,15 +83,21 @@ struct OpTrace {
     attached: bool,
 }
 
-/// The scheduler's spans: one per live request, one per outstanding storage operation.
+/// The Scheduler's spans: one per live request.
 #[derive(Default)]
-pub struct StorageTrace {
+pub struct RequestTrace {
     rank: u32,
     requests: BTreeMap<RequestId, Span>,
+}
+
+/// The StorageTransferManager's spans: one per outstanding storage operation.
+#[derive(Default)]
+pub struct OperationTrace {
+    rank: u32,
     ops: BTreeMap<OperationId, OpTrace>,
 }
 
-impl StorageTrace {
+impl RequestTrace {
     pub fn new(rank: u32) -> Self {
         Self {
             rank,
@@ -121,10 +128,34 @@ impl StorageTrace {
         }
     }
 
-    /// Records this round's planned storage commands: a span per new QUERY/GET/PUT (under
-    /// the attached request's span, or a root span for a backup), a `cancel` event on the
-    /// span of a cancelled read.
-    pub fn issued(&mut self, ops: &[StorageOp], stm: Option<&StorageTransferManager>) {
+    /// The span of a live request.
+    pub fn request_span(&self, id: RequestId) -> Option<&Span> {
+        self.requests.get(&id)
+    }
+}
+
+impl std::fmt::Debug for OperationTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OperationTrace({} outstanding)", self.ops.len())
+    }
+}
+
+impl OperationTrace {
+    pub fn new(rank: u32) -> Self {
+        Self {
+            rank,
+            ..Self::default()
+        }
+    }
+
+    /// Records committed storage commands: a span per new QUERY/GET/PUT (under its
+    /// request's span when the plan carried one, else a root span), a `cancel` event on the
+    /// span of a cancelled read. `parent(op)` is the request span of a read.
+    pub fn issued<'a>(
+        &mut self,
+        ops: &[StorageOp],
+        parent: impl Fn(OperationId) -> Option<&'a Span>,
+    ) {
         for op in ops {
             let id = op.id();
             let Some(kind) = op.kind() else {
@@ -136,8 +167,8 @@ impl StorageTrace {
             if self.ops.contains_key(&id) {
                 continue;
             }
-            let waiter = stm.and_then(|s| s.attached_waiter(id));
-            let parent = waiter.and_then(|r| self.requests.get(&r));
+            let waiter = op.request();
+            let parent = parent(id);
             let (keys, bytes) = (op.keys().len() as u64, op.payload_bytes());
             let span = match parent {
                 Some(p) => info_span!(
@@ -216,13 +247,13 @@ impl StorageTrace {
 
     /// Forgets operations the manager no longer tracks (a clear rejected them): the table
     /// stays bounded by the outstanding operations.
-    pub fn retain_outstanding(&mut self, stm: Option<&StorageTransferManager>) {
+    pub fn retain_outstanding(&mut self, live: impl Fn(OperationId) -> bool) {
         self.ops.retain(|op, t| {
-            let live = stm.and_then(|s| s.ticket(*op)).is_some();
-            if !live {
+            let keep = live(*op);
+            if !keep {
                 t.span.record("ending", "cleared");
             }
-            live
+            keep
         });
     }
 
@@ -234,11 +265,6 @@ impl StorageTrace {
     /// The span of an outstanding operation (the engine enters it to submit the op).
     pub fn op_span(&self, op: OperationId) -> Option<&Span> {
         self.ops.get(&op).map(|t| &t.span)
-    }
-
-    /// The span of a live request.
-    pub fn request_span(&self, id: RequestId) -> Option<&Span> {
-        self.requests.get(&id)
     }
 
     /// Outstanding operation spans (bounded by the operation credits).

@@ -1,0 +1,148 @@
+//! RoundPipeline: one rank's round through its two deterministic cores, in the order of
+//! DESIGN.md §3 — StorageTransferManager (agreed round → StorageReport) → Scheduler (apply,
+//! plan) → StorageTransferManager (commit: tickets, credits, operations for the L3
+//! executor); after the device work, Scheduler (`d2h_done` → backup candidates) →
+//! StorageTransferManager (offer). One direction per step: the scheduler never holds the
+//! manager, it plans against the report's StorageView.
+//!
+//! The actors (`scheduler::actor`, `storage_transfer::actor`) run exactly these steps
+//! through their mailboxes; this synchronous form drives the unit tests, the benchmarks and
+//! the determinism checks. It never performs I/O.
+
+use crate::device::{DeviceCopy, ForwardStep};
+use crate::scheduler::{AgreedInputs, Plan, Scheduler};
+use crate::storage_transfer::{ClearKind, RoundInput, StorageTransferManager};
+use messages::{Namespace, OperationId, ProtocolError, RequestId, StorageOp};
+
+/// A committed round: the operations for the executor (in plan order) and the device work.
+#[derive(Debug, Default)]
+pub struct RoundPlan {
+    pub storage: Vec<StorageOp>,
+    pub h2d: Vec<DeviceCopy>,
+    pub forwards: Vec<(RequestId, ForwardStep)>,
+    pub d2h: Vec<DeviceCopy>,
+}
+
+impl RoundPlan {
+    pub fn is_empty(&self) -> bool {
+        self.storage.is_empty()
+            && self.h2d.is_empty()
+            && self.forwards.is_empty()
+            && self.d2h.is_empty()
+    }
+    /// Operation IDs of the storage operations (cancellations included).
+    pub fn op_ids(&self) -> Vec<OperationId> {
+        self.storage.iter().map(|o| o.id()).collect()
+    }
+}
+
+/// The storage half of an agreed round, for the StorageTransferManager (the completions
+/// move; the scheduler keeps the rest).
+pub fn storage_input(agreed: &mut AgreedInputs) -> RoundInput {
+    RoundInput {
+        tick_us: agreed.tick_us,
+        pressure: agreed.pressure,
+        cancellations: agreed.cancellations.clone(),
+        completions: std::mem::take(&mut agreed.completions),
+    }
+}
+
+/// Joins a scheduler plan with the manager's committed operations.
+pub fn committed(plan: Plan, storage: Vec<StorageOp>) -> RoundPlan {
+    RoundPlan {
+        storage,
+        h2d: plan.h2d,
+        forwards: plan.forwards,
+        d2h: plan.d2h,
+    }
+}
+
+/// A storage intent planned while storage is disabled: a protocol error.
+pub fn disabled_intents(plan: &Plan) -> Result<(), ProtocolError> {
+    if plan.storage.is_empty() {
+        Ok(())
+    } else {
+        Err(ProtocolError::new(
+            OperationId(0),
+            "storage planned while storage is disabled",
+        ))
+    }
+}
+
+pub struct RoundPipeline {
+    scheduler: Scheduler,
+    stm: Option<StorageTransferManager>,
+}
+
+impl RoundPipeline {
+    /// A manager is built from the scheduler's storage contract (None: storage disabled).
+    pub fn new(scheduler: Scheduler) -> Self {
+        let stm = scheduler.storage_config().cloned().map(|cfg| {
+            StorageTransferManager::new(cfg).with_trace_rank(scheduler.layout().shard.index)
+        });
+        Self { scheduler, stm }
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+        &mut self.scheduler
+    }
+    pub fn stm(&self) -> Option<&StorageTransferManager> {
+        self.stm.as_ref()
+    }
+
+    /// Applies one agreed round and plans it; returns the committed plan.
+    pub fn round(&mut self, mut agreed: AgreedInputs) -> Result<RoundPlan, ProtocolError> {
+        let report = match self.stm.as_mut() {
+            Some(stm) => Some(stm.begin_round(storage_input(&mut agreed))?),
+            None => None,
+        };
+        self.scheduler.apply(agreed, report)?;
+        let mut plan = self.scheduler.plan();
+        let storage = match self.stm.as_mut() {
+            Some(stm) => stm.commit(std::mem::take(&mut plan.storage))?,
+            None => {
+                disabled_intents(&plan)?;
+                vec![]
+            }
+        };
+        Ok(committed(plan, storage))
+    }
+
+    /// The round's D2H copies completed: Host L2 publishes; candidates go to the manager.
+    pub fn d2h_done(&mut self) {
+        let candidates = self.scheduler.d2h_done();
+        if let Some(stm) = self.stm.as_mut() {
+            stm.offer_backups(candidates);
+        }
+    }
+
+    /// Applies the pending admin command (the caller checked quiescence): the manager
+    /// rejects outstanding work first (a failed remote deletion refuses the clear), then the
+    /// scheduler clears local caches. Returns the cancellations to submit.
+    pub fn apply_admin(
+        &mut self,
+        kind: ClearKind,
+        remote_deletion: Option<Result<(), String>>,
+        new_namespace: Option<Namespace>,
+    ) -> Result<Vec<StorageOp>, String> {
+        let (cleared, cancels) = match self.stm.as_mut() {
+            Some(stm) => {
+                let (fx, ops) = stm
+                    .clear_now(kind, remote_deletion)
+                    .map_err(|e| e.to_string())?;
+                (Some(fx), ops)
+            }
+            None => {
+                if let Some(Err(e)) = remote_deletion {
+                    return Err(e);
+                }
+                (None, vec![])
+            }
+        };
+        self.scheduler.apply_admin(cleared, new_namespace)?;
+        Ok(cancels)
+    }
+}

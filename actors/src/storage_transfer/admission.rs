@@ -1,0 +1,102 @@
+//! The admission rules of planning calls (QUERY, GET, backup PUT), as pure functions of the
+//! planning gates and the credits. The StorageTransferManager applies them to its own
+//! credits when it commits a plan; the Scheduler's StoragePlanner applies the same
+//! functions to its copy of the credits while it plans, so both reach the same decision
+//! without a round trip. This module never allocates IDs, tickets or Host blocks.
+
+use super::credits::{CreditClass, Credits};
+use super::manager::Refusal;
+use super::HostRef;
+use messages::settings::StorageConfig;
+use messages::HostRange;
+use std::collections::BTreeSet;
+
+/// The manager's planning gates at the start of a plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gates {
+    /// L3 work stopped for this replica after quarantine.
+    pub quarantined: bool,
+    /// The pressure gate is closed.
+    pub gate_closed: bool,
+}
+
+fn check_keys(cfg: &StorageConfig, n: usize) -> Result<(), Refusal> {
+    if n == 0 {
+        return Err(Refusal::NoKeys);
+    }
+    if n > cfg.max_keys_per_operation as usize {
+        return Err(Refusal::TooManyKeys(n, cfg.max_keys_per_operation));
+    }
+    Ok(())
+}
+
+/// A new QUERY of `keys` keys: charges one read operation credit when admitted. Host credit
+/// exhaustion rejects it before any backend work.
+pub fn admit_query(
+    gates: Gates,
+    credits: &mut Credits,
+    cfg: &StorageConfig,
+    keys: usize,
+) -> Result<(), Refusal> {
+    if gates.quarantined {
+        return Err(Refusal::Disabled);
+    }
+    check_keys(cfg, keys)?;
+    if gates.gate_closed {
+        return Err(Refusal::PressureClosed);
+    }
+    if credits.host_exhausted() {
+        return Err(Refusal::HostCredits);
+    }
+    if !credits.charge(CreditClass::Read, 1, 0) {
+        return Err(Refusal::OperationCredits);
+    }
+    Ok(())
+}
+
+/// A GET of `keys` keys into `destinations`: charges one read operation credit and one
+/// Host credit per destination when admitted.
+pub fn admit_get(
+    gates: Gates,
+    credits: &mut Credits,
+    cfg: &StorageConfig,
+    keys: usize,
+    destinations: &[(HostRef, HostRange)],
+) -> Result<(), Refusal> {
+    if gates.quarantined {
+        return Err(Refusal::Disabled);
+    }
+    check_keys(cfg, keys)?;
+    if keys != destinations.len() {
+        return Err(Refusal::Malformed(format!(
+            "{keys} keys but {} destinations",
+            destinations.len()
+        )));
+    }
+    if destinations.iter().any(|(_, r)| r.len == 0) {
+        return Err(Refusal::Malformed("empty Host range".into()));
+    }
+    let distinct: BTreeSet<HostRef> = destinations.iter().map(|(h, _)| *h).collect();
+    if distinct.len() != destinations.len() {
+        return Err(Refusal::Malformed("a Host reference appears twice".into()));
+    }
+    if gates.gate_closed {
+        return Err(Refusal::PressureClosed);
+    }
+    if !credits.charge(CreditClass::Read, 1, destinations.len() as u32) {
+        return Err(if credits.fits(CreditClass::Read, 1, 0) {
+            Refusal::HostCredits
+        } else {
+            Refusal::OperationCredits
+        });
+    }
+    Ok(())
+}
+
+/// How many keys the next backup PUT may carry now (0: none fits).
+pub fn backup_room(credits: &Credits, cfg: &StorageConfig) -> usize {
+    if !credits.fits(CreditClass::Backup, 1, 1) {
+        return 0;
+    }
+    (credits.backup_hosts_available() as usize).min(cfg.max_keys_per_operation as usize)
+}
