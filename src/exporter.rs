@@ -4,7 +4,7 @@
 //! feed a decision; this module only reads. The local store's promotion funnel and GET tiers
 //! come from the `LocalStore` the serve code hands over (`Exporter::with_local`).
 
-use actors::engine::RankEngine;
+use actors::engine::actors::RankView;
 use actors::frontend::FallbackReason;
 use actors::l3::store::local::stats::PromotionStats;
 use actors::l3::store::local::LocalStore;
@@ -80,35 +80,29 @@ impl Exporter {
         now.saturating_sub(prev)
     }
 
-    pub fn maybe_export(
-        &mut self,
-        m: &Metrics,
-        engine: &RankEngine,
-        health: &parking_lot::Mutex<String>,
-        round: u64,
-    ) {
-        let pending = engine
-            .stm()
-            .is_some_and(|s| s.stats().outstanding_tickets > 0);
+    /// Whether an export is due: once a second, and whenever storage work starts or ends
+    /// (`pending`: storage tickets are outstanding).
+    pub fn due(&mut self, pending: bool) -> bool {
         let due = self
             .last
             .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         if !due && pending == self.was_pending {
-            return;
+            return false;
         }
         self.was_pending = pending;
         self.last = Some(Instant::now());
-        self.export(m, engine, health, round);
+        true
     }
 
-    fn export(
+    /// Exports a rank's counters (advancing the cumulative ones) and the health document.
+    pub fn export(
         &mut self,
         m: &Metrics,
-        engine: &RankEngine,
+        view: &RankView,
         health: &parking_lot::Mutex<String>,
         round: u64,
     ) {
-        let s = engine.scheduler().stats().clone();
+        let s = &view.scheduler.stats;
         let d = self.advance("rounds".into(), s.rounds);
         m.rounds.inc_by(d);
         let tiers = [s.prefix_device, s.prefix_host, s.prefix_l3, s.computed];
@@ -121,8 +115,7 @@ impl Exporter {
             let d = self.advance(format!("fallback/{}", f.as_str()), v);
             m.requests.with_label_values(&[f.as_str()]).inc_by(d);
         }
-        if let Some(stm) = engine.stm() {
-            let st = stm.stats();
+        if let Some(st) = &view.stm {
             m.l3_ready_holds.set(st.ready_holds as i64);
             m.l3_quarantined_references.set(st.quarantined_refs as i64);
             let d = self.advance("soft_timeouts".into(), st.soft_timeouts);
@@ -146,8 +139,7 @@ impl Exporter {
                 .with_label_values(&["host"])
                 .set(st.host_credits_in_use as i64);
         }
-        if let Some(ex) = engine.executor() {
-            let st = ex.stats();
+        if let Some(st) = &view.executor {
             for k in StorageOpKind::ALL {
                 let ks = st.kind(k);
                 let kind = k.as_str();
@@ -179,7 +171,7 @@ impl Exporter {
             }
             let d = self.advance("new_writes".into(), st.kind(StorageOpKind::Put).new_writes);
             m.l3_put_new_writes.inc_by(d);
-            let p = engine.pressure();
+            let p = view.pressure;
             for k in StorageOpKind::ALL {
                 m.l3_queued_payload_bytes
                     .with_label_values(&[k.as_str()])
@@ -187,23 +179,24 @@ impl Exporter {
             }
             m.l3_oldest_job_age_seconds
                 .set(p.oldest_age_us as f64 / 1e6);
-            let h = ex.health();
-            m.l3_health_state.set(h.state.as_gauge());
-            m.l3_health_epoch.set(h.epoch as i64);
+            if let Some(h) = view.health {
+                m.l3_health_state.set(h.state.as_gauge());
+                m.l3_health_epoch.set(h.epoch as i64);
+            }
             let unproven = st.jobs.iter().any(|j| j.unretired > 0);
             m.l3_unproven_retirement.set(unproven as i64);
         }
         if let Some(local) = self.local.clone() {
             self.export_local(m, &local);
         }
-        let h = engine.health();
+        let h = view.health;
         let doc = serde_json::json!({
             "status": "ok",
             "round": round,
-            "namespace": engine.scheduler().namespace().as_str(),
-            "live_requests": engine.scheduler().live_requests(),
+            "namespace": view.scheduler.namespace.as_str(),
+            "live_requests": view.scheduler.live_requests,
             "storage": h.map(|h| serde_json::json!({"state": format!("{:?}", h.state), "epoch": h.epoch})),
-            "l3_enabled": engine.scheduler().l3_enabled(),
+            "l3_enabled": view.scheduler.l3_enabled,
         });
         *health.lock() = doc.to_string();
     }

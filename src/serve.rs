@@ -9,8 +9,9 @@ use actors::clock::{SharedClock, SystemClock};
 use actors::control_plane::mesh::MeshSettings;
 use actors::control_plane::plane::ControlPlaneCore;
 use actors::device::DeviceBackendChoice;
+use actors::engine::actors::RankActors;
 use actors::engine::factory::{build_rank, identity, RankSpec};
-use actors::engine::RankEngine;
+use actors::engine::RoundWork;
 use actors::frontend::{
     AdminCommandKind, AdminSubmission, FrontendInbox, FrontendState, PrefixUsage, RequestLimits,
     Submission, TokenEvent,
@@ -183,18 +184,20 @@ pub fn run(settings: Settings) -> Result<()> {
     let round_loop = std::thread::Builder::new()
         .name("tsl3-rounds".into())
         .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| anyhow!("runtime: {e}"))?;
-            rt.block_on(round_loop(
-                loop_settings,
-                engine,
-                inbox,
-                loop_shared,
-                store_holder,
-                clock,
-            ))
+            // The rank's actors live on this thread's arbiter; the loop drives their rounds.
+            let sys = actix_rt::System::new();
+            sys.block_on(async move {
+                let engine = engine.into_actors();
+                round_loop(
+                    loop_settings,
+                    engine,
+                    inbox,
+                    loop_shared,
+                    store_holder,
+                    clock,
+                )
+                .await
+            })
         })
         .context("spawning the round loop")?;
     let result = if leader {
@@ -267,13 +270,18 @@ struct Clients {
 
 async fn round_loop(
     settings: Settings,
-    mut engine: RankEngine,
+    mut engine: RankActors,
     inbox: FrontendInbox,
     shared: Arc<Shared>,
     store: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
     _clock: SharedClock,
 ) -> Result<()> {
-    let ns = engine.scheduler().namespace().clone();
+    let ns = engine
+        .view()
+        .await
+        .map_err(|e| anyhow!("{e}"))?
+        .scheduler
+        .namespace;
     let secret = if settings.tp.secret.is_empty() {
         b"tsl3-single-rank".to_vec()
     } else {
@@ -308,11 +316,19 @@ async fn round_loop(
             stopping_since = Some(Instant::now());
         }
         // Head feedback point.
-        let local = engine.head();
+        let local = match engine.head().await {
+            Ok(l) => l,
+            Err(e) => {
+                fail_all(&mut clients, &e.to_string());
+                shared.stop.store(true, Ordering::SeqCst);
+                let _ = engine.close().await;
+                return Err(anyhow!("round {round}: {e}"));
+            }
+        };
         let mut frontend = vec![];
         if leader {
             collect_frontend(&inbox, &mut clients, &mut frontend, stopping);
-            if stopping && engine.scheduler().live_requests() == 0 && frontend.is_empty() {
+            if stopping && engine.summary().live_requests == 0 && frontend.is_empty() {
                 frontend.push(FrontendMessage::Shutdown);
             }
         }
@@ -341,7 +357,7 @@ async fn round_loop(
             Err(e) => {
                 fail_all(&mut clients, &e.to_string());
                 shared.stop.store(true, Ordering::SeqCst);
-                let _ = engine.close();
+                let _ = engine.close().await;
                 return Err(anyhow!("round {round}: {e}"));
             }
         };
@@ -381,43 +397,54 @@ async fn round_loop(
                 });
         }
         inputs.digests = by_req.into_iter().collect();
+        let mut round_result = Ok(RoundWork::default());
         for a in admin_cmds {
-            engine.scheduler_mut().admin(match a {
+            let cmd = match a {
                 WireAdmin::ClearCache => AdminCommand::ClearCache,
                 WireAdmin::SetWeightVersion { target, draft } => {
                     AdminCommand::SetWeightVersion { target, draft }
                 }
-            });
+            };
+            if let Err(e) = engine.queue_admin(cmd).await {
+                round_result = Err(e);
+            }
         }
-        let work = match engine.run_round(inputs) {
+        if round_result.is_ok() {
+            round_result = engine.run_round(inputs).await;
+        }
+        let work = match round_result {
             Ok(w) => w,
             Err(e) => {
                 fail_all(&mut clients, &e.to_string());
                 shared.stop.store(true, Ordering::SeqCst);
-                let _ = engine.close();
+                let _ = engine.close().await;
                 return Err(anyhow!("round {round}: {e}"));
             }
         };
         // Admin work once quiescent (every rank reaches this in the same round).
-        if let Some(cmd) = engine.scheduler().admin_pending() {
-            if engine.scheduler().quiescent() {
-                let result = apply_admin(&mut engine, cmd, &store, &settings);
-                if leader {
-                    for tx in clients.admin.drain(..) {
-                        let _ = tx.send(result.clone());
-                    }
+        let summary = engine.summary();
+        if let (Some(cmd), true) = (summary.admin_pending, summary.quiescent) {
+            let result = apply_admin(&mut engine, cmd, &store, &settings).await;
+            if leader {
+                for tx in clients.admin.drain(..) {
+                    let _ = tx.send(result.clone());
                 }
             }
         }
-        let events = engine.drain_events();
+        let events = engine.take_events();
         if leader {
             deliver(&mut clients, events, &shared.metrics);
         }
-        exporter.maybe_export(&shared.metrics, &engine, &shared.health, round);
+        if exporter.due(work.storage_pending) {
+            match engine.view().await {
+                Ok(view) => exporter.export(&shared.metrics, &view, &shared.health, round),
+                Err(e) => tracing::warn!("metrics export skipped: {e}"),
+            }
+        }
         if settings.model.emulate_device_time && work.device_time_us > 0 {
             tokio::time::sleep(Duration::from_micros(work.device_time_us.min(5_000_000))).await;
         }
-        let busy = engine.scheduler().live_requests() > 0 || work.storage_ops > 0;
+        let busy = engine.summary().live_requests > 0 || work.storage_ops > 0;
         if shutdown {
             // Agreed: every rank stops after this round.
             shared.stop.store(true, Ordering::SeqCst);
@@ -442,7 +469,7 @@ async fn round_loop(
         }
     }
     fail_all(&mut clients, "the engine host is shutting down");
-    if let Some(report) = engine.close() {
+    if let Some(report) = engine.close().await {
         if report.restart_required {
             tracing::error!("L3 native retirement is unproven: the store and Host allocation are kept; restart the process to reclaim them");
         }
@@ -548,13 +575,14 @@ fn fail_all(clients: &mut Clients, why: &str) {
     }
 }
 
-fn apply_admin(
-    engine: &mut RankEngine,
+async fn apply_admin(
+    engine: &mut RankActors,
     cmd: AdminCommand,
     store: &Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
     settings: &Settings,
 ) -> Result<String, String> {
-    let ns = engine.scheduler().namespace().clone();
+    let view = engine.view().await.map_err(|e| e.to_string())?;
+    let ns = view.scheduler.namespace.clone();
     match cmd {
         AdminCommand::ClearCache => {
             // The synchronous remote namespace deletion, then local clearing.
@@ -563,15 +591,19 @@ fn apply_admin(
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             });
-            engine.apply_admin(ClearKind::FullClear, deletion, None)?;
+            engine
+                .apply_admin(ClearKind::FullClear, deletion, None)
+                .await?;
             Ok(format!("cleared the cache of namespace {}", ns.as_str()))
         }
         AdminCommand::SetWeightVersion { target, draft } => {
             let spec = rank_spec(settings).map_err(|e| e.to_string())?;
-            let mut id = identity(&spec, engine.scheduler().layout());
+            let mut id = identity(&spec, &engine.layout);
             id = id.with_weight_versions(target, draft);
             let new_ns: Namespace = id.namespace();
-            engine.apply_admin(ClearKind::WeightUpdate, None, Some(new_ns.clone()))?;
+            engine
+                .apply_admin(ClearKind::WeightUpdate, None, Some(new_ns.clone()))
+                .await?;
             Ok(format!(
                 "weights {target}{}: namespace {} (was {})",
                 draft.map(|d| format!("/draft {d}")).unwrap_or_default(),

@@ -86,6 +86,10 @@ impl RoundPipeline {
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
     }
+    /// The two cores, for the actors that will own them.
+    pub fn into_parts(self) -> (Scheduler, Option<StorageTransferManager>) {
+        (self.scheduler, self.stm)
+    }
     pub fn scheduler_mut(&mut self) -> &mut Scheduler {
         &mut self.scheduler
     }

@@ -18,10 +18,14 @@ pub struct DeviceCopyEngine {
 
 impl DeviceCopyEngine {
     pub fn new(memory: Box<dyn DeviceMemory>, model: Arc<SyntheticModel>) -> Self {
-        Self {
-            core: DeviceCopyEngineCore::new(memory),
-            model,
-        }
+        Self::from_core(DeviceCopyEngineCore::new(memory), model)
+    }
+    /// An actor around an engine core the startup factory already built.
+    pub fn from_core(
+        core: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
+        model: Arc<SyntheticModel>,
+    ) -> Self {
+        Self { core, model }
     }
 }
 
@@ -38,6 +42,18 @@ pub struct SubmitDeviceCopies(pub DeviceCopyBatch);
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "Result<Vec<FenceId>, DeviceError>")]
 pub struct PollFences;
+
+/// Wait until a fence completed (the round's D2H copies, before Host L2 publishes).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Result<(), DeviceError>")]
+pub struct WaitFence(pub FenceId);
+
+impl Handler<WaitFence> for DeviceCopyEngine {
+    type Result = Result<(), DeviceError>;
+    fn handle(&mut self, msg: WaitFence, _: &mut Self::Context) -> Self::Result {
+        self.core.wait_fence(msg.0)
+    }
+}
 
 /// Run a forward step over device blocks.
 #[derive(Message, Debug, Clone)]

@@ -147,6 +147,18 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         Ok(done)
     }
 
+    /// Waits until `fence` (and every fence before it) completed, polling the backend.
+    /// Used for the round's D2H copies, whose completion publishes Host L2.
+    pub fn wait_fence(&mut self, fence: FenceId) -> Result<(), DeviceError> {
+        loop {
+            let done = self.poll_fences()?;
+            if done.iter().any(|f| *f >= fence) || self.outstanding.is_empty() {
+                return Ok(());
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Whether a slot exists.
     pub fn check_slot(&self, slot: DeviceSlot) -> Result<(), DeviceError> {
         self.slot_address(0, slot, 0, 0).map(|_| ())

@@ -8,6 +8,7 @@
 //! It never talks to other ranks: the caller exchanges reports and hands back the agreed
 //! inputs.
 
+pub mod actors;
 pub mod factory;
 #[cfg(test)]
 mod tests;
@@ -46,6 +47,8 @@ pub enum EngineError {
     Protocol(#[from] messages::ProtocolError),
     #[error("device: {0}")]
     Device(#[from] DeviceError),
+    #[error("an actor's mailbox closed: {0}")]
+    Mailbox(String),
 }
 
 /// Device time of the last round's forwards (the cost model), for an optional emulation.
@@ -54,6 +57,8 @@ pub struct RoundWork {
     pub forwards: usize,
     pub device_time_us: u64,
     pub storage_ops: usize,
+    /// Storage tickets remain outstanding after the round.
+    pub storage_pending: bool,
 }
 
 pub struct RankEngine {
@@ -180,17 +185,12 @@ impl RankEngine {
             let fence = self.device.submit(&DeviceCopyBatch::new(plan.d2h))?;
             // Host L2 publication waits for the D2H fence on this rank; every rank does the
             // same in the same round, so publication stays agreed.
-            loop {
-                let done = self.device.poll_fences()?;
-                if done.iter().any(|f| *f >= fence) || self.device.outstanding() == 0 {
-                    break;
-                }
-                std::thread::yield_now();
-            }
+            self.device.wait_fence(fence)?;
         } else {
             self.device.poll_fences()?;
         }
         self.pipeline.d2h_done();
+        work.storage_pending = self.stm().is_some_and(|s| s.outstanding_tickets() > 0);
         Ok(work)
     }
 
@@ -219,6 +219,36 @@ impl RankEngine {
     pub fn submit_storage(&self, op: StorageOp) {
         if let Some(ex) = self.executor.as_ref() {
             let _ = ex.submit(op);
+        }
+    }
+
+    /// Starts the rank's actors on the current actix arbiter (the round loop's thread) and
+    /// hands each its core: the engine host's serving form of this engine.
+    pub fn into_actors(self) -> actors::RankActors {
+        use crate::device::DeviceCopyEngine;
+        use crate::l3::L3ExecutorActor;
+        use crate::scheduler::actor::SchedulerActor;
+        use crate::storage_transfer::actor::StorageTransferManagerActor;
+        use actix::Actor;
+        let (scheduler, stm) = self.pipeline.into_parts();
+        let layout = scheduler.layout().clone();
+        let executor = self.executor.map(|e| L3ExecutorActor::new(e).start());
+        let stm = match (stm, &executor) {
+            (Some(core), Some(ex)) => {
+                Some(StorageTransferManagerActor::new(core, ex.clone().recipient()).start())
+            }
+            _ => None,
+        };
+        actors::RankActors {
+            layout,
+            scheduler: SchedulerActor::new(scheduler).start(),
+            stm,
+            executor,
+            device: DeviceCopyEngine::from_core(self.device, Arc::new(self.model)).start(),
+            clock: self.clock,
+            digests: self.digests,
+            last_pressure: self.last_pressure,
+            summary: Default::default(),
         }
     }
 

@@ -14,6 +14,13 @@ use std::time::Duration;
 #[rtype(result = "Vec<Submitted>")]
 pub struct Submit(pub Vec<StorageOp>);
 
+/// Submits commands in order, each inside its storage operation's span (when traced), so
+/// the executor's `l3_op` span is that span's child. Fire-and-forget: rejections surface
+/// as completions.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SubmitTraced(pub Vec<(StorageOp, Option<tracing::Span>)>);
+
 /// New completions and the pressure snapshot.
 #[derive(Debug, Message)]
 #[rtype(result = "(Vec<StorageDone>, PressureSnapshot)")]
@@ -88,6 +95,16 @@ impl Handler<Submit> for L3ExecutorActor {
             })
             .collect();
         MessageResult(out)
+    }
+}
+
+impl Handler<SubmitTraced> for L3ExecutorActor {
+    type Result = ();
+    fn handle(&mut self, msg: SubmitTraced, ctx: &mut Context<Self>) {
+        for (op, span) in msg.0 {
+            let _entered = span.as_ref().map(|s| s.enter());
+            let _ = self.handle(Submit(vec![op]), ctx);
+        }
     }
 }
 

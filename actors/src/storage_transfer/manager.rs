@@ -185,6 +185,10 @@ impl StorageTransferManager {
     pub fn is_negative(&self, key: &StorageKey) -> bool {
         self.negative.contains(key)
     }
+    /// Tickets not yet settled.
+    pub fn outstanding_tickets(&self) -> u64 {
+        self.tickets.len() as u64
+    }
     pub fn credits(&self) -> &Credits {
         &self.credits
     }
