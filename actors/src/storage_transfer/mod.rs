@@ -30,6 +30,8 @@ pub mod ticket;
 pub mod trace;
 
 #[cfg(test)]
+mod intent_tests;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod tests;
