@@ -720,7 +720,9 @@ impl Sim {
 
     fn done_for(op: OperationId, o: &Owed, outcome: u8) -> StorageDone {
         let n = o.keys;
-        let bits: Vec<bool> = (0..n).map(|i| (outcome as usize + i) % 2 == 0).collect();
+        let bits: Vec<bool> = (0..n)
+            .map(|i| (outcome as usize + i).is_multiple_of(2))
+            .collect();
         match (o.kind, outcome) {
             (_, 0) => StorageDone::rejected(op, o.kind, n, Rejection::Cancelled),
             (_, 1) => StorageDone::failed(op, o.kind, n, true, "backend"),
