@@ -8,6 +8,7 @@ use crate::model::{RankDigest, SyntheticModel};
 use crate::pipeline::{RoundPipeline, RoundPlan};
 use crate::scheduler::geometry::RankLayout;
 use crate::scheduler::{AgreedInputs, RequestEvent, Scheduler, SchedulerConfig};
+use crate::storage_transfer::{ClearKind, DropReason};
 use messages::settings::{PressureWatermark, StorageConfig};
 use messages::{
     Namespace, OperationId, PressureObservation, Rejection, RequestId, StorageDone, StorageOp,
@@ -176,7 +177,8 @@ impl Executor {
     }
 }
 
-/// The agreed inputs of round `round`: arrivals in the first rounds, a few cancellations.
+/// The agreed inputs of round `round`: arrivals in the first rounds, a few cancellations,
+/// two rounds of pressure above the high watermark.
 fn inputs(round: u64, exec: &mut Executor, vocab: u32) -> AgreedInputs {
     let mut new_requests = vec![];
     if round < 8 {
@@ -193,7 +195,11 @@ fn inputs(round: u64, exec: &mut Executor, vocab: u32) -> AgreedInputs {
     };
     AgreedInputs {
         tick_us: (round + 1) * ROUND_US,
-        pressure: PressureObservation::default(),
+        pressure: PressureObservation {
+            // The pressure gate closes for rounds 4 and 5 (high watermark 1000 jobs).
+            queued_jobs: if (4..6).contains(&round) { 2_000 } else { 0 },
+            ..PressureObservation::default()
+        },
         new_requests,
         cancellations,
         completions: exec.completions(round),
@@ -281,6 +287,10 @@ fn identical_pipelines_plan_identical_rounds_and_quiesce_without_leaks() {
         s.soft_timeouts > 0,
         "no QUERY outlived its soft deadline: {s:?}"
     );
+    assert!(
+        s.pressure_bypasses > 0 && s.dropped_backup_keys[DropReason::Pressure.index()] > 0,
+        "the closed gate bypassed no QUERY and dropped no candidate: {s:?}"
+    );
     assert_eq!(
         a.scheduler().stats().finished + a.scheduler().stats().aborted,
         16
@@ -318,6 +328,14 @@ fn identical_pipelines_plan_identical_rounds_and_quiesce_without_leaks() {
         }
     }
     assert_eq!(a.scheduler().stats(), b.scheduler().stats());
+    // The scheduler's own records of storage references (GET rows, PUT sources) are gone
+    // too: a clear succeeds only when none is outstanding, and has nothing to cancel.
+    for p in [&mut a, &mut b] {
+        let cancels = p
+            .apply_admin(ClearKind::FullClear, Some(Ok(())), None)
+            .unwrap();
+        assert!(cancels.is_empty(), "{cancels:?}");
+    }
 }
 
 #[test]
