@@ -141,8 +141,9 @@ pub struct Scheduler {
     /// The storage half of planning (None: storage disabled).
     storage: Option<StoragePlanner>,
     requests: BTreeMap<RequestId, Request>,
-    /// Submitted and Admissible requests, in arrival order.
-    queue: VecDeque<RequestId>,
+    /// Submitted and Admissible requests, in arrival order (request IDs are assigned in
+    /// arrival order, so the ordered set is the queue: O(log n) to leave or re-enter it).
+    queue: BTreeSet<RequestId>,
     /// New arrivals not yet considered for storage preparation (each is considered once:
     /// `storage_prepared` is one-shot).
     unprepared: VecDeque<RequestId>,
@@ -186,7 +187,7 @@ impl Scheduler {
             cache,
             storage,
             requests: BTreeMap::new(),
-            queue: VecDeque::new(),
+            queue: BTreeSet::new(),
             unprepared: VecDeque::new(),
             free_scratch,
             refs: BTreeMap::new(),
@@ -302,7 +303,7 @@ impl Scheduler {
             self.trace.request_arrived(id, prompt.len());
             self.requests
                 .insert(id, Request::new(id, prompt, max_tokens.max(1)));
-            self.queue.push_back(id);
+            self.queue.insert(id);
             self.unprepared.push_back(id);
         }
         for (id, parts) in digests {
@@ -526,18 +527,9 @@ impl Scheduler {
         }
     }
 
-    /// Puts a request back into the admission queue at its arrival position (request IDs
-    /// are assigned in arrival order).
+    /// Puts a request back into the admission queue at its arrival position.
     fn queue_front_by_arrival(&mut self, id: RequestId) {
-        if self.queue.contains(&id) {
-            return;
-        }
-        let pos = self
-            .queue
-            .iter()
-            .position(|q| *q > id)
-            .unwrap_or(self.queue.len());
-        self.queue.insert(pos, id);
+        self.queue.insert(id);
     }
 
     /// The manager no longer holds `h`. A re-queued PUT source keeps its candidate record
@@ -682,7 +674,7 @@ impl Scheduler {
             }
         }
         self.release_running(id);
-        self.queue.retain(|q| *q != id);
+        self.queue.remove(&id);
         if let Some(mut r) = self.requests.remove(&id) {
             r.state = RequestState::Aborted;
             self.trace.request_ended(id, "aborted");
@@ -824,7 +816,7 @@ impl Scheduler {
                         phase: PrefetchPhase::Query(qp),
                         lease,
                     };
-                    self.queue.retain(|q| *q != id);
+                    self.queue.remove(&id);
                 }
                 Err(e) => {
                     r.resources.fallback = Some(refusal_reason(&e));
@@ -844,7 +836,7 @@ impl Scheduler {
     fn admit(&mut self, plan: &mut Plan) {
         let mut running = self.running();
         while running < self.cfg.max_running {
-            let Some(&id) = self.queue.front() else {
+            let Some(&id) = self.queue.first() else {
                 return;
             };
             let ready = self.requests.get(&id).is_some_and(|r| {
@@ -858,12 +850,12 @@ impl Scheduler {
             }
             match self.try_admit(id, plan) {
                 Ok(true) => {
-                    self.queue.pop_front();
+                    self.queue.pop_first();
                     running += 1;
                 }
                 Ok(false) => return, // no Device capacity: wait for running requests
                 Err(e) => {
-                    self.queue.pop_front();
+                    self.queue.pop_first();
                     self.abort(id, &format!("admission failed: {e}"));
                 }
             }

@@ -183,6 +183,11 @@ impl StorageTransferManager {
                 StorageIntent::Unavailable(n) => {
                     self.backups.count_drop(DropReason::Unavailable, n);
                 }
+                StorageIntent::Coalesced(hosts) => {
+                    for h in hosts {
+                        self.backups.note_coalesced(h);
+                    }
+                }
                 StorageIntent::Requeue(candidates) => self.backups.requeue_front(candidates),
                 other @ (StorageIntent::Detach(_) | StorageIntent::Cancel(_)) => {
                     handbacks.push(other)

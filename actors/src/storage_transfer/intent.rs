@@ -98,6 +98,9 @@ pub enum StorageIntent {
     },
     /// Candidates found not resident at dispatch (dropped as unavailable).
     Unavailable(u64),
+    /// Candidates whose key was already in the same PUT (not a loss): the manager counts
+    /// them coalesced and reports them forgotten.
+    Coalesced(Vec<HostRef>),
     /// Candidates that found no backup credits this round: back to the queue front.
     Requeue(Vec<BackupCandidate>),
     /// A state that owned a lease ended: the lease comes back.
@@ -240,6 +243,7 @@ impl StoragePlanner {
     ) -> Vec<OperationId> {
         let mut issued = vec![];
         let mut unavailable = 0u64;
+        let mut coalesced = vec![];
         if self.view.gates.quarantined || self.view.gates.gate_closed {
             return issued;
         }
@@ -255,7 +259,7 @@ impl StoragePlanner {
                     break;
                 };
                 if batch.contains(&c.key) {
-                    unavailable += 1; // the queue coalesces keys: cannot happen
+                    coalesced.push(c.host); // the queue coalesces keys; kept for safety
                     continue;
                 }
                 match residency(&c.key, c.host) {
@@ -287,6 +291,9 @@ impl StoragePlanner {
         }
         if unavailable > 0 {
             self.intents.push(StorageIntent::Unavailable(unavailable));
+        }
+        if !coalesced.is_empty() {
+            self.intents.push(StorageIntent::Coalesced(coalesced));
         }
         issued
     }
