@@ -770,6 +770,18 @@ impl CacheCoordinator {
         Ok(Some(rows))
     }
 
+    /// A full clear (cache clear, namespace rotation, weight update) without draining:
+    /// every unreferenced Device and Host block is freed, referenced ones become invisible
+    /// and free when their references drop (in-flight storage I/O keeps its bytes), the
+    /// tails are forgotten, and later keys use `namespace`. Returns the blocks kept for
+    /// their references.
+    pub fn clear(&mut self, namespace: Namespace) -> usize {
+        let kept = self.device.clear() + self.host.clear();
+        self.tails = TailTable::new(self.tails.capacity());
+        self.namespace = namespace;
+        kept
+    }
+
     /// Evicts up to `n` unreferenced Host blocks of a group (LRU).
     pub fn evict_host(&mut self, group: u32, n: usize) -> Vec<ContentHash> {
         self.host.evict_lru(group, n)

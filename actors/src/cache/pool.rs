@@ -449,6 +449,35 @@ impl<T: Tier> BlockPool<T> {
         true
     }
 
+    /// A full clear without draining: frees every unreferenced entry and unpublishes
+    /// every referenced or pinned one, which stays (invisible to probes and matching, so
+    /// never reused) until its last reference drops and then frees. Returns how many
+    /// entries stay behind for their references.
+    pub fn clear(&mut self) -> usize {
+        let mut kept = 0;
+        for g in &mut self.groups {
+            while g.head != NIL {
+                let s = g.head;
+                g.unlink(s);
+                g.free_slot(s);
+            }
+            for s in 0..g.slots.len() {
+                let slot = &mut g.slots[s];
+                if slot.state.is_none() {
+                    continue;
+                }
+                kept += 1;
+                if slot.state == Some(EntryState::Published) {
+                    slot.state = Some(EntryState::Unpublished);
+                    if let Some(v) = g.index.get_mut(&slot.hash) {
+                        *v &= SLOT_MASK;
+                    }
+                }
+            }
+        }
+        kept
+    }
+
     /// Evicts up to `n` least recently used unreferenced blocks of a group.
     pub fn evict_lru(&mut self, group: u32, n: usize) -> Vec<ContentHash> {
         let mut out = Vec::new();
@@ -513,6 +542,38 @@ mod tests {
             group: g,
             hash: ContentHash::from_u128(h),
         }
+    }
+
+    #[test]
+    fn a_clear_frees_the_unreferenced_and_hides_the_referenced_until_released() {
+        let mut p = BlockPool::<Host>::new(&[4], &[64]);
+        let mut ev = vec![];
+        for h in 1..=3 {
+            p.allocate(a(0, h), &mut ev).unwrap();
+            p.publish(a(0, h)).unwrap();
+        }
+        p.release(a(0, 1)).unwrap(); // evictable
+        p.release(a(0, 2)).unwrap();
+        p.acquire(a(0, 2)).unwrap(); // a PUT source in flight
+        p.release(a(0, 3)).unwrap();
+        p.pin(a(0, 3)).unwrap(); // a reservation's pin
+        assert_eq!(p.clear(), 2, "two entries stay for their references");
+        assert_eq!(p.state(a(0, 1)), None, "the unreferenced entry is freed");
+        assert!(
+            !p.contains(a(0, 2)) && !p.contains(a(0, 3)),
+            "hidden from probes"
+        );
+        assert_eq!(p.state(a(0, 2)), Some(EntryState::Unpublished));
+        assert_eq!(p.available(0), 2, "referenced slots are not reusable yet");
+        // The in-flight I/O retires: its entry frees and its slot is reusable.
+        p.release(a(0, 2)).unwrap();
+        p.unpin(a(0, 3)).unwrap();
+        assert_eq!(p.state(a(0, 2)), None);
+        assert_eq!(p.state(a(0, 3)), None);
+        assert_eq!(p.available(0), 4);
+        p.allocate(a(0, 2), &mut ev).unwrap();
+        p.publish(a(0, 2)).unwrap();
+        assert!(p.contains(a(0, 2)), "the same block can be cached again");
     }
 
     #[test]

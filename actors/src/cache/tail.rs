@@ -76,6 +76,10 @@ impl TailTable {
         }
     }
 
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     pub fn len(&self) -> usize {
         self.order.len()
     }

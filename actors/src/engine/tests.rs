@@ -361,3 +361,69 @@ fn a_recurrent_state_profile_restores_checkpoints_and_matches_recomputation() {
         "the boundary is the last checkpoint below the bound"
     );
 }
+
+#[test]
+fn a_clear_with_a_backup_in_flight_proceeds_and_frees_the_source_at_retirement() {
+    use crate::scheduler::AdminCommand;
+    use crate::storage_transfer::ClearKind;
+    let p = prompt(40, 13);
+    let faulty = Arc::new(FaultyStore::new(MemoryStore::new(), true));
+    let gate = Gate::new();
+    faulty.inject(Call::Put, Some(1), Fault::Gate(gate.clone()));
+    let mut e = engine_with(Some(faulty.clone() as Arc<dyn Store>), |_| {});
+    let first = serve_until(&mut e, 1, &p, 2, |_, _| {});
+    assert_eq!(first.tokens, recompute(&p, 2));
+    // Round until the first backup PUT is held at the store.
+    for _ in 0..100_000 {
+        if gate.entered() >= 1 {
+            break;
+        }
+        let agreed = agree_single(e.head(), vec![], vec![]).unwrap();
+        e.run_round(agreed).unwrap();
+        std::thread::yield_now();
+    }
+    assert!(gate.entered() >= 1, "a PUT is in flight");
+    let capacity: u64 = e
+        .scheduler()
+        .layout()
+        .host_blocks
+        .iter()
+        .map(|b| *b as u64)
+        .sum();
+    let groups = e.scheduler().layout().host_blocks.len() as u32;
+    let available = |e: &RankEngine| -> u64 {
+        (0..groups)
+            .map(|g| e.scheduler().cache().host().available(g))
+            .sum()
+    };
+    e.scheduler_mut().admin(AdminCommand::ClearCache);
+    assert!(e.scheduler().quiescent());
+    e.apply_admin(ClearKind::FullClear, Some(Ok(())), None)
+        .expect("a clear does not wait for in-flight I/O");
+    assert!(
+        available(&e) < capacity,
+        "the in-flight PUT's source block stays allocated"
+    );
+    gate.release();
+    for _ in 0..100_000 {
+        let idle = e.stm().unwrap().stats().outstanding_tickets == 0;
+        if idle {
+            break;
+        }
+        let agreed = agree_single(e.head(), vec![], vec![]).unwrap();
+        e.run_round(agreed).unwrap();
+        std::thread::yield_now();
+    }
+    assert_eq!(e.stm().unwrap().stats().outstanding_tickets, 0);
+    assert_eq!(available(&e), capacity, "retirement freed the source");
+    // Local caches are empty after the clear: the prompt is served without local hits.
+    let again = serve(&mut e, 2, &p, 2);
+    assert_eq!(
+        again.split.device + again.split.host,
+        0,
+        "{:?}",
+        again.split
+    );
+    assert_eq!(again.tokens, first.tokens);
+    e.close();
+}

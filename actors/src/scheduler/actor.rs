@@ -29,7 +29,8 @@ pub struct D2hDone;
 pub struct RoundSummary {
     pub events: Vec<RequestEvent>,
     pub live_requests: usize,
-    /// The admin command waiting for quiescence, and whether the scheduler is quiescent.
+    /// The admin command waiting for quiescence, and whether the scheduler is quiescent
+    /// (false while no command waits).
     pub admin_pending: Option<AdminCommand>,
     pub quiescent: bool,
 }
@@ -104,13 +105,15 @@ impl Handler<D2hDone> for SchedulerActor {
     type Result = MessageResult<D2hDone>;
     fn handle(&mut self, _: D2hDone, _: &mut Context<Self>) -> Self::Result {
         let candidates = self.core.d2h_done();
+        let admin_pending = self.core.admin_pending();
         MessageResult(D2hOutcome {
             candidates,
             summary: RoundSummary {
                 events: self.core.drain_events(),
                 live_requests: self.core.live_requests(),
-                admin_pending: self.core.admin_pending(),
-                quiescent: self.core.quiescent(),
+                admin_pending,
+                // Scanned only while an admin command waits for it.
+                quiescent: admin_pending.is_some() && self.core.quiescent(),
             },
         })
     }

@@ -144,6 +144,8 @@ pub struct Scheduler {
     /// Submitted and Admissible requests, in arrival order (request IDs are assigned in
     /// arrival order, so the ordered set is the queue: O(log n) to leave or re-enter it).
     queue: BTreeSet<RequestId>,
+    /// Admitted requests (Prefill or Decode): the forward candidates of each round.
+    running: BTreeSet<RequestId>,
     /// New arrivals not yet considered for storage preparation (each is considered once:
     /// `storage_prepared` is one-shot).
     unprepared: VecDeque<RequestId>,
@@ -188,6 +190,7 @@ impl Scheduler {
             storage,
             requests: BTreeMap::new(),
             queue: BTreeSet::new(),
+            running: BTreeSet::new(),
             unprepared: VecDeque::new(),
             free_scratch,
             refs: BTreeMap::new(),
@@ -594,12 +597,8 @@ impl Scheduler {
 
     /// One decode step for every decoding request (one token per round).
     fn decode_step(&mut self) {
-        let ids: Vec<RequestId> = self
-            .requests
-            .iter()
-            .filter(|(_, r)| matches!(r.state, RequestState::Decode { .. }))
-            .map(|(id, _)| *id)
-            .collect();
+        // At most max_running IDs: the running set, not the live requests.
+        let ids: Vec<RequestId> = self.running.iter().copied().collect();
         for id in ids {
             let Some(r) = self.requests.get_mut(&id) else {
                 continue;
@@ -632,6 +631,7 @@ impl Scheduler {
     }
 
     fn release_running(&mut self, id: RequestId) {
+        self.running.remove(&id);
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
@@ -717,30 +717,15 @@ impl Scheduler {
         if let Some(fx) = cleared {
             self.apply_effects(fx);
         }
-        // Local clearing: Ready holds are gone; every unreferenced block is evicted.
+        // Local clearing: Ready holds are gone; every unreferenced block is freed, and the
+        // blocks in-flight storage I/O still references stay (invisible) until it retires.
         for r in self.requests.values_mut() {
             r.resources.ready = None;
         }
         let ns = new_namespace.unwrap_or_else(|| self.cache.namespace().clone());
-        // Blocks still referenced (quarantine, in-flight reads) keep the old coordinator's
-        // pools alive only through their references; a fresh coordinator starts empty.
-        let fresh = CacheCoordinator::new(
-            self.cfg.layout.geometry.clone(),
-            ns.clone(),
-            &CoordinatorConfig {
-                device_blocks: self.cfg.layout.device_blocks.clone(),
-                host_blocks: self.cfg.layout.host_blocks.clone(),
-                tail_capacity: self.cfg.tail_capacity,
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        if self.reads.is_empty() && self.refs.is_empty() {
-            self.cache = fresh;
-            self.cfg.namespace = ns;
-            Ok(())
-        } else {
-            Err("storage references are still outstanding (quarantine or in-flight I/O); the Host cache is kept until they retire".into())
-        }
+        self.cache.clear(ns.clone());
+        self.cfg.namespace = ns;
+        Ok(())
     }
 
     // ----- plan -------------------------------------------------------------------------
@@ -827,10 +812,7 @@ impl Scheduler {
     }
 
     fn running(&self) -> usize {
-        self.requests
-            .values()
-            .filter(|r| matches!(r.state, RequestState::Prefill | RequestState::Decode { .. }))
-            .count()
+        self.running.len()
     }
 
     fn admit(&mut self, plan: &mut Plan) {
@@ -1054,6 +1036,7 @@ impl Scheduler {
         r.device_refs = held;
         r.scratch = scratch;
         r.state = RequestState::Prefill;
+        self.running.insert(id);
         let ready = r.resources.ready.take();
         self.stats.admitted += 1;
         self.stats.prefix_device += device_tokens as u64;

@@ -31,7 +31,7 @@ impl StorageTransferManager {
             cfg: self.config().clone(),
             gates: self.gates(),
             credits: self.credits().clone(),
-            next_op: self.stats().last_operation_id + 1,
+            next_op: self.last_operation_id() + 1,
             next_serial: self.lease_serial + 1,
         }
     }
@@ -139,7 +139,7 @@ impl StorageTransferManager {
                     (got, want) => {
                         let got = got.map(|(q, l)| (q.op, l.serial));
                         return Err(diverged(
-                            OperationId(self.stats().last_operation_id),
+                            OperationId(self.last_operation_id()),
                             format!("QUERY for {request}: planned {want:?}, committed {got:?}"),
                         ));
                     }
@@ -161,7 +161,7 @@ impl StorageTransferManager {
                     (got, want) => {
                         let got = got.map(|g| g.op);
                         return Err(diverged(
-                            OperationId(self.stats().last_operation_id),
+                            OperationId(self.last_operation_id()),
                             format!("GET for {request}: planned {want:?}, committed {got:?}"),
                         ));
                     }

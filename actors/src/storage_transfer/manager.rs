@@ -185,6 +185,10 @@ impl StorageTransferManager {
     pub fn is_negative(&self, key: &StorageKey) -> bool {
         self.negative.contains(key)
     }
+    /// The last OperationId issued (0 when none).
+    pub fn last_operation_id(&self) -> u64 {
+        self.ids.last()
+    }
     /// Tickets not yet settled.
     pub fn outstanding_tickets(&self) -> u64 {
         self.tickets.len() as u64
