@@ -534,3 +534,57 @@ async fn the_actor_exchanges_rounds_for_two_ranks_and_for_one() {
         .unwrap();
     assert!(matches!(after, Err(ControlError::Stopped(_))), "{after:?}");
 }
+
+/// Rank 0 is real; ranks 1 and 2 are hand-driven sockets. Rank 2 completes round 0 (its
+/// report and its confirmation) and leaves before rank 1 confirms: rank 0 still agrees
+/// round 0 (the rank that left had confirmed it) and fails round 1, naming rank 2.
+#[tokio::test]
+async fn a_rank_that_confirmed_the_round_and_left_does_not_fail_that_round() {
+    use actors::control_plane::{seal_local_report, MeshFrame};
+    let (settings, mut listeners) = loopback_settings(3).await.unwrap();
+    drop(listeners.pop());
+    drop(listeners.pop());
+    let l0 = listeners.pop().unwrap();
+    let s0 = settings[0].clone();
+    let a = tokio::spawn(async move { ControlPlaneCore::establish_with_listener(&s0, l0).await });
+    let mut fakes = vec![];
+    for rank in 1..3u32 {
+        let mut s = tokio::net::TcpStream::connect(&settings[0].peers[0])
+            .await
+            .unwrap();
+        let p = HandshakeParams::new(
+            rank,
+            3,
+            settings[rank as usize].namespace.clone(),
+            Arc::new(settings[rank as usize].secret.clone()),
+        );
+        assert_eq!(handshake(&mut s, &p, &Expect::Rank(0)).await, Ok(0));
+        fakes.push(s);
+    }
+    let mut core = a.await.unwrap().unwrap();
+    let round0 = tokio::spawn(async move {
+        let r = core.exchange_round(RoundReport::idle(0, 0, 1)).await;
+        (core, r)
+    });
+    let frame = |f: &MeshFrame| encode_frame(f, 1 << 20).unwrap();
+    let report = |rank: u32| MeshFrame::Report(seal_local_report(RoundReport::idle(rank, 0, 5)));
+    let mut f2 = fakes.pop().unwrap();
+    let mut f1 = fakes.pop().unwrap();
+    f1.write_all(&frame(&report(1))).await.unwrap();
+    f2.write_all(&frame(&report(2))).await.unwrap();
+    f2.write_all(&frame(&MeshFrame::Gathered(0))).await.unwrap();
+    f2.shutdown().await.unwrap();
+    drop(f2);
+    // Give rank 0 the chance to see rank 2's close before rank 1's confirmation.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    f1.write_all(&frame(&MeshFrame::Gathered(0))).await.unwrap();
+    let (mut core, r) = round0.await.unwrap();
+    let agreed = r.expect("round 0 is agreed: every rank confirmed it");
+    assert_eq!(agreed.round, 0);
+    let e = core
+        .exchange_round(RoundReport::idle(0, 1, 2))
+        .await
+        .unwrap_err();
+    assert_eq!(e.blamed_rank(), Some(2), "{e}");
+    drop(f1);
+}

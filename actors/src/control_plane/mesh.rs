@@ -332,6 +332,18 @@ impl Mesh {
         frame: &MeshFrame,
         deadline: Instant,
     ) -> Result<(), BroadcastError> {
+        self.broadcast_excusing(frame, deadline, |_| false).await
+    }
+
+    /// Like `broadcast`, but a failed write to a peer for which `excused(peer)` holds is no
+    /// error (its connection is still dropped): a peer that already confirmed the round
+    /// and left needs nothing more of it.
+    pub async fn broadcast_excusing(
+        &mut self,
+        frame: &MeshFrame,
+        deadline: Instant,
+        excused: impl Fn(u32) -> bool,
+    ) -> Result<(), BroadcastError> {
         if self.writers.iter().all(|w| w.is_none()) {
             return Ok(()); // a world of one: the exchange with itself sends nothing
         }
@@ -362,6 +374,9 @@ impl Mesh {
                 };
                 if let Some(w) = peer.and_then(|p| self.writers.get_mut(p as usize)) {
                     *w = None;
+                }
+                if peer.is_some_and(&excused) {
+                    continue;
                 }
                 first.get_or_insert(e);
             }

@@ -22,6 +22,10 @@ pub struct Relay {
     /// Reports that arrived for the next round while this rank still gathered the current
     /// one (a peer can be at most one round ahead).
     early: Vec<VecDeque<RoundReport>>,
+    /// Peers whose connection closed after they had confirmed the round being gathered
+    /// (a rank that completed the last round and left): not an error for that round, but
+    /// the next round fails on them.
+    gone: Vec<Option<String>>,
     failed: Option<ControlError>,
 }
 
@@ -41,6 +45,7 @@ impl Relay {
             mesh,
             round_deadline,
             early: (0..world).map(|_| VecDeque::new()).collect(),
+            gone: vec![None; world],
             failed: None,
         }
     }
@@ -146,6 +151,13 @@ impl Relay {
                 Ok(())
             }
             PeerEvent::Frame(MeshFrame::Abort(e)) => Err(e),
+            // A peer that confirmed this round has everything it needs from it: its close
+            // (it completed the round and left, e.g. after an agreed shutdown) ends only
+            // the rounds after this one.
+            PeerEvent::Closed(detail) if confirmed[peer as usize] && peer != self.mesh.rank() => {
+                self.gone[peer as usize] = Some(detail);
+                Ok(())
+            }
             PeerEvent::Closed(detail) => Err(ControlError::Disconnected {
                 rank: peer,
                 round,
@@ -214,6 +226,18 @@ impl Relay {
                 message: "relay frame changed kind".into(),
             });
         };
+        if let Some((peer, detail)) = self
+            .gone
+            .iter()
+            .enumerate()
+            .find_map(|(p, d)| d.clone().map(|d| (p, d)))
+        {
+            return Err(ControlError::Disconnected {
+                rank: peer as u32,
+                round,
+                detail,
+            });
+        }
         let mut got: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
         let mut confirmed = vec![false; world];
         got[me as usize] = Some(report);
@@ -235,8 +259,12 @@ impl Relay {
             self.accept(ev, round, &mut got, &mut confirmed)?;
         }
         if world > 1 {
+            // A peer that already confirmed may have completed the round and left.
+            let done = confirmed.clone();
             self.mesh
-                .broadcast(&MeshFrame::Gathered(round), deadline)
+                .broadcast_excusing(&MeshFrame::Gathered(round), deadline, |p| {
+                    done.get(p as usize).copied().unwrap_or(false) && p != me
+                })
                 .await
                 .map_err(cannot_send)?;
         }
