@@ -309,6 +309,10 @@ async fn round_loop(
     let mut round: u64 = 0;
     let mut stopping_since: Option<Instant> = None;
     let mut idle_rounds: u32 = 0;
+    // The admin preflight: this rank's result, reported with the next round; set while
+    // the agreed result is awaited.
+    let mut preflight: Option<Result<(), String>> = None;
+    let mut awaiting_preflight = false;
     loop {
         round += 1;
         let stopping = shared.stop.load(Ordering::SeqCst);
@@ -333,6 +337,7 @@ async fn round_loop(
             }
         }
         let report = RoundReport {
+            admin_preflight: preflight.take(),
             rank: settings.tp.rank,
             round,
             clock_us: local.clock_us,
@@ -368,6 +373,7 @@ async fn round_loop(
             completions: agreed.completions,
             ..AgreedInputs::default()
         };
+        let agreed_preflight = agreed.admin_preflight;
         let mut admin_cmds = vec![];
         let mut shutdown = false;
         for m in agreed.frontend {
@@ -421,14 +427,26 @@ async fn round_loop(
                 return Err(anyhow!("round {round}: {e}"));
             }
         };
-        // Admin work once quiescent (every rank reaches this in the same round).
-        let summary = engine.summary();
-        if let (Some(cmd), true) = (summary.admin_pending, summary.quiescent) {
-            let result = apply_admin(&mut engine, cmd, &store, &settings).await;
-            if leader {
-                for tx in clients.admin.drain(..) {
-                    let _ = tx.send(result.clone());
+        // Admin work, in two agreed steps. Once quiescent (every rank reaches this in the
+        // same round), each rank runs the preflight (a clear's synchronous remote namespace
+        // deletion) and reports its result with the next round; the agreed result (Ok only
+        // when every rank's deletion succeeded) then applies or refuses the command on
+        // every rank alike. New work stays held until then.
+        if let Some(agreed_preflight) = agreed_preflight {
+            awaiting_preflight = false;
+            if let Some(cmd) = engine.summary().admin_pending {
+                let result = apply_admin(&mut engine, cmd, agreed_preflight, &settings).await;
+                if leader {
+                    for tx in clients.admin.drain(..) {
+                        let _ = tx.send(result.clone());
+                    }
                 }
+            }
+        } else if !awaiting_preflight {
+            let summary = engine.summary();
+            if let (Some(cmd), true) = (summary.admin_pending, summary.quiescent) {
+                preflight = Some(run_preflight(&engine, cmd, &store).await);
+                awaiting_preflight = true;
             }
         }
         let events = engine.take_events();
@@ -575,29 +593,59 @@ fn fail_all(clients: &mut Clients, why: &str) {
     }
 }
 
+/// This rank's admin preflight: a clear deletes the namespace in the remote store
+/// (synchronously; Ok without a store); a weight update has nothing to delete.
+async fn run_preflight(
+    engine: &RankActors,
+    cmd: AdminCommand,
+    store: &Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
+) -> Result<(), String> {
+    match cmd {
+        AdminCommand::ClearCache => {
+            let ns = engine
+                .view()
+                .await
+                .map_err(|e| e.to_string())?
+                .scheduler
+                .namespace;
+            let store = store.lock().clone();
+            match store {
+                Some(s) => s
+                    .remove_namespace(&ns)
+                    .map(|_| ())
+                    .map_err(|e| format!("remote namespace deletion failed: {e}")),
+                None => Ok(()),
+            }
+        }
+        AdminCommand::SetWeightVersion { .. } => Ok(()),
+    }
+}
+
+/// Applies (or, after a failed agreed preflight, refuses) the pending admin command.
 async fn apply_admin(
     engine: &mut RankActors,
     cmd: AdminCommand,
-    store: &Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
+    preflight: Result<(), String>,
     settings: &Settings,
 ) -> Result<String, String> {
     let view = engine.view().await.map_err(|e| e.to_string())?;
     let ns = view.scheduler.namespace.clone();
     match cmd {
         AdminCommand::ClearCache => {
-            // The synchronous remote namespace deletion, then local clearing.
-            let deletion = store.lock().as_ref().map(|s| {
-                s.remove_namespace(&ns)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            });
+            // A failed deletion on any rank refuses the clear (nothing is cleared locally).
             engine
-                .apply_admin(ClearKind::FullClear, deletion, None)
+                .apply_admin(ClearKind::FullClear, Some(preflight), None)
                 .await?;
             Ok(format!("cleared the cache of namespace {}", ns.as_str()))
         }
         AdminCommand::SetWeightVersion { target, draft } => {
             let spec = rank_spec(settings).map_err(|e| e.to_string())?;
+            if let Err(e) = preflight {
+                engine
+                    .apply_admin(ClearKind::WeightUpdate, Some(Err(e.clone())), None)
+                    .await?;
+                return Err(e);
+            }
             let mut id = identity(&spec, &engine.layout);
             id = id.with_weight_versions(target, draft);
             let new_ns: Namespace = id.namespace();

@@ -131,13 +131,27 @@ fn launch_tp2_matches_single_rank_recomputation() {
     let d = dir.path().to_str().unwrap();
     let h = Host::start(
         &["launch", "--tp", "2", "--store", "local", "--store-dir", d],
-        &[],
+        &[("TSL3_SERVER__ADMIN_TOKEN", "t0ken")],
     );
     let v = h.complete(&p, 4);
     assert_eq!(
         tokens(&v),
         want,
         "TP=2 output equals the single-rank recomputation"
+    );
+    // A clear is agreed across both ranks: each deletes the namespace in the shared store
+    // (the preflight), the agreed result clears both ranks' caches alike.
+    let (code, body) = http(&h.addr, "POST", "/admin/clear_cache", "", Some("t0ken"));
+    assert_eq!(code, 200, "{body}");
+    let again = h.complete(&p, 4);
+    assert_eq!(tokens(&again), want);
+    assert_eq!(
+        (
+            again["tsl3"]["device"].as_u64(),
+            again["tsl3"]["host"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "both ranks cleared their caches: {again}"
     );
     assert!(
         h.stop().success(),

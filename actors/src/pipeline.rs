@@ -132,18 +132,22 @@ impl RoundPipeline {
         remote_deletion: Option<Result<(), String>>,
         new_namespace: Option<Namespace>,
     ) -> Result<Vec<StorageOp>, String> {
-        let (cleared, cancels) = match self.stm.as_mut() {
-            Some(stm) => {
-                let (fx, ops) = stm
-                    .clear_now(kind, remote_deletion)
-                    .map_err(|e| e.to_string())?;
-                (Some(fx), ops)
-            }
-            None => {
-                if let Some(Err(e)) = remote_deletion {
-                    return Err(e);
-                }
-                (None, vec![])
+        let cleared = match self.stm.as_mut() {
+            Some(stm) => stm
+                .clear_now(kind, remote_deletion)
+                .map(|(fx, ops)| (Some(fx), ops))
+                .map_err(|e| e.to_string()),
+            None => match remote_deletion {
+                Some(Err(e)) => Err(e),
+                _ => Ok((None, vec![])),
+            },
+        };
+        let (cleared, cancels) = match cleared {
+            Ok(c) => c,
+            Err(e) => {
+                // Refused: the command is dropped and new work resumes.
+                self.scheduler.refuse_admin();
+                return Err(e);
             }
         };
         self.scheduler.apply_admin(cleared, new_namespace)?;

@@ -72,6 +72,11 @@ pub struct RoundReport {
     /// This owner's prefill digests of the last round's forwards.
     #[serde(default)]
     pub digests: Vec<PrefillDigest>,
+    /// This owner's result of the admin preflight it ran after the last round (the
+    /// synchronous remote namespace deletion of a clear; Ok when there is nothing to
+    /// delete). Every owner runs it in the same round, so all or none report it.
+    #[serde(default)]
+    pub admin_preflight: Option<Result<(), String>>,
 }
 
 impl RoundReport {
@@ -86,6 +91,7 @@ impl RoundReport {
             error: None,
             frontend: Vec::new(),
             digests: Vec::new(),
+            admin_preflight: None,
         }
     }
 }
@@ -106,6 +112,11 @@ pub struct AgreedRound {
     /// Every owner's prefill digests, ordered by (request, shard).
     #[serde(default)]
     pub digests: Vec<PrefillDigest>,
+    /// The agreed admin preflight: Ok only when every owner's succeeded; otherwise the
+    /// first failing owner's error (rank order). Every owner then applies (or refuses)
+    /// the admin command alike.
+    #[serde(default)]
+    pub admin_preflight: Option<Result<(), String>>,
 }
 
 /// Why a round failed. After any of these the ControlPlane refuses further rounds.

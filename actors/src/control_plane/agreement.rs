@@ -141,6 +141,30 @@ impl Agreement {
                 )));
             }
         }
+        // The admin preflight: every owner runs it in the same (agreed) round, so all or
+        // none report it; the agreed result is Ok only when every owner's is.
+        let preflights = by_rank
+            .iter()
+            .filter(|r| r.admin_preflight.is_some())
+            .count();
+        if preflights != 0 && preflights != by_rank.len() {
+            let missing = by_rank
+                .iter()
+                .find(|r| r.admin_preflight.is_none())
+                .map_or(0, |r| r.rank);
+            return Err(fail(format!(
+                "rank {missing} reported no admin preflight while another rank did"
+            )));
+        }
+        let admin_preflight = (preflights != 0).then(|| {
+            by_rank
+                .iter()
+                .find_map(|r| match &r.admin_preflight {
+                    Some(Err(e)) => Some(Err(format!("rank {}: {e}", r.rank))),
+                    _ => None,
+                })
+                .unwrap_or(Ok(()))
+        });
         let tick_us = by_rank[LEADER_RANK as usize].clock_us;
         if let Some(prev) = self.last_tick_us {
             if tick_us < prev {
@@ -240,6 +264,7 @@ impl Agreement {
             frontend,
             completions,
             digests,
+            admin_preflight,
         })
     }
 }
@@ -343,6 +368,48 @@ mod tests {
         s.insert(OperationId(4));
         assert_eq!(s.floor, 5);
         assert!(s.above.is_empty());
+    }
+
+    #[test]
+    fn the_admin_preflight_is_agreed_only_when_every_owner_succeeded() {
+        let with = |rank, p: Option<Result<(), String>>| {
+            let mut r = RoundReport::idle(rank, 0, 1);
+            r.admin_preflight = p;
+            r
+        };
+        let mut ag = Agreement::new(3);
+        let all_ok = ag
+            .agree((0..3).map(|r| with(r, Some(Ok(())))).collect())
+            .unwrap();
+        assert_eq!(all_ok.admin_preflight, Some(Ok(())));
+        let mut ag = Agreement::new(3);
+        let one_failed = ag
+            .agree(vec![
+                with(0, Some(Ok(()))),
+                with(1, Some(Err("store unreachable".into()))),
+                with(2, Some(Ok(()))),
+            ])
+            .unwrap();
+        assert_eq!(
+            one_failed.admin_preflight,
+            Some(Err("rank 1: store unreachable".into())),
+            "one failed deletion refuses the clear on every rank"
+        );
+        let mut ag = Agreement::new(3);
+        let none = ag.agree((0..3).map(|r| with(r, None)).collect()).unwrap();
+        assert_eq!(none.admin_preflight, None);
+        let mut ag = Agreement::new(3);
+        let e = ag
+            .agree(vec![
+                with(0, Some(Ok(()))),
+                with(1, None),
+                with(2, Some(Ok(()))),
+            ])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("rank 1 reported no admin preflight"),
+            "{e}"
+        );
     }
 
     #[test]

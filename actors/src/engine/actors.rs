@@ -19,8 +19,8 @@ use crate::l3::{CloseReport, ExecutorStats, L3ExecutorActor};
 use crate::model::RankDigest;
 use crate::pipeline::storage_input;
 use crate::scheduler::actor::{
-    ApplyAdmin, D2hDone, PlanRound, QueueAdmin, RoundSummary, SchedulerActor, SchedulerSnapshot,
-    SchedulerView,
+    ApplyAdmin, D2hDone, PlanRound, QueueAdmin, RefuseAdmin, RoundSummary, SchedulerActor,
+    SchedulerSnapshot, SchedulerView,
 };
 use crate::scheduler::geometry::RankLayout;
 use crate::scheduler::{AdminCommand, AgreedInputs};
@@ -153,19 +153,29 @@ impl RankActors {
         new_namespace: Option<Namespace>,
     ) -> Result<(), String> {
         let cleared = match &self.stm {
-            Some(stm) => Some(
-                stm.send(ClearStorage {
+            Some(stm) => stm
+                .send(ClearStorage {
                     kind,
                     remote_deletion,
                 })
                 .await
-                .map_err(|e| e.to_string())??,
-            ),
-            None => {
-                if let Some(Err(e)) = remote_deletion {
-                    return Err(e);
-                }
-                None
+                .map_err(|e| e.to_string())?
+                .map(Some),
+            None => match remote_deletion {
+                Some(Err(e)) => Err(e),
+                _ => Ok(None),
+            },
+        };
+        let cleared = match cleared {
+            Ok(c) => c,
+            Err(e) => {
+                // Refused alike on every rank: the command is dropped, new work resumes.
+                self.scheduler
+                    .send(RefuseAdmin)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                self.summary.admin_pending = None;
+                return Err(e);
             }
         };
         self.summary.admin_pending = None;

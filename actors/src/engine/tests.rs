@@ -427,3 +427,31 @@ fn a_clear_with_a_backup_in_flight_proceeds_and_frees_the_source_at_retirement()
     assert_eq!(again.tokens, first.tokens);
     e.close();
 }
+
+#[test]
+fn a_failed_preflight_refuses_the_clear_keeps_the_cache_and_resumes_work() {
+    use crate::scheduler::AdminCommand;
+    use crate::storage_transfer::ClearKind;
+    let store = Arc::new(MemoryStore::new());
+    let mut e = engine(Some(store));
+    let p = prompt(40, 17);
+    let first = serve(&mut e, 1, &p, 2);
+    e.scheduler_mut().admin(AdminCommand::ClearCache);
+    assert!(e.scheduler().quiescent());
+    let refused = e.apply_admin(
+        ClearKind::FullClear,
+        Some(Err("rank 1: store unreachable".into())),
+        None,
+    );
+    assert_eq!(refused, Err("remote namespace deletion failed (rank 1: store unreachable); the local cache is not cleared".into()));
+    assert_eq!(
+        e.scheduler().admin_pending(),
+        None,
+        "the command is dropped"
+    );
+    // Nothing was cleared: the same prompt hits the Device cache, and new work runs.
+    let again = serve(&mut e, 2, &p, 2);
+    assert!(again.split.device > 0, "{:?}", again.split);
+    assert_eq!(again.tokens, first.tokens);
+    e.close();
+}

@@ -55,6 +55,18 @@ pub struct ApplyAdmin {
     pub new_namespace: Option<Namespace>,
 }
 
+/// The agreed preflight refused the pending admin command: drop it (new work resumes).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct RefuseAdmin;
+
+impl Handler<RefuseAdmin> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, _: RefuseAdmin, _: &mut Context<Self>) {
+        self.core.refuse_admin();
+    }
+}
+
 /// What the exporter and the health document read.
 #[derive(Clone, Debug, Message)]
 #[rtype(result = "SchedulerView")]

@@ -690,6 +690,11 @@ impl Scheduler {
         self.pending_admin.push_back(cmd);
     }
 
+    /// Drops the pending admin command unapplied (its agreed preflight failed).
+    pub fn refuse_admin(&mut self) {
+        self.pending_admin.pop_front();
+    }
+
     /// Whether an admin command waits for quiescence (new work is held meanwhile).
     pub fn admin_pending(&self) -> Option<AdminCommand> {
         self.pending_admin.front().copied()
