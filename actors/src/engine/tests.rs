@@ -455,3 +455,32 @@ fn a_failed_preflight_refuses_the_clear_keeps_the_cache_and_resumes_work() {
     assert_eq!(again.tokens, first.tokens);
     e.close();
 }
+
+#[test]
+fn a_capacity_rejected_backup_is_offered_again_and_lands() {
+    let p = prompt(40, 19);
+    let faulty = Arc::new(FaultyStore::new(MemoryStore::new(), true));
+    faulty.inject(Call::Put, Some(1), Fault::Capacity);
+    let mut e = engine_with(Some(faulty.clone() as Arc<dyn Store>), |_| {});
+    let first = serve(&mut e, 1, &p, 2);
+    let st = e.stm().unwrap().stats();
+    assert_eq!(
+        st.dropped(crate::storage_transfer::DropReason::Unavailable),
+        0,
+        "the re-offered page was still resident: it must not be dropped as unavailable"
+    );
+    // A fresh rank on the same store restores the whole prefix from L3: the rejected
+    // page was backed up on its second offer.
+    let mut reader = engine_with(Some(faulty.clone() as Arc<dyn Store>), |_| {});
+    let again = serve(&mut reader, 1, &p, 2);
+    assert!(again.split.l3 > 0, "{:?}", again.split);
+    assert_eq!(
+        again.fallback,
+        FallbackReason::None,
+        "every page of the prefix is in L3: {:?}",
+        again.split
+    );
+    assert_eq!(again.tokens, first.tokens);
+    e.close();
+    reader.close();
+}
