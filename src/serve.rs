@@ -323,10 +323,7 @@ async fn round_loop(
         let local = match engine.head().await {
             Ok(l) => l,
             Err(e) => {
-                fail_all(&mut clients, &e.to_string());
-                shared.stop.store(true, Ordering::SeqCst);
-                let _ = engine.close().await;
-                return Err(anyhow!("round {round}: {e}"));
+                return Err(fail_round(&mut clients, &shared, engine, round, &e).await);
             }
         };
         let mut frontend = vec![];
@@ -360,10 +357,7 @@ async fn round_loop(
         let agreed = match plane.exchange_round(report).await {
             Ok(a) => a,
             Err(e) => {
-                fail_all(&mut clients, &e.to_string());
-                shared.stop.store(true, Ordering::SeqCst);
-                let _ = engine.close().await;
-                return Err(anyhow!("round {round}: {e}"));
+                return Err(fail_round(&mut clients, &shared, engine, round, &e).await);
             }
         };
         // Agreed inputs for the scheduler.
@@ -421,10 +415,7 @@ async fn round_loop(
         let work = match round_result {
             Ok(w) => w,
             Err(e) => {
-                fail_all(&mut clients, &e.to_string());
-                shared.stop.store(true, Ordering::SeqCst);
-                let _ = engine.close().await;
-                return Err(anyhow!("round {round}: {e}"));
+                return Err(fail_round(&mut clients, &shared, engine, round, &e).await);
             }
         };
         // Admin work, in two agreed steps. Once quiescent (every rank reaches this in the
@@ -582,6 +573,21 @@ fn deliver(clients: &mut Clients, events: Vec<RequestEvent>, metrics: &Metrics) 
             }
         }
     }
+}
+
+/// A round failed on this rank (every rank fails it alike): fail every client, stop, close
+/// the executor, and name the round.
+async fn fail_round(
+    clients: &mut Clients,
+    shared: &Shared,
+    engine: RankActors,
+    round: u64,
+    e: &dyn std::fmt::Display,
+) -> anyhow::Error {
+    fail_all(clients, &e.to_string());
+    shared.stop.store(true, Ordering::SeqCst);
+    let _ = engine.close().await;
+    anyhow!("round {round}: {e}")
 }
 
 fn fail_all(clients: &mut Clients, why: &str) {

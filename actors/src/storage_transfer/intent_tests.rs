@@ -14,19 +14,7 @@ use messages::{
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
-const MS: u64 = 1000;
-
-fn key(s: &str) -> StorageKey {
-    StorageKey(s.into())
-}
-fn keys(prefix: &str, n: usize) -> Vec<StorageKey> {
-    (0..n).map(|i| key(&format!("{prefix}{i}"))).collect()
-}
-fn dests(first: u64, n: usize) -> Vec<(HostRef, HostRange)> {
-    (0..n)
-        .map(|i| (HostRef(first + i as u64), HostRange::new(i as u64 * 16, 16)))
-        .collect()
-}
+use super::tests_support::{dests, key, keys, MS};
 fn pressure(jobs: u64) -> PressureObservation {
     PressureObservation {
         queued_jobs: jobs,

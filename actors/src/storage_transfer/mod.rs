@@ -63,7 +63,25 @@ impl fmt::Display for HostRef {
 
 #[cfg(test)]
 pub(crate) mod tests_support {
+    use super::HostRef;
     use messages::settings::{PressureWatermark, StorageConfig};
+    use messages::{HostRange, StorageKey};
+
+    /// One millisecond of the agreed tick.
+    pub const MS: u64 = 1000;
+
+    pub fn key(s: &str) -> StorageKey {
+        StorageKey(s.into())
+    }
+    pub fn keys(prefix: &str, n: usize) -> Vec<StorageKey> {
+        (0..n).map(|i| key(&format!("{prefix}{i}"))).collect()
+    }
+    /// `n` distinct Host references from `first`, with 16-byte ranges.
+    pub fn dests(first: u64, n: usize) -> Vec<(HostRef, HostRange)> {
+        (0..n)
+            .map(|i| (HostRef(first + i as u64), HostRange::new(i as u64 * 16, 16)))
+            .collect()
+    }
 
     /// A small, valid scheduling contract for tests.
     pub fn config() -> StorageConfig {
