@@ -95,10 +95,37 @@ impl Namespace {
     /// offset + shard (the payload replica, attention_tp_rank // shard_count, for
     /// page-sharded groups; the rank for replicated state groups that keep rank-local keys).
     pub fn key(&self, content_hash: u128, group: u32, page: u32, shard: u32) -> StorageKey {
-        StorageKey(format!(
-            "{}-{:032x}-g{}-p{}-s{}",
-            self.0, content_hash, group, page, shard
-        ))
+        // One exact-size allocation, no formatting machinery: keys are made per page on
+        // every QUERY, GET and PUT. Layout: "{ns}-{hash:032x}-g{group}-p{page}-s{shard}".
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        fn push_dec(out: &mut String, mut v: u32) {
+            let mut buf = [0u8; 10];
+            let mut i = buf.len();
+            loop {
+                i -= 1;
+                buf[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            for b in &buf[i..] {
+                out.push(*b as char);
+            }
+        }
+        let mut out = String::with_capacity(self.0.len() + 1 + 32 + 3 * 11);
+        out.push_str(&self.0);
+        out.push('-');
+        for i in (0..32).rev() {
+            out.push(HEX[((content_hash >> (i * 4)) & 0xf) as usize] as char);
+        }
+        out.push_str("-g");
+        push_dec(&mut out, group);
+        out.push_str("-p");
+        push_dec(&mut out, page);
+        out.push_str("-s");
+        push_dec(&mut out, shard);
+        StorageKey(out)
     }
 
     /// Whether a key belongs to this namespace.
@@ -112,6 +139,21 @@ impl Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_have_the_documented_layout() {
+        let ns = Namespace("tsl3-0123456789abcdef".into());
+        for (h, g, p, sh) in [
+            (0u128, 0u32, 0u32, 0u32),
+            (u128::MAX, u32::MAX, 7, 1_000_000),
+            (0x1234_5678_9abc_def0_0fed_cba9_8765_4321, 3, 10, 42),
+        ] {
+            assert_eq!(
+                ns.key(h, g, p, sh).0,
+                format!("{}-{:032x}-g{}-p{}-s{}", ns.0, h, g, p, sh)
+            );
+        }
+    }
 
     fn id() -> DeploymentIdentity {
         DeploymentIdentity {
