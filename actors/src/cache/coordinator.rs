@@ -316,9 +316,23 @@ impl CacheCoordinator {
     /// Ordinary admission (and the local probe): the longest legal boundary over real Device
     /// and published Host blocks, and how many tokens each tier supplies.
     pub fn admission_match(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
+        self.admission_match_with(tokens, reusable, true)
+    }
+
+    /// Admission over aligned boundaries only (no tail candidates): what the engine can
+    /// restore today, so a tail hit never hides the aligned prefix below it.
+    pub fn admission_match_aligned(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
+        self.admission_match_with(tokens, reusable, false)
+    }
+
+    fn admission_match_with(&self, tokens: &[u32], reusable: u32, tails: bool) -> AdmissionMatch {
         let bound = Self::bound(tokens, reusable);
         let index = PromptIndex::new(&self.geometry, tokens, bound);
-        let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
+        let tails = if tails {
+            self.tail_candidates(&index, tokens, 0, bound, &[])
+        } else {
+            Vec::new()
+        };
         let table = self.table(&index, tokens, bound, &tails, None, Some(Have::Host));
         let device = table.longest(0, Have::Device);
         let best = table.longest(0, Have::Host);

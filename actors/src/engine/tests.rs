@@ -484,3 +484,37 @@ fn a_capacity_rejected_backup_is_offered_again_and_lands() {
     e.close();
     reader.close();
 }
+
+#[test]
+fn a_longer_prompt_reuses_the_aligned_prefix_of_a_shorter_one() {
+    for profile in ["tiny", "hybrid-swa", "hybrid-state"] {
+        let mut e = engine_with(None, |s| s.profile = profile.into());
+        let model = SyntheticModel::by_name(profile).unwrap();
+        let parent = model
+            .profile()
+            .groups
+            .iter()
+            .map(|g| g.block_tokens as u32)
+            .max()
+            .unwrap();
+        // A prompt ending mid-block, then a longer prompt extending it: the aligned blocks
+        // below the first prompt's partial block are reused on every profile.
+        let short = prompt(3 * parent + parent / 2, 23);
+        let mut long = short.clone();
+        long.extend(prompt(2 * parent, 29));
+        let first = serve(&mut e, 1, &short, 2);
+        assert_eq!(first.tokens, model.recompute_output(&short, 2).unwrap());
+        let out = serve(&mut e, 2, &long, 2);
+        assert_eq!(
+            out.tokens,
+            model.recompute_output(&long, 2).unwrap(),
+            "{profile}"
+        );
+        assert!(
+            out.split.device + out.split.host >= 2 * parent,
+            "{profile}: the aligned prefix is reused: {:?}",
+            out.split
+        );
+        e.close();
+    }
+}

@@ -856,10 +856,10 @@ impl Scheduler {
             Some(r) => (r.prompt.clone(), r.reusable()),
             None => return Ok(true),
         };
-        let m = self.cache.admission_match(&prompt, reusable);
-        // Only aligned boundaries are restored (tails are recomputed).
-        let boundary = if m.tail.is_some() { 0 } else { m.boundary };
-        let device_tokens = if m.tail.is_some() { 0 } else { m.device_tokens };
+        // Only aligned boundaries are restored (a tail block is recomputed): match over
+        // aligned candidates, so a tail hit never hides the aligned prefix below it.
+        let m = self.cache.admission_match_aligned(&prompt, reusable);
+        let (boundary, device_tokens) = (m.boundary, m.device_tokens);
         let len = prompt.len() as u64;
         let geometry = self.cfg.layout.geometry.clone();
         let index = PromptIndex::new(&geometry, &prompt, prompt.len() as u32);
