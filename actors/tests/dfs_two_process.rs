@@ -18,10 +18,10 @@ const RACED: usize = 8;
 const LEN: usize = 96 * 1024 + 7;
 
 fn seeded(i: usize) -> StorageKey {
-    StorageKey(format!("tsl3-0000000000002b0c-seeded{i}"))
+    StorageKey::new(format!("tsl3-0000000000002b0c-seeded{i}"))
 }
 fn raced(i: usize) -> StorageKey {
-    StorageKey(format!("tsl3-0000000000002b0c-raced{i}"))
+    StorageKey::new(format!("tsl3-0000000000002b0c-raced{i}"))
 }
 fn payload(key: &StorageKey) -> Vec<u8> {
     let seed = key

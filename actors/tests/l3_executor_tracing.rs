@@ -29,7 +29,7 @@ impl Write for Buf {
 }
 
 fn key(s: &str) -> StorageKey {
-    StorageKey(format!("tsl3-00000000000000aa-{s}"))
+    StorageKey::new(format!("tsl3-00000000000000aa-{s}"))
 }
 
 fn get(id: u64, k: &str, offset: u64) -> StorageOp {

@@ -114,7 +114,7 @@ impl Handler<SubmitTraced> for ProbeExecutor {
 }
 
 fn key(i: u32) -> StorageKey {
-    StorageKey(format!("tsl3-0000000000000000/k{i}"))
+    StorageKey::new(format!("tsl3-0000000000000000/k{i}"))
 }
 
 #[actix_rt::test]

@@ -9,6 +9,7 @@
 
 use crate::ops::StorageKey;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
 /// The single compatibility epoch of this implementation's producer and storage contract.
@@ -95,37 +96,50 @@ impl Namespace {
     /// offset + shard (the payload replica, attention_tp_rank // shard_count, for
     /// page-sharded groups; the rank for replicated state groups that keep rank-local keys).
     pub fn key(&self, content_hash: u128, group: u32, page: u32, shard: u32) -> StorageKey {
-        // One exact-size allocation, no formatting machinery: keys are made per page on
-        // every QUERY, GET and PUT. Layout: "{ns}-{hash:032x}-g{group}-p{page}-s{shard}".
+        // Written into a stack buffer and shared with one allocation: keys are made per page
+        // on every QUERY, GET and PUT. Layout: "{ns}-{hash:032x}-g{group}-p{page}-s{shard}".
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        fn push_dec(out: &mut String, mut v: u32) {
-            let mut buf = [0u8; 10];
-            let mut i = buf.len();
+        const TAIL: usize = 1 + 32 + 3 * (2 + 10);
+        fn dec(mut v: u32, out: &mut [u8]) -> usize {
+            let mut tmp = [0u8; 10];
+            let mut i = tmp.len();
             loop {
                 i -= 1;
-                buf[i] = b'0' + (v % 10) as u8;
+                tmp[i] = b'0' + (v % 10) as u8;
                 v /= 10;
                 if v == 0 {
                     break;
                 }
             }
-            for b in &buf[i..] {
-                out.push(*b as char);
-            }
+            let n = tmp.len() - i;
+            out[..n].copy_from_slice(&tmp[i..]);
+            n
         }
-        let mut out = String::with_capacity(self.0.len() + 1 + 32 + 3 * 11);
-        out.push_str(&self.0);
-        out.push('-');
+        let mut stack = [0u8; 160];
+        let mut heap = Vec::new();
+        let need = self.0.len() + TAIL;
+        let buf: &mut [u8] = if need <= stack.len() {
+            &mut stack
+        } else {
+            heap.resize(need, 0);
+            &mut heap
+        };
+        let mut n = self.0.len();
+        buf[..n].copy_from_slice(self.0.as_bytes());
+        buf[n] = b'-';
+        n += 1;
         for i in (0..32).rev() {
-            out.push(HEX[((content_hash >> (i * 4)) & 0xf) as usize] as char);
+            buf[n] = HEX[((content_hash >> (i * 4)) & 0xf) as usize];
+            n += 1;
         }
-        out.push_str("-g");
-        push_dec(&mut out, group);
-        out.push_str("-p");
-        push_dec(&mut out, page);
-        out.push_str("-s");
-        push_dec(&mut out, shard);
-        StorageKey(out)
+        for (tag, v) in [(b'g', group), (b'p', page), (b's', shard)] {
+            buf[n] = b'-';
+            buf[n + 1] = tag;
+            n += 2;
+            n += dec(v, &mut buf[n..]);
+        }
+        // Only ASCII was appended to the namespace's valid UTF-8.
+        StorageKey(Arc::from(String::from_utf8_lossy(&buf[..n])))
     }
 
     /// Whether a key belongs to this namespace.
@@ -149,7 +163,7 @@ mod tests {
             (0x1234_5678_9abc_def0_0fed_cba9_8765_4321, 3, 10, 42),
         ] {
             assert_eq!(
-                ns.key(h, g, p, sh).0,
+                ns.key(h, g, p, sh).as_str(),
                 format!("{}-{:032x}-g{}-p{}-s{}", ns.0, h, g, p, sh)
             );
         }

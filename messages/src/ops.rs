@@ -6,14 +6,20 @@
 use crate::ids::{OperationId, RequestId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// A backend object key: `tsl3-<namespace hash>-<content hash>-g<group>-p<page>-s<shard>`.
 /// Built only by [`crate::Namespace::key`]; never contains DP replica IDs, Host allocation
 /// IDs or cyclic owner ranks.
+/// Shared, immutable text: a key is made once per page and then only referenced (by its
+/// ticket, its operation, its completion), so a clone is a reference count, not a copy.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct StorageKey(pub String);
+pub struct StorageKey(pub Arc<str>);
 
 impl StorageKey {
+    pub fn new(s: impl Into<Arc<str>>) -> Self {
+        StorageKey(s.into())
+    }
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -101,7 +101,7 @@ pub fn bench_executor(
         close_deadline_ms: 5000,
     };
     let exec = L3Executor::start(store, host.clone(), runtime, SystemClock::shared())?;
-    let key = |r: usize, i: usize| StorageKey(format!("tsl3-bench-r{r}-o{i}"));
+    let key = |r: usize, i: usize| StorageKey::new(format!("tsl3-bench-r{r}-o{i}"));
     let mut next_op = 0u64;
     let mut op_id = || {
         next_op += 1;

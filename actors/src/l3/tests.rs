@@ -36,7 +36,7 @@ fn runtime() -> StorageRuntimeConfig {
 }
 
 fn key(s: &str) -> StorageKey {
-    StorageKey(format!("tsl3-00000000000000aa-{s}"))
+    StorageKey::new(format!("tsl3-00000000000000aa-{s}"))
 }
 
 fn q(id: u64, keys: &[&str]) -> StorageOp {

@@ -44,7 +44,9 @@ fn bench_config(outstanding: u32) -> StorageConfig {
 }
 
 fn keys(r: u64) -> Vec<StorageKey> {
-    (0..4).map(|i| StorageKey(format!("k{r}-{i}"))).collect()
+    (0..4)
+        .map(|i| StorageKey::new(format!("k{r}-{i}")))
+        .collect()
 }
 
 /// Run `rounds` rounds holding about `outstanding` operations and `waiting` waiting

@@ -175,7 +175,9 @@ impl Harness {
     fn step(&mut self, a: &Action) {
         match a {
             Action::Query { req, n } => {
-                let keys = (0..*n).map(|i| StorageKey(format!("q{req}-{i}"))).collect();
+                let keys = (0..*n)
+                    .map(|i| StorageKey::new(format!("q{req}-{i}")))
+                    .collect();
                 let r = self.m.issue_query(RequestId(*req), keys);
                 self.log.push(format!("{:?}", r.as_ref().map(|(q, _)| q)));
                 if let Ok((q, lease)) = r {
@@ -196,7 +198,7 @@ impl Harness {
                 }
                 let r = ready[pick % ready.len()];
                 let keys = (0..*n)
-                    .map(|i| StorageKey(format!("q{}-{i}", r.0)))
+                    .map(|i| StorageKey::new(format!("q{}-{i}", r.0)))
                     .collect();
                 let dests: Vec<(HostRef, HostRange)> = (0..*n)
                     .map(|i| {
@@ -217,7 +219,7 @@ impl Harness {
             Action::Offer { key } => {
                 let _ = self
                     .m
-                    .offer_backup(StorageKey(format!("b{key}")), HostRef(1_000_000 + key));
+                    .offer_backup(StorageKey::new(format!("b{key}")), HostRef(1_000_000 + key));
             }
             Action::Dispatch { evict_mask } => {
                 let mut taken = Vec::new();

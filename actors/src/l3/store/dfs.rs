@@ -544,7 +544,7 @@ mod tests {
         Namespace(format!("tsl3-{n:016x}"))
     }
     fn k(n: u64, name: &str) -> StorageKey {
-        StorageKey(format!("tsl3-{n:016x}-{name}"))
+        StorageKey::new(format!("tsl3-{n:016x}-{name}"))
     }
     fn store() -> (tempfile::TempDir, DfsStore) {
         let d = tempfile::tempdir().unwrap();

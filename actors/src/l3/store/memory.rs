@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     fn k(s: &str) -> StorageKey {
-        StorageKey(format!("tsl3-0000000000000000-{s}"))
+        StorageKey::new(format!("tsl3-0000000000000000-{s}"))
     }
 
     #[test]

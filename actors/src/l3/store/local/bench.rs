@@ -46,7 +46,7 @@ pub fn bench_promotion(
     };
     let dfs = Arc::new(DfsStore::open(dir, cfg.dfs_io_concurrency)?);
     let keys: Vec<StorageKey> = (0..objects)
-        .map(|i| StorageKey(format!("tsl3-00000000000b3ec4-obj{i}")))
+        .map(|i| StorageKey::new(format!("tsl3-00000000000b3ec4-obj{i}")))
         .collect();
     let payload: Vec<Vec<u8>> = (0..objects)
         .map(|i| (0..object_bytes).map(|j| (i * 31 + j * 7) as u8).collect())

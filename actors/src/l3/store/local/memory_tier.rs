@@ -406,7 +406,7 @@ mod tests {
     use super::*;
 
     fn k(s: &str) -> StorageKey {
-        StorageKey(format!("tsl3-0000000000000001-{s}"))
+        StorageKey::new(format!("tsl3-0000000000000001-{s}"))
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::io::{Seek, SeekFrom, Write};
 const TTL_US: u64 = 1_000_000;
 
 fn k(name: &str) -> StorageKey {
-    StorageKey(format!("tsl3-00000000000000aa-{name}"))
+    StorageKey::new(format!("tsl3-00000000000000aa-{name}"))
 }
 
 fn payload(seed: u8, len: usize) -> Vec<u8> {
