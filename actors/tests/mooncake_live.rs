@@ -145,6 +145,11 @@ impl Instance {
         c.status().map(|s| s.success()).unwrap_or(false)
     }
     fn start(&self, what: &str) {
+        // One startup at a time: the tests of this file run in parallel, and several
+        // masters and owners starting together on a small machine can outlast the start
+        // script's readiness wait.
+        static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
         assert!(
             self.script("start.sh", what, &[]),
             "start.sh {what} for {}",

@@ -65,7 +65,7 @@ start_owner() {
     --metadata_server="http://127.0.0.1:$MOONCAKE_HTTP_PORT/metadata" \
     >"$(mc_file owner.log)" 2>&1 </dev/null &
   echo $! >"$(mc_file owner.pid)"
-  wait_for owner 300 capacity_ready || fail "the owner's segment did not show up in $METRICS/metrics/summary"
+  wait_for owner 600 capacity_ready || fail "the owner's segment did not show up in $METRICS/metrics/summary"
   echo "mooncake owner ($MOONCAKE_INSTANCE) mounted $MOONCAKE_SEGMENT_SIZE: pid $(cat "$(mc_file owner.pid)")" >&2
 }
 
@@ -73,7 +73,7 @@ start_owner() {
 # running owner remounts on its own).
 wait_ready() {
   wait_for master 300 master_ready || fail "master not ready"
-  wait_for owner 300 capacity_ready || fail "no mounted segment on $METRICS/metrics/summary"
+  wait_for owner 600 capacity_ready || fail "no mounted segment on $METRICS/metrics/summary"
 }
 
 case "$WHAT" in
