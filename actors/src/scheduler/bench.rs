@@ -14,7 +14,7 @@ use super::geometry::RankLayout;
 use super::{AgreedInputs, Scheduler, SchedulerConfig};
 use crate::model::{RankDigest, SyntheticModel};
 use crate::pipeline::RoundPipeline;
-use messages::settings::{PressureWatermark, StorageConfig};
+use messages::settings::StorageConfig;
 use messages::{Namespace, OperationId, PressureObservation, RequestId, StorageDone, StorageOp};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -145,28 +145,12 @@ impl fmt::Display for SchedulerBenchReport {
 
 fn storage_config(outstanding: usize) -> StorageConfig {
     let ops = u32::try_from(outstanding).unwrap_or(u32::MAX / 16);
-    StorageConfig {
-        // Room above the withheld GETs for this round's QUERYs and PUTs.
-        operation_credits: ops.saturating_add(ops / 2).saturating_add(64),
-        max_host_blocks: ops.saturating_mul(16).saturating_add(1024),
-        max_keys_per_operation: 8,
-        lookahead_tokens: 4096,
-        negative_metadata_capacity: 1024,
-        backup_candidate_capacity: 1024,
-        soft_deadline_ms: 1 << 40,
-        ready_hold_ms: 1 << 40,
-        min_extension_tokens: 1,
-        pressure_high: PressureWatermark {
-            queued_jobs: u64::MAX,
-            queued_bytes: u64::MAX,
-            oldest_age_ms: u64::MAX / 1000,
-        },
-        pressure_low: PressureWatermark {
-            queued_jobs: 1,
-            queued_bytes: 1,
-            oldest_age_ms: 1,
-        },
-    }
+    // Room above the withheld GETs for this round's QUERYs and PUTs.
+    crate::storage_transfer::bench::unbounded_contract(
+        ops.saturating_add(ops / 2).saturating_add(64),
+        ops.saturating_mul(16).saturating_add(1024),
+        8,
+    )
 }
 
 /// A distinct prompt per request (no shared prefixes).

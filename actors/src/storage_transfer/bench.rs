@@ -20,10 +20,20 @@ pub struct StmBenchReport {
 }
 
 fn bench_config(outstanding: u32) -> StorageConfig {
+    unbounded_contract(outstanding, outstanding.saturating_mul(8).max(8), 4)
+}
+
+/// A storage contract for benchmarks: the given credits and key limit, no pressure gate
+/// (unreachable high watermarks) and no soft deadline or Ready expiry in a run's time.
+pub fn unbounded_contract(
+    operation_credits: u32,
+    max_host_blocks: u32,
+    max_keys_per_operation: u32,
+) -> StorageConfig {
     StorageConfig {
-        operation_credits: outstanding,
-        max_host_blocks: outstanding.saturating_mul(8).max(8),
-        max_keys_per_operation: 4,
+        operation_credits,
+        max_host_blocks,
+        max_keys_per_operation,
         lookahead_tokens: 4096,
         negative_metadata_capacity: 1024,
         backup_candidate_capacity: 1024,

@@ -476,12 +476,7 @@ impl Store for DfsStore {
         keys: &[StorageKey],
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
-        if keys.len() != dests.len() {
-            return Err(StoreError::new(
-                "dfs",
-                "keys and destinations differ in count",
-            ));
-        }
+        crate::l3::store::same_count("dfs", keys.len(), dests.len(), "destinations")?;
         Ok(keys
             .iter()
             .zip(dests.iter_mut())
@@ -490,9 +485,7 @@ impl Store for DfsStore {
     }
 
     fn put(&self, keys: &[StorageKey], srcs: &[&[u8]]) -> Result<Vec<KeyResult>, StoreError> {
-        if keys.len() != srcs.len() {
-            return Err(StoreError::new("dfs", "keys and sources differ in count"));
-        }
+        crate::l3::store::same_count("dfs", keys.len(), srcs.len(), "sources")?;
         Ok(keys
             .iter()
             .zip(srcs)

@@ -60,12 +60,7 @@ impl Store for MemoryStore {
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
         self.backend_calls.fetch_add(1, Ordering::Relaxed);
-        if keys.len() != dests.len() {
-            return Err(StoreError::new(
-                "memory",
-                "keys and destinations differ in count",
-            ));
-        }
+        crate::l3::store::same_count("memory", keys.len(), dests.len(), "destinations")?;
         let map = self.objects.read();
         Ok(keys
             .iter()
@@ -91,12 +86,7 @@ impl Store for MemoryStore {
 
     fn put(&self, keys: &[StorageKey], srcs: &[&[u8]]) -> Result<Vec<KeyResult>, StoreError> {
         self.backend_calls.fetch_add(1, Ordering::Relaxed);
-        if keys.len() != srcs.len() {
-            return Err(StoreError::new(
-                "memory",
-                "keys and sources differ in count",
-            ));
-        }
+        crate::l3::store::same_count("memory", keys.len(), srcs.len(), "sources")?;
         let mut map = self.objects.write();
         Ok(keys
             .iter()

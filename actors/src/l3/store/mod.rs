@@ -100,6 +100,23 @@ pub struct StoreCapabilities {
     pub promotion: bool,
 }
 
+/// The shape check every store's `get` and `put` starts with: one Host buffer per key.
+pub fn same_count(
+    store: &'static str,
+    keys: usize,
+    buffers: usize,
+    what: &str,
+) -> Result<(), StoreError> {
+    if keys == buffers {
+        Ok(())
+    } else {
+        Err(StoreError::new(
+            store,
+            format!("keys and {what} differ in count ({keys} keys, {buffers} {what})"),
+        ))
+    }
+}
+
 /// A storage backend. All calls block; the executor calls them only on its worker threads.
 pub trait Store: Send + Sync + 'static {
     fn name(&self) -> &'static str;

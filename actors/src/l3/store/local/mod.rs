@@ -200,12 +200,7 @@ impl Store for LocalStore {
         keys: &[StorageKey],
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
-        if keys.len() != dests.len() {
-            return Err(StoreError::new(
-                "local",
-                "keys and destinations differ in count",
-            ));
-        }
+        crate::l3::store::same_count("local", keys.len(), dests.len(), "destinations")?;
         Ok(keys
             .iter()
             .zip(dests.iter_mut())

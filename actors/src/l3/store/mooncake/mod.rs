@@ -175,12 +175,7 @@ impl Store for MooncakeStore {
         keys: &[StorageKey],
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
-        if keys.len() != dests.len() {
-            return Err(StoreError::new(
-                NAME,
-                "keys and destinations differ in count",
-            ));
-        }
+        crate::l3::store::same_count(NAME, keys.len(), dests.len(), "destinations")?;
         let ck = Self::keys(keys)?;
         let expected: Vec<u64> = dests.iter().map(|d| d.len() as u64).collect();
         self.counters.backend_calls.fetch_add(1, Ordering::Relaxed);
@@ -196,9 +191,7 @@ impl Store for MooncakeStore {
     }
 
     fn put(&self, keys: &[StorageKey], srcs: &[&[u8]]) -> Result<Vec<KeyResult>, StoreError> {
-        if keys.len() != srcs.len() {
-            return Err(StoreError::new(NAME, "keys and sources differ in count"));
-        }
+        crate::l3::store::same_count(NAME, keys.len(), srcs.len(), "sources")?;
         let ck = Self::keys(keys)?;
         self.counters.backend_calls.fetch_add(1, Ordering::Relaxed);
         let (rc, codes) = self.client.batch_put_from(&ck, srcs);

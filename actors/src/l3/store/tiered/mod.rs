@@ -183,12 +183,7 @@ impl Store for TieredStore {
         keys: &[StorageKey],
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
-        if keys.len() != dests.len() {
-            return Err(StoreError::new(
-                NAME,
-                "keys and destinations differ in count",
-            ));
-        }
+        crate::l3::store::same_count(NAME, keys.len(), dests.len(), "destinations")?;
         let mut rows = self.engine.memory.get(keys, dests)?;
         if rows.len() != keys.len() {
             return Err(StoreError::new(
