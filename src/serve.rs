@@ -608,12 +608,7 @@ async fn run_preflight(
 ) -> Result<(), String> {
     match cmd {
         AdminCommand::ClearCache => {
-            let ns = engine
-                .view()
-                .await
-                .map_err(|e| e.to_string())?
-                .scheduler
-                .namespace;
+            let ns = engine.namespace().await.map_err(|e| e.to_string())?;
             let store = store.lock().clone();
             match store {
                 Some(s) => s
@@ -634,8 +629,7 @@ async fn apply_admin(
     preflight: Result<(), String>,
     settings: &Settings,
 ) -> Result<String, String> {
-    let view = engine.view().await.map_err(|e| e.to_string())?;
-    let ns = view.scheduler.namespace.clone();
+    let ns = engine.namespace().await.map_err(|e| e.to_string())?;
     match cmd {
         AdminCommand::ClearCache => {
             // A failed deletion on any rank refuses the clear (nothing is cleared locally).

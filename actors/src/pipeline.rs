@@ -9,27 +9,14 @@
 //! through their mailboxes; this synchronous form drives the unit tests, the benchmarks and
 //! the determinism checks. It never performs I/O.
 
-use crate::device::{DeviceCopy, ForwardStep};
 use crate::scheduler::{AgreedInputs, Plan, Scheduler};
-use crate::storage_transfer::{ClearKind, RoundInput, StorageTransferManager};
-use messages::{Namespace, OperationId, ProtocolError, RequestId, StorageOp};
+use crate::storage_transfer::{ClearKind, RoundInput, StorageIntent, StorageTransferManager};
+use messages::{Namespace, OperationId, ProtocolError, StorageOp};
 
 /// A committed round: the operations for the executor (in plan order) and the device work.
-#[derive(Debug, Default)]
-pub struct RoundPlan {
-    pub storage: Vec<StorageOp>,
-    pub h2d: Vec<DeviceCopy>,
-    pub forwards: Vec<(RequestId, ForwardStep)>,
-    pub d2h: Vec<DeviceCopy>,
-}
+pub type RoundPlan = Plan<StorageOp>;
 
 impl RoundPlan {
-    pub fn is_empty(&self) -> bool {
-        self.storage.is_empty()
-            && self.h2d.is_empty()
-            && self.forwards.is_empty()
-            && self.d2h.is_empty()
-    }
     /// Operation IDs of the storage operations (cancellations included).
     pub fn op_ids(&self) -> Vec<OperationId> {
         self.storage.iter().map(|o| o.id()).collect()
@@ -47,19 +34,9 @@ pub fn storage_input(agreed: &mut AgreedInputs) -> RoundInput {
     }
 }
 
-/// Joins a scheduler plan with the manager's committed operations.
-pub fn committed(plan: Plan, storage: Vec<StorageOp>) -> RoundPlan {
-    RoundPlan {
-        storage,
-        h2d: plan.h2d,
-        forwards: plan.forwards,
-        d2h: plan.d2h,
-    }
-}
-
-/// A storage intent planned while storage is disabled: a protocol error.
-pub fn disabled_intents(plan: &Plan) -> Result<(), ProtocolError> {
-    if plan.storage.is_empty() {
+/// Storage intents planned while storage is disabled: a protocol error.
+pub fn disabled_intents(intents: &[StorageIntent]) -> Result<(), ProtocolError> {
+    if intents.is_empty() {
         Ok(())
     } else {
         Err(ProtocolError::new(
@@ -105,14 +82,15 @@ impl RoundPipeline {
         };
         self.scheduler.apply(agreed, report)?;
         let mut plan = self.scheduler.plan();
+        let intents = std::mem::take(&mut plan.storage);
         let storage = match self.stm.as_mut() {
-            Some(stm) => stm.commit(std::mem::take(&mut plan.storage))?,
+            Some(stm) => stm.commit(intents)?,
             None => {
-                disabled_intents(&plan)?;
+                disabled_intents(&intents)?;
                 vec![]
             }
         };
-        Ok(committed(plan, storage))
+        Ok(plan.with_storage(storage))
     }
 
     /// The round's D2H copies completed: Host L2 publishes; candidates go to the manager.

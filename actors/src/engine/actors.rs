@@ -17,7 +17,7 @@ use crate::device::{DeviceCopyBatch, DeviceCopyEngine, RunForward, SubmitDeviceC
 use crate::l3::actor::{Close, Health, Poll, Stats};
 use crate::l3::{CloseReport, ExecutorStats, L3ExecutorActor};
 use crate::model::RankDigest;
-use crate::pipeline::storage_input;
+use crate::pipeline::{disabled_intents, storage_input};
 use crate::scheduler::actor::{
     ApplyAdmin, D2hDone, PlanRound, QueueAdmin, RefuseAdmin, RoundSummary, SchedulerActor,
     SchedulerSnapshot, SchedulerView,
@@ -30,7 +30,7 @@ use crate::storage_transfer::actor::{
 };
 use crate::storage_transfer::{ClearKind, StmStats};
 use actix::{Addr, MailboxError};
-use messages::{HealthState, Namespace, PressureSnapshot, ProtocolError, RequestId};
+use messages::{HealthState, Namespace, PressureSnapshot, RequestId};
 
 impl From<MailboxError> for EngineError {
     fn from(e: MailboxError) -> Self {
@@ -92,12 +92,9 @@ impl RankActors {
         let intents = std::mem::take(&mut plan.storage);
         let committed = match &self.stm {
             Some(stm) => stm.send(CommitPlan(intents)).await??,
-            None if intents.is_empty() => Committed::default(),
             None => {
-                return Err(EngineError::Protocol(ProtocolError::new(
-                    messages::OperationId(0),
-                    "storage planned while storage is disabled",
-                )))
+                disabled_intents(&intents)?;
+                Committed::default()
             }
         };
         let mut work = RoundWork {
@@ -186,6 +183,11 @@ impl RankActors {
             })
             .await
             .map_err(|e| e.to_string())?
+    }
+
+    /// The scheduler's current namespace (it changes with a weight update).
+    pub async fn namespace(&self) -> Result<Namespace, EngineError> {
+        Ok(self.scheduler.send(SchedulerSnapshot).await?.namespace)
     }
 
     /// A consistent read of every actor's counters (for the exporter).

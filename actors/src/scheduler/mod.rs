@@ -63,23 +63,45 @@ pub struct AgreedInputs {
     pub digests: Vec<(RequestId, Vec<RankDigest>)>,
 }
 
-/// What the engine executes this round, in order: storage intents (committed by the
-/// StorageTransferManager into operations for the executor), H2D copies, forwards (each
-/// ordered after the copies), D2H copies (then `d2h_done`).
-#[derive(Debug, Default)]
-pub struct Plan {
-    pub storage: Vec<StorageIntent>,
+/// What the engine executes this round, in order: storage (the scheduler's StorageIntents,
+/// which the StorageTransferManager commits into operations for the executor: a
+/// `Plan<StorageOp>`), H2D copies, forwards (each ordered after the copies), D2H copies
+/// (then `d2h_done`).
+#[derive(Debug)]
+pub struct Plan<S = StorageIntent> {
+    pub storage: Vec<S>,
     pub h2d: Vec<DeviceCopy>,
     pub forwards: Vec<(RequestId, ForwardStep)>,
     pub d2h: Vec<DeviceCopy>,
 }
 
-impl Plan {
+impl<S> Default for Plan<S> {
+    fn default() -> Self {
+        Self {
+            storage: Vec::new(),
+            h2d: Vec::new(),
+            forwards: Vec::new(),
+            d2h: Vec::new(),
+        }
+    }
+}
+
+impl<S> Plan<S> {
     pub fn is_empty(&self) -> bool {
         self.storage.is_empty()
             && self.h2d.is_empty()
             && self.forwards.is_empty()
             && self.d2h.is_empty()
+    }
+
+    /// The same device work with its storage part replaced (the committed operations).
+    pub fn with_storage<T>(self, storage: Vec<T>) -> Plan<T> {
+        Plan {
+            storage,
+            h2d: self.h2d,
+            forwards: self.forwards,
+            d2h: self.d2h,
+        }
     }
 }
 
