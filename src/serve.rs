@@ -276,12 +276,7 @@ async fn round_loop(
     store: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
     _clock: SharedClock,
 ) -> Result<()> {
-    let ns = engine
-        .view()
-        .await
-        .map_err(|e| anyhow!("{e}"))?
-        .scheduler
-        .namespace;
+    let ns = engine.namespace().await.map_err(|e| anyhow!("{e}"))?;
     let secret = if settings.tp.secret.is_empty() {
         b"tsl3-single-rank".to_vec()
     } else {
