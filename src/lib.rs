@@ -1,6 +1,7 @@
 //! engine-host as a library: what the binary and the cross-crate tests share. Only this crate
 //! knows every actor and wires them.
 
+pub mod bench;
 pub mod exporter;
 pub mod launch;
 pub mod serve;

@@ -39,7 +39,8 @@ struct ServeFlags {
     /// Directory of the local store's shared-DFS tier.
     #[arg(long)]
     store_dir: Option<String>,
-    /// Synthetic model profile: tiny | llama-8b-like | llama-8b-like-h100-fp8 | hybrid-swa.
+    /// Synthetic model profile: tiny | llama-8b-like | llama-8b-like-h100-fp8 | hybrid-swa |
+    /// hybrid-state | replay-small.
     #[arg(long)]
     model_profile: Option<String>,
 }
@@ -203,6 +204,71 @@ enum BenchCommand {
         #[arg(long, default_value_t = 8)]
         rounds: usize,
     },
+    /// End-to-end TTFT of real engine-host processes per cohort (recompute, Device, Host,
+    /// L3 from the shared-DFS tier with a warm and a cold page cache, L3 from the MEMORY
+    /// tier, partial hit, miss) over a sweep of prompt lengths; every restored output is
+    /// compared with recomputation. Writes ttft.json and ttft.svg under --out.
+    Ttft {
+        #[arg(long, default_value = "llama-8b-like")]
+        profile: String,
+        /// Prompt lengths in tokens.
+        #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+        lengths: Vec<u64>,
+        /// Timed requests per cohort and length.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// The one wait budget of every cohort (storage.contract.soft_deadline_ms).
+        #[arg(long, default_value_t = 2000)]
+        soft_deadline_ms: u64,
+        /// Run the device as fast as the CPU can instead of sleeping the cost model's time.
+        #[arg(long)]
+        no_device_time: bool,
+        /// Tokens generated per timed request.
+        #[arg(long, default_value_t = 4)]
+        max_tokens: u32,
+        /// Decode length of the concurrent-decode TPOT check (0: skip it).
+        #[arg(long, default_value_t = 32)]
+        tpot_tokens: u32,
+        /// Output directory (JSON, SVG, logs, store directories).
+        #[arg(long, default_value = ".tsl3/bench/ttft")]
+        out: String,
+    },
+    /// Replays a public KV-cache trace (Mooncake FAST'25 or Alibaba Bailian JSONL, detected
+    /// by its fields) through --instances engine hosts sharing one L3, in three cohorts
+    /// (no-l3, shared-l3, restart): ideal against achieved cached-token rates, misses by
+    /// reason, TTFT percentiles. Writes replay.json and replay.svg under --out.
+    Replay {
+        #[arg(long)]
+        trace: String,
+        /// Replay only the first K requests.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long, default_value_t = 2)]
+        instances: usize,
+        #[arg(long, default_value = "replay-small")]
+        profile: String,
+        /// Open loop at this multiple of the trace's timestamps (default: closed loop).
+        #[arg(long)]
+        speedup: Option<f64>,
+        /// Closed loop: requests in flight at once.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// round-robin | affinity (by conversation, or by first block).
+        #[arg(long, default_value = "round-robin")]
+        routing: String,
+        /// Generated tokens per request: the trace's output length capped at this.
+        #[arg(long, default_value_t = 16)]
+        max_output: u32,
+        #[arg(long, default_value_t = 2000)]
+        soft_deadline_ms: u64,
+        #[arg(long)]
+        no_device_time: bool,
+        /// Device blocks per group of each instance (0: twice the longest prompt).
+        #[arg(long, default_value_t = 0)]
+        device_blocks: u64,
+        #[arg(long, default_value = ".tsl3/bench/replay")]
+        out: String,
+    },
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.
     FlatKv {
@@ -342,6 +408,52 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
         } => actors::l3::bench::bench_executor(objects, batch, rounds)
             .map(|_| ())
             .map_err(|e| e.to_string()),
+        BenchCommand::Ttft {
+            profile,
+            lengths,
+            runs,
+            soft_deadline_ms,
+            no_device_time,
+            max_tokens,
+            tpot_tokens,
+            out,
+        } => engine_host::bench::ttft::run(&engine_host::bench::ttft::TtftConfig {
+            profile,
+            lengths,
+            runs,
+            soft_deadline_ms,
+            emulate_device_time: !no_device_time,
+            max_tokens,
+            tpot_tokens,
+            out: out.into(),
+        }),
+        BenchCommand::Replay {
+            trace,
+            limit,
+            instances,
+            profile,
+            speedup,
+            concurrency,
+            routing,
+            max_output,
+            soft_deadline_ms,
+            no_device_time,
+            device_blocks,
+            out,
+        } => engine_host::bench::replay::run(&engine_host::bench::replay::ReplayConfig {
+            trace: trace.into(),
+            limit,
+            instances,
+            profile,
+            speedup,
+            concurrency,
+            routing: routing.parse()?,
+            max_output,
+            soft_deadline_ms,
+            emulate_device_time: !no_device_time,
+            device_blocks,
+            out: out.into(),
+        }),
         BenchCommand::FlatKv { profile, tokens } => {
             let r = actors::device::bench::flat_kv(&profile, tokens).map_err(|e| e.to_string())?;
             print!("{r}");

@@ -264,7 +264,7 @@ fn wait_for_signal(shared: Arc<Shared>) -> Result<()> {
 struct Clients {
     next_id: u64,
     pending: BTreeMap<RequestId, flume::Sender<TokenEvent>>,
-    admin: Vec<flume::Sender<Result<String, String>>>,
+    admin: std::collections::VecDeque<flume::Sender<Result<String, String>>>,
     started: BTreeMap<RequestId, Instant>,
 }
 
@@ -297,7 +297,7 @@ async fn round_loop(
     let mut clients = Clients {
         next_id: 1,
         pending: BTreeMap::new(),
-        admin: vec![],
+        admin: Default::default(),
         started: BTreeMap::new(),
     };
     let mut exporter = Exporter::with_local(shared.local_store.clone());
@@ -399,6 +399,7 @@ async fn round_loop(
                 WireAdmin::SetWeightVersion { target, draft } => {
                     AdminCommand::SetWeightVersion { target, draft }
                 }
+                WireAdmin::ResetLocal { host } => AdminCommand::ResetLocal { host },
             };
             if let Err(e) = engine.queue_admin(cmd).await {
                 round_result = Err(e);
@@ -422,17 +423,23 @@ async fn round_loop(
             awaiting_preflight = false;
             if let Some(cmd) = engine.summary().admin_pending {
                 let result = apply_admin(&mut engine, cmd, agreed_preflight, &settings).await;
+                // Commands apply one at a time in arrival order: the result answers the
+                // client that sent this one.
                 if leader {
-                    for tx in clients.admin.drain(..) {
-                        let _ = tx.send(result.clone());
+                    if let Some(tx) = clients.admin.pop_front() {
+                        let _ = tx.send(result);
                     }
                 }
             }
         } else if !awaiting_preflight {
             let summary = engine.summary();
             if let (Some(cmd), true) = (summary.admin_pending, summary.quiescent) {
-                preflight = Some(run_preflight(&engine, cmd, &store).await);
-                awaiting_preflight = true;
+                // A local reset also waits for storage to be idle (the backups in flight
+                // land first); every rank sees the same agreed state, so all start alike.
+                if !cmd.waits_for_idle_storage() || work.storage_idle() {
+                    preflight = Some(run_preflight(&engine, cmd, &store).await);
+                    awaiting_preflight = true;
+                }
             }
         }
         let events = engine.take_events();
@@ -520,12 +527,13 @@ fn collect_frontend(
         });
     }
     while let Ok(AdminSubmission { command, reply }) = inbox.admin.try_recv() {
-        clients.admin.push(reply);
+        clients.admin.push_back(reply);
         out.push(FrontendMessage::Admin(match command {
             AdminCommandKind::ClearCache => WireAdmin::ClearCache,
             AdminCommandKind::SetWeightVersion { target, draft } => {
                 WireAdmin::SetWeightVersion { target, draft }
             }
+            AdminCommandKind::ResetLocal { host } => WireAdmin::ResetLocal { host },
         }));
     }
 }
@@ -613,7 +621,7 @@ async fn run_preflight(
                 None => Ok(()),
             }
         }
-        AdminCommand::SetWeightVersion { .. } => Ok(()),
+        AdminCommand::SetWeightVersion { .. } | AdminCommand::ResetLocal { .. } => Ok(()),
     }
 }
 
@@ -626,6 +634,16 @@ async fn apply_admin(
 ) -> Result<String, String> {
     let ns = engine.namespace().await.map_err(|e| e.to_string())?;
     match cmd {
+        AdminCommand::ResetLocal { host } => {
+            engine
+                .apply_admin(ClearKind::LocalReset, Some(preflight), None)
+                .await?;
+            Ok(format!(
+                "reset the local caches ({}) of namespace {}; L3 untouched",
+                if host { "device and host" } else { "device" },
+                ns.as_str()
+            ))
+        }
         AdminCommand::ClearCache => {
             // A failed deletion on any rank refuses the clear (nothing is cleared locally).
             engine

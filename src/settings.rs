@@ -17,13 +17,7 @@ use std::net::SocketAddr;
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// The model profiles the synthetic backend ships.
-pub const MODEL_PROFILES: &[&str] = &[
-    "tiny",
-    "llama-8b-like",
-    "llama-8b-like-h100-fp8",
-    "hybrid-swa",
-    "hybrid-state",
-];
+pub const MODEL_PROFILES: &[&str] = &actors::model::ModelProfile::NAMES;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

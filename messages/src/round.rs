@@ -18,6 +18,10 @@ pub enum AdminCommand {
     ClearCache,
     /// An explicit weight update: the namespace rotates to the new versions.
     SetWeightVersion { target: u64, draft: Option<u64> },
+    /// Drop this replica's local caches only, once idle (no request holds cache
+    /// resources, no storage operation is outstanding, no backup candidate is queued):
+    /// the Device (L1) always, the Host (L2) when `host`. L3 is untouched.
+    ResetLocal { host: bool },
 }
 
 /// A message from the leader rank's frontend. It rides the leader's report so every rank

@@ -796,6 +796,17 @@ impl CacheCoordinator {
         kept
     }
 
+    /// Drops the local caches without touching L3 or the namespace: the Device pool
+    /// always, the Host pool when `host`. Referenced blocks stay (invisible) until their
+    /// references end, as with `clear`. Returns how many blocks were kept that way.
+    pub fn reset_local(&mut self, host: bool) -> usize {
+        let mut kept = self.device.clear();
+        if host {
+            kept += self.host.clear();
+        }
+        kept
+    }
+
     /// Evicts up to `n` unreferenced Host blocks of a group (LRU).
     pub fn evict_host(&mut self, group: u32, n: usize) -> Vec<ContentHash> {
         self.host.evict_lru(group, n)

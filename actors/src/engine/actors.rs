@@ -122,7 +122,7 @@ impl RankActors {
         }
         let out = self.scheduler.send(D2hDone).await?;
         if let Some(stm) = &self.stm {
-            stm.send(OfferBackups(out.candidates)).await?;
+            work.backups_queued = stm.send(OfferBackups(out.candidates)).await?.0;
         }
         self.summary = out.summary;
         Ok(work)

@@ -59,6 +59,15 @@ pub struct RoundWork {
     pub storage_ops: usize,
     /// Storage tickets remain outstanding after the round.
     pub storage_pending: bool,
+    /// Backup candidates queued for a later PUT after the round.
+    pub backups_queued: u64,
+}
+
+impl RoundWork {
+    /// No storage operation outstanding and no backup candidate waiting.
+    pub fn storage_idle(&self) -> bool {
+        !self.storage_pending && self.backups_queued == 0
+    }
 }
 
 pub struct RankEngine {
@@ -191,6 +200,7 @@ impl RankEngine {
         }
         self.pipeline.d2h_done();
         work.storage_pending = self.stm().is_some_and(|s| s.outstanding_tickets() > 0);
+        work.backups_queued = self.stm().map_or(0, |s| s.queued_candidates() as u64);
         Ok(work)
     }
 

@@ -34,7 +34,14 @@ pub struct Submission {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AdminCommandKind {
     ClearCache,
-    SetWeightVersion { target: u64, draft: Option<u64> },
+    SetWeightVersion {
+        target: u64,
+        draft: Option<u64>,
+    },
+    /// Drop the local caches once idle: the Device always, the Host when `host`.
+    ResetLocal {
+        host: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -101,7 +108,55 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/health", web::get().to(health))
         .route("/metrics", web::get().to(metrics))
         .route("/admin/clear_cache", web::post().to(admin_clear))
-        .route("/admin/weight_version", web::post().to(admin_weights));
+        .route("/admin/weight_version", web::post().to(admin_weights))
+        .route("/admin/reset_local", web::post().to(admin_reset_local))
+        .default_service(web::to(not_found));
+}
+
+/// Every unknown path or method answers a JSON error, like every other error.
+async fn not_found(req: HttpRequest) -> HttpResponse {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {} {}", req.method(), req.path()),
+    )
+}
+
+/// The longest request body a completion can need: the longest prompt the cache groups
+/// hold, as a JSON token-id array of the widest ids (or as text of up to 4 bytes per
+/// token, JSON-escaped), plus room for the other fields.
+pub fn max_body_bytes(limits: &RequestLimits) -> usize {
+    let digits = limits.vocab_size.max(1).to_string().len() + 1; // digits and a comma
+    let per_token = digits.max(6 * 4); // "\uXXXX" escapes of a 4-byte character
+    limits
+        .max_prompt_tokens
+        .saturating_mul(per_token)
+        .saturating_add(64 * 1024)
+}
+
+/// Reads the body up to `limit` bytes; a longer one is a JSON 413 naming the limit.
+async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, HttpResponse> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("reading the request body: {e}"),
+            )
+        })?;
+        if body.len() + chunk.len() > limit {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!(
+                    "the request body exceeds {limit} bytes (the longest prompt the cache groups hold)"
+                ),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
 }
 
 fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> HttpResponse {
@@ -120,7 +175,11 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-async fn completions(state: web::Data<FrontendState>, body: web::Bytes) -> HttpResponse {
+async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> HttpResponse {
+    let body = match read_body(payload, max_body_bytes(&state.limits)).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let req: CompletionRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -351,6 +410,47 @@ async fn admin_clear(state: web::Data<FrontendState>, req: HttpRequest) -> HttpR
 }
 
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetBody {
+    /// Also drop the Host (L2) cache; false drops the Device (L1) only.
+    #[serde(default = "yes")]
+    host: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn admin_reset_local(
+    state: web::Data<FrontendState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> HttpResponse {
+    if let Err(r) = authorized(&state, &req) {
+        return *r;
+    }
+    let body = match read_body(payload, 4096).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let r: ResetBody = if body.iter().all(|b| b.is_ascii_whitespace()) {
+        ResetBody { host: true }
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    format!("bad JSON: {e}"),
+                )
+            }
+        }
+    };
+    admin(&state, AdminCommandKind::ResetLocal { host: r.host }).await
+}
+
+#[derive(serde::Deserialize)]
 struct WeightBody {
     target: u64,
     #[serde(default)]
@@ -521,6 +621,101 @@ mod tests {
         let v: serde_json::Value = test::call_and_read_body_json(&app, req).await;
         assert_eq!(v["ok"], true);
         assert!(v["message"].as_str().unwrap().contains("target: 7"));
+    }
+
+    #[actix_web::test]
+    async fn long_token_prompts_pass_and_oversized_bodies_get_a_json_413() {
+        let (st, ib) = inbox(
+            4,
+            RequestLimits {
+                max_prompt_tokens: 100_000,
+                max_output_tokens: 8,
+                vocab_size: 128_256,
+            },
+            String::new(),
+            "synthetic".into(),
+            Arc::new(String::new),
+            Arc::new(String::new),
+        );
+        probe(ib);
+        let app =
+            test::init_service(App::new().app_data(web::Data::new(st)).configure(configure)).await;
+        // 100k six-digit token ids: about 700 KB, far above actix's 256 KiB default.
+        let ids: Vec<String> = (0..100_000)
+            .map(|i| (128_000 + i % 256).to_string())
+            .collect();
+        let body = format!("{{\"prompt\":[{}],\"max_tokens\":1}}", ids.join(","));
+        assert!(body.len() > 256 * 1024);
+        let req = test::TestRequest::post()
+            .uri("/v1/completions")
+            .set_payload(body)
+            .to_request();
+        let resp = test::call_service(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        // One token too many is a 400 naming the limit; a body past the limit a JSON 413.
+        let too_long = vec!["1"; 100_001].join(",");
+        let req = test::TestRequest::post()
+            .uri("/v1/completions")
+            .set_payload(format!("{{\"prompt\":[{too_long}]}}"))
+            .to_request();
+        assert_eq!(
+            test::call_service(&app, req).await.status(),
+            StatusCode::BAD_REQUEST
+        );
+        let huge = " ".repeat(8 << 20);
+        let req = test::TestRequest::post()
+            .uri("/v1/completions")
+            .set_payload(huge)
+            .to_request();
+        let resp = test::call_service(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let v: serde_json::Value = test::read_body_json(resp).await;
+        assert!(v["error"]["message"].as_str().unwrap().contains("exceeds"));
+    }
+
+    #[actix_web::test]
+    async fn unknown_routes_answer_json() {
+        let (st, _ib) = state("");
+        let app =
+            test::init_service(App::new().app_data(web::Data::new(st)).configure(configure)).await;
+        let req = test::TestRequest::get().uri("/v2/nothing").to_request();
+        let resp = test::call_service(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        let v: serde_json::Value = test::read_body_json(resp).await;
+        assert_eq!(v["error"]["type"], "not_found");
+    }
+
+    #[actix_web::test]
+    async fn reset_local_names_the_tiers_it_drops() {
+        let (st, ib) = state("tok");
+        std::thread::spawn(move || {
+            while let Ok(a) = ib.admin.recv() {
+                let _ = a.reply.send(Ok(format!("{:?}", a.command)));
+            }
+        });
+        let app =
+            test::init_service(App::new().app_data(web::Data::new(st)).configure(configure)).await;
+        for (payload, expect) in [
+            ("", "ResetLocal { host: true }"),
+            (r#"{"host":false}"#, "ResetLocal { host: false }"),
+        ] {
+            let req = test::TestRequest::post()
+                .uri("/admin/reset_local")
+                .insert_header(("authorization", "Bearer tok"))
+                .set_payload(payload)
+                .to_request();
+            let v: serde_json::Value = test::call_and_read_body_json(&app, req).await;
+            assert_eq!(v["message"], expect);
+        }
+        let req = test::TestRequest::post()
+            .uri("/admin/reset_local")
+            .insert_header(("authorization", "Bearer tok"))
+            .set_payload(r#"{"hosts":1}"#)
+            .to_request();
+        assert_eq!(
+            test::call_service(&app, req).await.status(),
+            StatusCode::BAD_REQUEST
+        );
     }
 
     #[actix_web::test]

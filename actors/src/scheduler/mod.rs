@@ -153,7 +153,22 @@ struct ReadRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AdminCommand {
     ClearCache,
-    SetWeightVersion { target: u64, draft: Option<u64> },
+    SetWeightVersion {
+        target: u64,
+        draft: Option<u64>,
+    },
+    /// Drop the Device (and, with `host`, the Host) cache once idle; L3 is untouched.
+    ResetLocal {
+        host: bool,
+    },
+}
+
+impl AdminCommand {
+    /// Whether the command waits for storage to be idle too (no outstanding operation, no
+    /// queued backup candidate), not only for no request holding cache resources.
+    pub fn waits_for_idle_storage(&self) -> bool {
+        matches!(self, AdminCommand::ResetLocal { .. })
+    }
 }
 
 pub struct Scheduler {
@@ -740,9 +755,19 @@ impl Scheduler {
         cleared: Option<RoundEffects>,
         new_namespace: Option<Namespace>,
     ) -> Result<(), String> {
-        self.pending_admin.pop_front();
+        let cmd = self.pending_admin.pop_front();
         if let Some(fx) = cleared {
             self.apply_effects(fx);
+        }
+        if let Some(AdminCommand::ResetLocal { host }) = cmd {
+            // Local caches only: the namespace, the tail hints of L3 objects and every
+            // storage record stay; blocks storage I/O still references stay (invisible)
+            // until it retires.
+            for r in self.requests.values_mut() {
+                r.resources.ready = None;
+            }
+            self.cache.reset_local(host);
+            return Ok(());
         }
         // Local clearing: Ready holds are gone; every unreferenced block is freed, and the
         // blocks in-flight storage I/O still references stay (invisible) until it retires.

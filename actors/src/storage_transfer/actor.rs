@@ -35,8 +35,12 @@ pub struct Committed {
 
 /// Backup candidates of the round's D2H completion.
 #[derive(Debug, Message)]
-#[rtype(result = "()")]
+#[rtype(result = "QueuedBackups")]
 pub struct OfferBackups(pub Vec<BackupCandidate>);
+
+/// What `OfferBackups` answers: backup candidates queued after the offer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueuedBackups(pub u64);
 
 /// Reject outstanding work for a clear (a failed remote deletion refuses it); answers the
 /// effects for the scheduler.
@@ -100,9 +104,10 @@ impl Handler<CommitPlan> for StorageTransferManagerActor {
 }
 
 impl Handler<OfferBackups> for StorageTransferManagerActor {
-    type Result = ();
-    fn handle(&mut self, m: OfferBackups, _: &mut Context<Self>) {
+    type Result = MessageResult<OfferBackups>;
+    fn handle(&mut self, m: OfferBackups, _: &mut Context<Self>) -> Self::Result {
         self.core.offer_backups(m.0);
+        MessageResult(QueuedBackups(self.core.queued_candidates() as u64))
     }
 }
 

@@ -17,6 +17,9 @@ pub enum ClearKind {
     NamespaceRotation,
     /// New weights: a new namespace hash.
     WeightUpdate,
+    /// The replica's local caches (L1, optionally L2) are dropped while idle: L3 and every
+    /// storage record are untouched, so nothing is rejected.
+    LocalReset,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -37,8 +40,11 @@ impl StorageTransferManager {
         if let Some(Err(e)) = remote_deletion {
             return Err(ClearRefused::DeletionFailed(e));
         }
-        let _ = kind; // every kind rejects outstanding work the same way
         let mut fx = RoundEffects::default();
+        if kind == ClearKind::LocalReset {
+            return Ok(fx);
+        }
+        // Every other kind rejects outstanding work the same way.
         self.reject_outstanding(&mut fx);
         Ok(fx)
     }

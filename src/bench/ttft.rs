@@ -1,0 +1,595 @@
+//! `engine-host bench ttft`: end-to-end time to first token of real engine-host processes
+//! on loopback, per cohort, over a sweep of prompt lengths (seed 000, "Initial scope and
+//! validation"). Every cohort runs with the same Device capacity, the same wait budget (the
+//! soft deadline) and a warm-up request outside the timed cohort; local caches are reset
+//! only while idle (`POST /admin/reset_local`, which never touches L3). Every restored
+//! output is compared with recomputation of the same prompt in a process with no L3; a
+//! difference fails the bench. Partial hits, misses and fallbacks stay in the results.
+//!
+//! Cohorts (the prefix each timed request finds):
+//! - `recompute`: no tier (`--store none`, caches reset before the request);
+//! - `device`: Device (L1); `host`: Host (L2) after the Device was reset (`--store none`);
+//! - `l3-dfs-warm` / `l3-dfs-cold`: the shared-DFS tier in a fresh process with empty
+//!   local caches, with the files in the page cache or dropped from it;
+//! - `l3-memory`: the local store's MEMORY tier in a long-running process whose L1/L2 were
+//!   reset while idle;
+//! - `partial`: the first half of the prompt in L3 (MEMORY), the rest new;
+//! - `miss`: a fresh prompt with L3 enabled (the QUERY finds nothing).
+//!
+//! It owns process orchestration and the report; it never reaches into an engine's state
+//! other than through its HTTP API, and never asserts a timing.
+
+use super::http::{self, Streamed};
+use super::plot::{Panel, Series, StackedBar};
+use super::process::{drop_page_cache, EngineProcess};
+use super::stats::{percentile, tokens};
+use actors::model::ModelProfile;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const COHORTS: [&str; 8] = [
+    "recompute",
+    "device",
+    "host",
+    "l3-dfs-warm",
+    "l3-dfs-cold",
+    "l3-memory",
+    "partial",
+    "miss",
+];
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct TtftConfig {
+    pub profile: String,
+    pub lengths: Vec<u64>,
+    pub runs: usize,
+    /// The one wait budget of every cohort: `storage.contract.soft_deadline_ms`.
+    pub soft_deadline_ms: u64,
+    /// Sleep the cost model's device time (the default), or run as fast as the CPU can.
+    pub emulate_device_time: bool,
+    /// Tokens generated per timed request (TTFT is the first one).
+    pub max_tokens: u32,
+    /// Decode length of the TPOT interference check (0: skip it).
+    pub tpot_tokens: u32,
+    /// Output directory: ttft.json, ttft.svg, the processes' logs, the store directories.
+    pub out: PathBuf,
+}
+
+/// One timed request.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Sample {
+    pub cohort: &'static str,
+    pub tokens: u64,
+    pub run: usize,
+    pub ttft_ms: f64,
+    pub device: u64,
+    pub host: u64,
+    pub l3: u64,
+    pub computed: u64,
+    pub fallback_reason: String,
+    pub output_matches_recompute: bool,
+}
+
+struct Bench<'a> {
+    cfg: &'a TtftConfig,
+    profile: ModelProfile,
+    device_blocks: u64,
+    host_bytes: u64,
+    memory_tier_bytes: u64,
+    samples: Vec<Sample>,
+    mismatches: Vec<String>,
+    logs: usize,
+}
+
+/// The figures of one cohort at one length.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub cohort: &'static str,
+    pub tokens: u64,
+    pub runs: usize,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub mean_device: f64,
+    pub mean_host: f64,
+    pub mean_l3: f64,
+    pub mean_computed: f64,
+    pub fallbacks: BTreeMap<String, usize>,
+    pub outputs_equal: usize,
+}
+
+/// The seeds of a length's prompts: P (the cohort prompt), Q (a fresh one for `miss`),
+/// H (P's first half followed by new tokens, for `partial`), W (warm-up).
+fn prompt(kind: u64, len: u64, run: usize, vocab: u32) -> Vec<u32> {
+    let seed = (kind << 56) ^ (len << 20) ^ run as u64;
+    tokens(seed, len as usize, vocab)
+}
+
+impl<'a> Bench<'a> {
+    fn new(cfg: &'a TtftConfig) -> Result<Self, String> {
+        let profile = ModelProfile::by_name(&cfg.profile).map_err(|e| e.to_string())?;
+        let max_len = *cfg.lengths.iter().max().ok_or("no prompt length given")?;
+        let block = profile
+            .groups
+            .iter()
+            .map(|g| g.block_tokens)
+            .min()
+            .ok_or("the profile has no cache group")?;
+        // Equal Device capacity for every cohort: the longest prompt, its output and a
+        // warm-up, with room to spare.
+        let device_blocks =
+            (max_len + u64::from(cfg.max_tokens.max(cfg.tpot_tokens)) + 64).div_ceil(block) + 64;
+        let per_block: u64 = profile
+            .groups
+            .iter()
+            .map(|g| g.shard_block_bytes(1).unwrap_or(0))
+            .sum();
+        let kv_bytes = device_blocks * per_block;
+        Ok(Self {
+            cfg,
+            profile,
+            device_blocks,
+            host_bytes: kv_bytes * 3 / 2,
+            memory_tier_bytes: kv_bytes * 3 / 2 + (64 << 20),
+            samples: vec![],
+            mismatches: vec![],
+            logs: 0,
+        })
+    }
+
+    fn vocab(&self) -> u32 {
+        self.profile.vocab
+    }
+
+    fn start(&mut self, store: Option<&Path>, what: &str) -> Result<EngineProcess, String> {
+        let mut args = vec![
+            "--model-profile".to_string(),
+            self.cfg.profile.clone(),
+            "--store".into(),
+        ];
+        match store {
+            Some(dir) => {
+                args.push("local".into());
+                args.push("--store-dir".into());
+                args.push(dir.display().to_string());
+            }
+            None => args.push("none".into()),
+        }
+        let envs: Vec<(String, String)> = [
+            ("TSL3_MODEL__DEVICE", "emulated".to_string()),
+            ("TSL3_MODEL__DEVICE_BLOCKS", self.device_blocks.to_string()),
+            ("TSL3_HOST_CACHE__SIZE_BYTES", self.host_bytes.to_string()),
+            (
+                "TSL3_STORAGE__LOCAL__MEMORY_BYTES",
+                self.memory_tier_bytes.to_string(),
+            ),
+            (
+                "TSL3_STORAGE__CONTRACT__SOFT_DEADLINE_MS",
+                self.cfg.soft_deadline_ms.to_string(),
+            ),
+            (
+                "TSL3_MODEL__EMULATE_DEVICE_TIME",
+                self.cfg.emulate_device_time.to_string(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        self.logs += 1;
+        let log = self
+            .cfg
+            .out
+            .join("logs")
+            .join(format!("{:02}-{what}.log", self.logs));
+        EngineProcess::start(&args, &envs, &log, Duration::from_secs(120))
+    }
+
+    fn body(prompt: &[u32], max_tokens: u32) -> String {
+        json!({"prompt": prompt, "max_tokens": max_tokens, "stream": true}).to_string()
+    }
+
+    /// A completion that must succeed: its stream and output tokens.
+    fn complete(
+        &self,
+        p: &EngineProcess,
+        prompt: &[u32],
+        max_tokens: u32,
+    ) -> Result<(Streamed, Vec<u64>), String> {
+        let s = http::stream_completion(
+            &p.addr,
+            &Self::body(prompt, max_tokens),
+            Duration::from_secs(900),
+        )?;
+        if s.status != 200 || s.last.get("error").is_some() {
+            return Err(format!(
+                "completion failed ({}): {} [{}]",
+                s.status,
+                s.last,
+                p.log_tail()
+            ));
+        }
+        let out = s.last["tsl3"]["output_tokens"]
+            .as_array()
+            .ok_or_else(|| format!("no tsl3.output_tokens in {}", s.last))?
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .collect();
+        Ok((s, out))
+    }
+
+    fn warm_up(&self, p: &EngineProcess, len: u64) -> Result<(), String> {
+        let w = prompt(0xfe, len.min(2048), 0, self.vocab());
+        self.complete(p, &w, self.cfg.max_tokens).map(|_| ())
+    }
+
+    fn record(
+        &mut self,
+        cohort: &'static str,
+        len: u64,
+        run: usize,
+        s: &Streamed,
+        out: &[u64],
+        reference: &[u64],
+    ) {
+        let t = &s.last["tsl3"];
+        let n = |k: &str| t[k].as_u64().unwrap_or(0);
+        let ok = out == reference;
+        if !ok {
+            self.mismatches.push(format!(
+                "{cohort} at {len} tokens, run {run}: output {out:?} differs from recomputation {reference:?}"
+            ));
+        }
+        self.samples.push(Sample {
+            cohort,
+            tokens: len,
+            run,
+            ttft_ms: s.ttft.as_secs_f64() * 1e3,
+            device: n("device"),
+            host: n("host"),
+            l3: n("l3"),
+            computed: n("computed"),
+            fallback_reason: t["fallback_reason"].as_str().unwrap_or("?").to_string(),
+            output_matches_recompute: ok,
+        });
+    }
+
+    fn length(&mut self, len: u64, tpot: &mut Vec<serde_json::Value>) -> Result<(), String> {
+        let runs = self.cfg.runs.max(1);
+        let v = self.vocab();
+        let p: Vec<Vec<u32>> = (0..runs).map(|i| prompt(1, len, i, v)).collect();
+        let q: Vec<Vec<u32>> = (0..runs).map(|i| prompt(2, len, i, v)).collect();
+        let h: Vec<Vec<u32>> = (0..runs)
+            .map(|i| {
+                let mut x = p[i][..(len / 2) as usize].to_vec();
+                x.extend(prompt(3, len - len / 2, i, v));
+                x
+            })
+            .collect();
+        let mt = self.cfg.max_tokens;
+        // Recompute, and the reference output of every prompt (each in no tier).
+        let r = self.start(None, &format!("recompute-{len}"))?;
+        self.warm_up(&r, len)?;
+        let mut refs: BTreeMap<(u64, usize), Vec<u64>> = BTreeMap::new();
+        for i in 0..runs {
+            r.reset_local(true)?;
+            let (s, out) = self.complete(&r, &p[i], mt)?;
+            self.record("recompute", len, i, &s, &out, &out.clone());
+            refs.insert((1, i), out);
+            for (kind, prompt) in [(2, &q[i]), (3, &h[i])] {
+                r.reset_local(true)?;
+                refs.insert((kind, i), self.complete(&r, prompt, mt)?.1);
+            }
+        }
+        r.stop(Duration::from_secs(60))?;
+        // Device and Host hits (no L3).
+        let d = self.start(None, &format!("device-host-{len}"))?;
+        self.warm_up(&d, len)?;
+        for i in 0..runs {
+            d.reset_local(true)?;
+            let (_, out) = self.complete(&d, &p[i], mt)?;
+            self.check_prime("device", len, i, &out, &refs[&(1, i)]);
+            let (s, out) = self.complete(&d, &p[i], mt)?;
+            self.record("device", len, i, &s, &out, &refs[&(1, i)]);
+            d.reset_local(false)?;
+            let (s, out) = self.complete(&d, &p[i], mt)?;
+            self.record("host", len, i, &s, &out, &refs[&(1, i)]);
+        }
+        d.stop(Duration::from_secs(60))?;
+        // The shared-DFS tier: a writer backs the prompts up, then fresh processes read.
+        let dfs = self.cfg.out.join(format!("store-dfs-{len}"));
+        let _ = std::fs::remove_dir_all(&dfs);
+        let w = self.start(Some(&dfs), &format!("dfs-writer-{len}"))?;
+        self.warm_up(&w, len)?;
+        for i in 0..runs {
+            let (_, out) = self.complete(&w, &p[i], mt)?;
+            self.check_prime("l3-dfs", len, i, &out, &refs[&(1, i)]);
+        }
+        w.reset_local(true)?; // waits until every backup landed
+        w.stop(Duration::from_secs(120))?;
+        for (cohort, cold) in [("l3-dfs-warm", false), ("l3-dfs-cold", true)] {
+            for i in 0..runs {
+                let f = self.start(Some(&dfs), &format!("{cohort}-{len}-{i}"))?;
+                self.warm_up(&f, len)?;
+                f.reset_local(true)?;
+                if cold {
+                    drop_page_cache(&dfs)?;
+                }
+                let (s, out) = self.complete(&f, &p[i], mt)?;
+                self.record(cohort, len, i, &s, &out, &refs[&(1, i)]);
+                f.stop(Duration::from_secs(120))?;
+            }
+        }
+        // The MEMORY tier of a long-running process, partial hits and misses.
+        let mem = self.cfg.out.join(format!("store-memory-{len}"));
+        let _ = std::fs::remove_dir_all(&mem);
+        let m = self.start(Some(&mem), &format!("memory-{len}"))?;
+        self.warm_up(&m, len)?;
+        for i in 0..runs {
+            let (_, out) = self.complete(&m, &p[i], mt)?;
+            self.check_prime("l3-memory", len, i, &out, &refs[&(1, i)]);
+            m.reset_local(true)?;
+            let (s, out) = self.complete(&m, &p[i], mt)?;
+            self.record("l3-memory", len, i, &s, &out, &refs[&(1, i)]);
+            m.reset_local(true)?;
+            let (s, out) = self.complete(&m, &h[i], mt)?;
+            self.record("partial", len, i, &s, &out, &refs[&(3, i)]);
+            m.reset_local(true)?;
+            let (s, out) = self.complete(&m, &q[i], mt)?;
+            self.record("miss", len, i, &s, &out, &refs[&(2, i)]);
+        }
+        if self.cfg.tpot_tokens > 0 {
+            tpot.push(self.tpot(&m, len, &p[0])?);
+        }
+        m.stop(Duration::from_secs(120))?;
+        Ok(())
+    }
+
+    fn check_prime(&mut self, what: &str, len: u64, run: usize, out: &[u64], reference: &[u64]) {
+        if out != reference {
+            self.mismatches.push(format!(
+                "{what} priming at {len} tokens, run {run}: output differs from recomputation"
+            ));
+        }
+    }
+
+    /// Concurrent decode as an interference check: the mean time per output token of a
+    /// short stream alone, and while an L3 restore of `restore` (reset first) runs beside it.
+    fn tpot(
+        &mut self,
+        m: &EngineProcess,
+        len: u64,
+        restore: &[u32],
+    ) -> Result<serde_json::Value, String> {
+        let n = self.cfg.tpot_tokens;
+        let v = self.vocab();
+        let mean_gap = |s: &Streamed| -> f64 {
+            let t = &s.token_times;
+            if t.len() < 2 {
+                return f64::NAN;
+            }
+            (t[t.len() - 1] - t[0]).as_secs_f64() * 1e3 / (t.len() - 1) as f64
+        };
+        let alone = self.complete(m, &prompt(4, 64, 0, v), n)?.0;
+        m.reset_local(true)?;
+        let addr = m.addr.clone();
+        let body = Self::body(&prompt(4, 64, 1, v), n);
+        let stream = std::thread::spawn(move || {
+            http::stream_completion(&addr, &body, Duration::from_secs(900))
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let restored = self.complete(m, restore, self.cfg.max_tokens)?.0;
+        let beside = stream
+            .join()
+            .map_err(|_| "the TPOT stream thread panicked".to_string())??;
+        let (a, b) = (mean_gap(&alone), mean_gap(&beside));
+        Ok(json!({
+            "tokens": len,
+            "decode_tokens": n,
+            "tpot_alone_ms": a,
+            "tpot_beside_restore_ms": b,
+            "ratio": b / a,
+            "restore_l3_tokens": restored.last["tsl3"]["l3"],
+        }))
+    }
+
+    fn summaries(&self) -> Vec<Summary> {
+        let mut out = vec![];
+        for &len in &self.cfg.lengths {
+            for cohort in COHORTS {
+                let s: Vec<&Sample> = self
+                    .samples
+                    .iter()
+                    .filter(|s| s.cohort == cohort && s.tokens == len)
+                    .collect();
+                if s.is_empty() {
+                    continue;
+                }
+                let t: Vec<f64> = s.iter().map(|x| x.ttft_ms).collect();
+                let mean = |f: fn(&Sample) -> u64| {
+                    s.iter().map(|x| f(x) as f64).sum::<f64>() / s.len() as f64
+                };
+                let mut fallbacks = BTreeMap::new();
+                for x in &s {
+                    *fallbacks.entry(x.fallback_reason.clone()).or_insert(0) += 1;
+                }
+                out.push(Summary {
+                    cohort,
+                    tokens: len,
+                    runs: s.len(),
+                    p50_ms: percentile(&t, 50.0).unwrap_or(f64::NAN),
+                    p90_ms: percentile(&t, 90.0).unwrap_or(f64::NAN),
+                    p99_ms: percentile(&t, 99.0).unwrap_or(f64::NAN),
+                    mean_device: mean(|x| x.device),
+                    mean_host: mean(|x| x.host),
+                    mean_l3: mean(|x| x.l3),
+                    mean_computed: mean(|x| x.computed),
+                    fallbacks,
+                    outputs_equal: s.iter().filter(|x| x.output_matches_recompute).count(),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// The ratio of two cohorts' p50 TTFT at one length.
+pub fn ratio(summaries: &[Summary], a: &str, b: &str, len: u64) -> Option<f64> {
+    let p = |c: &str| {
+        summaries
+            .iter()
+            .find(|s| s.cohort == c && s.tokens == len)
+            .map(|s| s.p50_ms)
+    };
+    Some(p(a)? / p(b)?)
+}
+
+/// Runs the bench, prints a table, writes ttft.json and ttft.svg. Err when a run failed or
+/// a restored output differed from recomputation (after writing what was measured).
+pub fn run(cfg: &TtftConfig) -> Result<(), String> {
+    std::fs::create_dir_all(cfg.out.join("logs"))
+        .map_err(|e| format!("{}: {e}", cfg.out.display()))?;
+    let mut b = Bench::new(cfg)?;
+    println!(
+        "bench ttft: profile {} lengths {:?} runs {} soft deadline {} ms, device time {}, Device capacity {} blocks per group, output {}",
+        cfg.profile,
+        cfg.lengths,
+        cfg.runs,
+        cfg.soft_deadline_ms,
+        if cfg.emulate_device_time { "emulated (cost model)" } else { "not emulated" },
+        b.device_blocks,
+        cfg.out.display()
+    );
+    let mut tpot = vec![];
+    let mut failure = None;
+    for &len in &cfg.lengths {
+        if let Err(e) = b.length(len, &mut tpot) {
+            failure = Some(format!("at {len} tokens: {e}"));
+            break;
+        }
+    }
+    let summaries = b.summaries();
+    println!(
+        "{:<12} {:>7} {:>4} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8}  fallbacks  outputs=",
+        "cohort",
+        "tokens",
+        "runs",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "device",
+        "host",
+        "l3",
+        "computed"
+    );
+    for s in &summaries {
+        println!(
+            "{:<12} {:>7} {:>4} {:>10.1} {:>10.1} {:>10.1} {:>8.0} {:>8.0} {:>8.0} {:>8.0}  {:?}  {}/{}",
+            s.cohort, s.tokens, s.runs, s.p50_ms, s.p90_ms, s.p99_ms, s.mean_device, s.mean_host,
+            s.mean_l3, s.mean_computed, s.fallbacks, s.outputs_equal, s.runs
+        );
+    }
+    for t in &tpot {
+        println!(
+            "tpot at {} tokens: alone {:.2} ms, beside an L3 restore {:.2} ms (ratio {:.2})",
+            t["tokens"],
+            t["tpot_alone_ms"].as_f64().unwrap_or(f64::NAN),
+            t["tpot_beside_restore_ms"].as_f64().unwrap_or(f64::NAN),
+            t["ratio"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    let longest = cfg.lengths.iter().copied().max().unwrap_or(0);
+    let ratios: BTreeMap<&str, Option<f64>> = COHORTS[1..]
+        .iter()
+        .map(|c| (*c, ratio(&summaries, c, "recompute", longest)))
+        .collect();
+    let doc = json!({
+        "bench": "ttft",
+        "profile": cfg.profile,
+        "lengths": cfg.lengths,
+        "runs": cfg.runs,
+        "soft_deadline_ms": cfg.soft_deadline_ms,
+        "emulate_device_time": cfg.emulate_device_time,
+        "device_blocks_per_group": b.device_blocks,
+        "host_cache_bytes": b.host_bytes,
+        "memory_tier_bytes": b.memory_tier_bytes,
+        "summaries": summaries,
+        "ratios_to_recompute_at_longest": ratios,
+        "tpot": tpot,
+        "samples": b.samples,
+        "mismatches": b.mismatches,
+        "error": failure,
+    });
+    let json_path = cfg.out.join("ttft.json");
+    std::fs::write(
+        &json_path,
+        serde_json::to_string_pretty(&doc).unwrap_or_default(),
+    )
+    .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let svg = cfg.out.join("ttft.svg");
+    plot(&summaries, &cfg.profile, longest, &svg)?;
+    println!("wrote {} and {}", json_path.display(), svg.display());
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if !b.mismatches.is_empty() {
+        return Err(format!(
+            "{} restored outputs differ from recomputation: {}",
+            b.mismatches.len(),
+            b.mismatches.join("; ")
+        ));
+    }
+    match ratio(&summaries, "l3-dfs-warm", "recompute", longest) {
+        Some(r) => println!("ttft l3-dfs-warm / recompute at {longest} tokens: {r:.3}"),
+        None => println!("ttft l3-dfs-warm / recompute at {longest} tokens: not measured"),
+    }
+    Ok(())
+}
+
+fn plot(summaries: &[Summary], profile: &str, longest: u64, path: &Path) -> Result<(), String> {
+    let series: Vec<Series> = COHORTS
+        .iter()
+        .map(|c| Series {
+            label: c.to_string(),
+            points: summaries
+                .iter()
+                .filter(|s| s.cohort == *c)
+                .map(|s| (s.tokens as f64, s.p50_ms))
+                .collect(),
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    let bars: Vec<StackedBar> = summaries
+        .iter()
+        .filter(|s| s.tokens == longest)
+        .map(|s| StackedBar {
+            label: s.cohort.to_string(),
+            segments: vec![
+                ("device".into(), s.mean_device),
+                ("host".into(), s.mean_host),
+                ("l3".into(), s.mean_l3),
+                ("computed".into(), s.mean_computed),
+            ],
+        })
+        .collect();
+    super::plot::render_svg(
+        path,
+        &[
+            Panel::Lines {
+                title: format!("TTFT p50 by cohort ({profile})"),
+                x_label: "prompt tokens".into(),
+                y_label: "TTFT p50 (ms)".into(),
+                log_x: true,
+                log_y: true,
+                series,
+            },
+            Panel::Bars {
+                title: format!("where the prompt came from at {longest} tokens (mean tokens)"),
+                y_label: "tokens".into(),
+                bars,
+            },
+        ],
+    )
+}
