@@ -232,6 +232,10 @@ enum BenchCommand {
         /// Output directory (JSON, SVG, logs, store directories).
         #[arg(long, default_value = ".tsl3/bench/ttft")]
         out: String,
+        /// Also measure Mooncake Store as the MEMORY tier: the instance named by the
+        /// environment deploy/mooncake/env.sh exports.
+        #[arg(long)]
+        mooncake: bool,
     },
     /// Replays a public KV-cache trace (Mooncake FAST'25 or Alibaba Bailian JSONL, detected
     /// by its fields) through --instances engine hosts sharing one L3, in three cohorts
@@ -417,6 +421,7 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             max_tokens,
             tpot_tokens,
             out,
+            mooncake,
         } => engine_host::bench::ttft::run(&engine_host::bench::ttft::TtftConfig {
             profile,
             lengths,
@@ -426,6 +431,7 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             max_tokens,
             tpot_tokens,
             out: out.into(),
+            mooncake,
         }),
         BenchCommand::Replay {
             trace,

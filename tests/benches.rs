@@ -196,3 +196,46 @@ fn reset_local_drops_device_then_host_and_keeps_l3() {
     assert!(body.contains("bearer token"));
     assert!(h.stop().success());
 }
+
+/// With `--mooncake`, the MEMORY-tier cohort over the real Mooncake master and storage
+/// owner deploy/test-all.sh starts: the restore matches recomputation. Gated like the other
+/// live tests (MOONCAKE_REQUIRE_MASTER=1 turns a missing master into a failure).
+#[test]
+fn bench_ttft_smoke_over_a_live_mooncake_store() {
+    use actors::l3::store::mooncake::live;
+    if live::settings_or_skip("bench_ttft_smoke_over_a_live_mooncake_store").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ttft");
+    let o = engine_host()
+        .args(["bench", "ttft", "--profile", "tiny", "--lengths", "64"])
+        .args([
+            "--runs",
+            "1",
+            "--no-device-time",
+            "--tpot-tokens",
+            "0",
+            "--mooncake",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let doc = read_json(&out.join("ttft.json"));
+    let mc: Vec<&serde_json::Value> = doc["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["cohort"] == "l3-mooncake")
+        .collect();
+    assert_eq!(mc.len(), 1);
+    assert_eq!(mc[0]["output_matches_recompute"], true);
+    assert!(mc[0]["l3"].as_u64().unwrap() > 0, "{}", mc[0]);
+}

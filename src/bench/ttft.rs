@@ -14,7 +14,10 @@
 //! - `l3-memory`: the local store's MEMORY tier in a long-running process whose L1/L2 were
 //!   reset while idle;
 //! - `partial`: the first half of the prompt in L3 (MEMORY), the rest new;
-//! - `miss`: a fresh prompt with L3 enabled (the QUERY finds nothing).
+//! - `miss`: a fresh prompt with L3 enabled (the QUERY finds nothing);
+//! - `l3-mooncake` (with `--mooncake`): Mooncake Store as the MEMORY tier, in a
+//!   long-running process whose L1/L2 were reset while idle (the instance
+//!   deploy/mooncake/env.sh names).
 //!
 //! It owns process orchestration and the report; it never reaches into an engine's state
 //! other than through its HTTP API, and never asserts a timing.
@@ -29,7 +32,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const COHORTS: [&str; 8] = [
+pub const COHORTS: [&str; 9] = [
     "recompute",
     "device",
     "host",
@@ -38,6 +41,7 @@ pub const COHORTS: [&str; 8] = [
     "l3-memory",
     "partial",
     "miss",
+    "l3-mooncake",
 ];
 
 /// What to measure.
@@ -56,6 +60,9 @@ pub struct TtftConfig {
     pub tpot_tokens: u32,
     /// Output directory: ttft.json, ttft.svg, the processes' logs, the store directories.
     pub out: PathBuf,
+    /// Also measure Mooncake Store as the MEMORY tier (settings from the environment
+    /// deploy/mooncake/env.sh exports).
+    pub mooncake: bool,
 }
 
 /// One timed request.
@@ -82,6 +89,20 @@ struct Bench<'a> {
     samples: Vec<Sample>,
     mismatches: Vec<String>,
     logs: usize,
+}
+
+/// Where a process keeps L3.
+enum Store<'p> {
+    None,
+    Local(&'p Path),
+    Mooncake,
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// The figures of one cohort at one length.
@@ -145,18 +166,39 @@ impl<'a> Bench<'a> {
     }
 
     fn start(&mut self, store: Option<&Path>, what: &str) -> Result<EngineProcess, String> {
+        self.start_with(store.map(Store::Local).unwrap_or(Store::None), what)
+    }
+
+    fn start_with(&mut self, store: Store, what: &str) -> Result<EngineProcess, String> {
         let mut args = vec![
             "--model-profile".to_string(),
             self.cfg.profile.clone(),
             "--store".into(),
         ];
+        let mut extra: Vec<(String, String)> = vec![];
         match store {
-            Some(dir) => {
+            Store::Local(dir) => {
                 args.push("local".into());
                 args.push("--store-dir".into());
                 args.push(dir.display().to_string());
             }
-            None => args.push("none".into()),
+            Store::None => args.push("none".into()),
+            Store::Mooncake => {
+                args.push("mooncake".into());
+                let m = actors::l3::store::mooncake::live::settings_from_env()?;
+                let p = "TSL3_STORAGE__MOONCAKE__";
+                for (k, v) in [
+                    ("LIBRARY_PATH", m.library_path),
+                    ("MASTER_SERVER_ADDR", m.master_server_addr),
+                    ("METADATA_SERVER", m.metadata_server),
+                    ("LOCAL_HOSTNAME", m.local_hostname),
+                    ("PROTOCOL", m.protocol),
+                    ("GLOBAL_SEGMENT_SIZE", m.global_segment_size.to_string()),
+                ] {
+                    extra.push((format!("{p}{k}"), v));
+                }
+                extra.push(("MC_TCP_BIND_ADDRESS".into(), "127.0.0.1".into()));
+            }
         }
         let envs: Vec<(String, String)> = [
             ("TSL3_MODEL__DEVICE", "emulated".to_string()),
@@ -177,6 +219,7 @@ impl<'a> Bench<'a> {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
+        .chain(extra)
         .collect();
         self.logs += 1;
         let log = self
@@ -344,6 +387,37 @@ impl<'a> Bench<'a> {
             tpot.push(self.tpot(&m, len, &p[0])?);
         }
         m.stop(Duration::from_secs(120))?;
+        if self.cfg.mooncake {
+            // The shared master keeps objects across runs: these prompts are salted by the
+            // process and time so the priming request computes.
+            let salt = std::process::id() as u64 ^ super::stats::mix(now_nanos());
+            let k: Vec<Vec<u32>> = (0..runs)
+                .map(|i| {
+                    tokens(
+                        super::stats::mix(salt ^ i as u64 ^ (len << 32)),
+                        len as usize,
+                        v,
+                    )
+                })
+                .collect();
+            let r = self.start(None, &format!("mooncake-reference-{len}"))?;
+            let mut kref = vec![];
+            for x in &k {
+                r.reset_local(true)?;
+                kref.push(self.complete(&r, x, mt)?.1);
+            }
+            r.stop(Duration::from_secs(60))?;
+            let mc = self.start_with(Store::Mooncake, &format!("mooncake-{len}"))?;
+            self.warm_up(&mc, len)?;
+            for i in 0..runs {
+                let (_, out) = self.complete(&mc, &k[i], mt)?;
+                self.check_prime("l3-mooncake", len, i, &out, &kref[i]);
+                mc.reset_local(true)?;
+                let (s, out) = self.complete(&mc, &k[i], mt)?;
+                self.record("l3-mooncake", len, i, &s, &out, &kref[i]);
+            }
+            mc.stop(Duration::from_secs(120))?;
+        }
         Ok(())
     }
 
