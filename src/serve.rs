@@ -452,8 +452,11 @@ async fn round_loop(
                 Err(e) => tracing::warn!("metrics export skipped: {e}"),
             }
         }
-        if settings.model.emulate_device_time && work.device_time_us > 0 {
-            tokio::time::sleep(Duration::from_micros(work.device_time_us.min(5_000_000))).await;
+        // An emulated device step lasts max(modeled time, the emulator's own work): the
+        // work already ran, so only the difference is waited.
+        let wait_us = work.emulated_wait_us();
+        if settings.model.emulate_device_time && wait_us > 0 {
+            tokio::time::sleep(Duration::from_micros(wait_us.min(5_000_000))).await;
         }
         let busy = engine.summary().live_requests > 0 || work.storage_ops > 0;
         if shutdown {

@@ -349,8 +349,10 @@ impl<'a> Bench<'a> {
         for i in 0..runs {
             let (_, out) = self.complete(&w, &p[i], mt)?;
             self.check_prime("l3-dfs", len, i, &out, &refs[&(1, i)]);
+            // Waits until this prompt's backups landed, before the next one can evict
+            // their Host sources (what was written is then what the readers find).
+            w.reset_local(true)?;
         }
-        w.reset_local(true)?; // waits until every backup landed
         w.stop(Duration::from_secs(120))?;
         for (cohort, cold) in [("l3-dfs-warm", false), ("l3-dfs-cold", true)] {
             for i in 0..runs {

@@ -32,10 +32,16 @@ impl EmulatedDeviceMemory {
     /// A zeroed arena of `geometry.slots` slots bound to `host`.
     pub fn new(host: Arc<HostCacheStorage>, geometry: DeviceGeometry) -> Result<Self, DeviceError> {
         let total = geometry.total_bytes()?;
+        let mut arena = vec![0u8; total];
+        // Device memory is resident: touch every page of the arena now, so no copy or
+        // forward pays a first-touch page fault a GPU's memory never would.
+        for page in arena.chunks_mut(4096) {
+            page[0] = std::hint::black_box(0);
+        }
         Ok(Self {
             host,
             geometry,
-            arena: vec![0u8; total],
+            arena,
             queue: VecDeque::new(),
             done: Vec::new(),
             step_limit: None,
@@ -163,5 +169,10 @@ impl DeviceMemory for EmulatedDeviceMemory {
         let r = self.arena_range(device_addr, data.len())?;
         self.arena[r].copy_from_slice(data);
         Ok(())
+    }
+
+    fn host_view(&mut self) -> Result<Option<&mut [u8]>, DeviceError> {
+        self.progress(None)?;
+        Ok(Some(&mut self.arena))
     }
 }

@@ -164,6 +164,17 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         self.slot_address(0, slot, 0, 0).map(|_| ())
     }
 
+    /// The device address of `len` bytes of a slot (bounds-checked), for the forward.
+    pub(super) fn slot_range(&self, slot: DeviceSlot, len: u64) -> Result<u64, DeviceError> {
+        self.slot_address(0, slot, 0, len)
+    }
+
+    /// The backend's host-addressable arena after all submitted work (see
+    /// `DeviceMemory::host_view`).
+    pub(super) fn host_view(&mut self) -> Result<Option<&mut [u8]>, DeviceError> {
+        self.memory.host_view()
+    }
+
     /// Reads `len` bytes of a slot from `offset`, after all submitted work.
     pub fn read_slot(
         &mut self,

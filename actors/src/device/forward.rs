@@ -40,6 +40,80 @@ pub struct ForwardOutcome {
 }
 
 impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
+    /// The forward over a host-addressable arena (the emulated device): the context is
+    /// read in place, once, and the new rows are written in place, with no gather copy.
+    /// None when the backend has no such arena. `writes` are validated (group, block,
+    /// slot, length).
+    fn forward_in_place(
+        &mut self,
+        model: &SyntheticModel,
+        step: &ForwardStep,
+        writes: &[(usize, u64, DeviceSlot, u64)],
+    ) -> Result<Option<ForwardOutcome>, DeviceError> {
+        let c = step.context_len;
+        let end = step.tokens.len() as u64;
+        let mut context_at: Vec<Vec<(u64, u64)>> = Vec::with_capacity(step.groups.len());
+        for (g, table) in step.groups.iter().enumerate() {
+            let req = model.required_blocks(g, c)?;
+            let mut blocks = Vec::with_capacity(table.context.len());
+            for (k, slot) in table.context.iter().enumerate() {
+                let len = model.block_len(g, req.start + k as u64, c, step.shard)?;
+                blocks.push((self.slot_range(*slot, len)?, len));
+            }
+            context_at.push(blocks);
+        }
+        let mut write_at = Vec::with_capacity(writes.len());
+        for (g, b, slot, len) in writes {
+            write_at.push((*g, *b, self.slot_range(*slot, *len)?, *len));
+        }
+        let mut chains = Vec::with_capacity(step.groups.len());
+        for g in 0..step.groups.len() {
+            chains.push(model.chain(g, &step.tokens)?);
+        }
+        let Some(arena) = self.host_view()? else {
+            return Ok(None);
+        };
+        let range = |addr: u64, len: u64| -> Result<std::ops::Range<usize>, DeviceError> {
+            let start = usize::try_from(addr).ok();
+            start
+                .and_then(|s| s.checked_add(len as usize).map(|e| s..e))
+                .filter(|r| r.end <= arena.len())
+                .ok_or_else(|| {
+                    DeviceError::Forward(format!("device range {addr}+{len} outside arena"))
+                })
+        };
+        let mut ranges = Vec::with_capacity(context_at.len());
+        for g in &context_at {
+            ranges.push(
+                g.iter()
+                    .map(|(a, l)| range(*a, *l))
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+        }
+        let mut write_ranges = Vec::with_capacity(write_at.len());
+        for (g, b, a, l) in &write_at {
+            write_ranges.push((*g, *b, range(*a, *l)?));
+        }
+        let digest = {
+            let view: &[u8] = arena;
+            let context: Vec<GroupContext<'_>> = ranges
+                .iter()
+                .map(|g| GroupContext {
+                    blocks: g.iter().map(|r| &view[r.clone()]).collect(),
+                })
+                .collect();
+            model.prefill_rank(step.shard, &step.tokens, c, &context)?
+        };
+        for (g, b, r) in write_ranges {
+            model.fill_block_from(g, &chains[g], b, step.shard, c, &mut arena[r])?;
+        }
+        Ok(Some(ForwardOutcome {
+            digest,
+            new_tokens: end - c,
+            device_time_us: model.profile().device_time_us(end - c, c),
+        }))
+    }
+
     /// Runs the forward of `step` over device blocks. Ordered after every submitted copy.
     pub fn forward(
         &mut self,
@@ -86,6 +160,9 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
                 }
                 writes.push((g, b, *slot, len));
             }
+        }
+        if let Some(out) = self.forward_in_place(model, step, &writes)? {
+            return Ok(out);
         }
         let mut gathered: Vec<Vec<Vec<u8>>> = Vec::with_capacity(groups);
         for (g, table) in step.groups.iter().enumerate() {

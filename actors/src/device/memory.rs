@@ -34,6 +34,13 @@ pub trait DeviceMemory: Send {
     fn read(&mut self, device_addr: u64, out: &mut [u8]) -> Result<(), DeviceError>;
     /// Writes device bytes after all enqueued work (stream-ordered; waits for it).
     fn write(&mut self, device_addr: u64, data: &[u8]) -> Result<(), DeviceError>;
+    /// The whole device arena as host-addressable bytes, after all enqueued work, where
+    /// the backend has such an arena (the emulated device: the forward then reads and
+    /// writes KV in place, as attention does on a GPU); None where it has not (CUDA goes
+    /// through `read` and `write`).
+    fn host_view(&mut self) -> Result<Option<&mut [u8]>, DeviceError> {
+        Ok(None)
+    }
 }
 
 impl DeviceMemory for Box<dyn DeviceMemory> {
@@ -63,5 +70,8 @@ impl DeviceMemory for Box<dyn DeviceMemory> {
     }
     fn write(&mut self, device_addr: u64, data: &[u8]) -> Result<(), DeviceError> {
         (**self).write(device_addr, data)
+    }
+    fn host_view(&mut self) -> Result<Option<&mut [u8]>, DeviceError> {
+        (**self).host_view()
     }
 }

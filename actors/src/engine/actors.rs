@@ -59,6 +59,8 @@ pub struct RankActors {
     pub(super) digests: Vec<(RequestId, RankDigest)>,
     pub(super) last_pressure: PressureSnapshot,
     pub(super) summary: RoundSummary,
+    /// The profile's device-time cost model (a round's modeled time).
+    pub(super) cost: crate::model::CostModel,
 }
 
 impl RankActors {
@@ -97,11 +99,15 @@ impl RankActors {
                 Committed::default()
             }
         };
+        let (h2d_bytes, d2h_bytes) = plan.copy_bytes();
         let mut work = RoundWork {
             storage_ops: committed.submitted,
             storage_pending: committed.outstanding_tickets > 0,
+            // One batched step (prefills and decode tokens) with its copies over PCIe.
+            device_time_us: self.cost.round_us(&plan.step_items(), h2d_bytes, d2h_bytes),
             ..RoundWork::default()
         };
+        let device_start = std::time::Instant::now();
         // Device: H2D, then each forward (ordered after the copies), then D2H.
         if !plan.h2d.is_empty() {
             let batch = DeviceCopyBatch::new(std::mem::take(&mut plan.h2d));
@@ -110,7 +116,6 @@ impl RankActors {
         for (id, step) in plan.forwards {
             let out = self.device.send(RunForward(step)).await??;
             work.forwards += 1;
-            work.device_time_us += out.device_time_us;
             self.digests.push((id, out.digest));
         }
         if !plan.d2h.is_empty() {
@@ -120,6 +125,7 @@ impl RankActors {
             // same in the same round, so publication stays agreed.
             self.device.send(WaitFence(fence)).await??;
         }
+        work.device_work_us = device_start.elapsed().as_micros() as u64;
         let out = self.scheduler.send(D2hDone).await?;
         if let Some(stm) = &self.stm {
             work.backups_queued = stm.send(OfferBackups(out.candidates)).await?.0;

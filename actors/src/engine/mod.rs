@@ -61,12 +61,21 @@ pub struct RoundWork {
     pub storage_pending: bool,
     /// Backup candidates queued for a later PUT after the round.
     pub backups_queued: u64,
+    /// Wall time the emulator itself spent on the round's device work (copies and
+    /// forwards), microseconds: an emulated step lasts max(modeled, this), so the engine
+    /// waits only `device_time_us - device_work_us`.
+    pub device_work_us: u64,
 }
 
 impl RoundWork {
     /// No storage operation outstanding and no backup candidate waiting.
     pub fn storage_idle(&self) -> bool {
         !self.storage_pending && self.backups_queued == 0
+    }
+
+    /// What the engine still waits for an emulated device step to last its modeled time.
+    pub fn emulated_wait_us(&self) -> u64 {
+        self.device_time_us.saturating_sub(self.device_work_us)
     }
 }
 
@@ -154,8 +163,16 @@ impl RankEngine {
     }
 
     fn dispatch(&mut self, plan: RoundPlan) -> Result<RoundWork, EngineError> {
+        // The round's modeled device time: one batched step (prefills and decode tokens)
+        // with its copies at the profile's PCIe bandwidth.
+        let (h2d_bytes, d2h_bytes) = plan.copy_bytes();
         let mut work = RoundWork {
             storage_ops: plan.storage.len(),
+            device_time_us: self.model.profile().cost.round_us(
+                &plan.step_items(),
+                h2d_bytes,
+                d2h_bytes,
+            ),
             ..RoundWork::default()
         };
         // Storage in plan order; the executor depends on tickets, not on the device.
@@ -176,18 +193,14 @@ impl RankEngine {
                 "storage op planned while storage is disabled",
             )));
         }
+        let device_start = std::time::Instant::now();
         // Device: H2D, then each forward (ordered after the copies), then D2H.
         if !plan.h2d.is_empty() {
             self.device.submit(&DeviceCopyBatch::new(plan.h2d))?;
         }
         for (id, step) in &plan.forwards {
-            let ForwardOutcome {
-                digest,
-                device_time_us,
-                ..
-            } = self.device.forward(&self.model, step)?;
+            let ForwardOutcome { digest, .. } = self.device.forward(&self.model, step)?;
             work.forwards += 1;
-            work.device_time_us += device_time_us;
             self.digests.push((*id, digest));
         }
         if !plan.d2h.is_empty() {
@@ -198,6 +211,7 @@ impl RankEngine {
         } else {
             self.device.poll_fences()?;
         }
+        work.device_work_us = device_start.elapsed().as_micros() as u64;
         self.pipeline.d2h_done();
         work.storage_pending = self.stm().is_some_and(|s| s.outstanding_tickets() > 0);
         work.backups_queued = self.stm().map_or(0, |s| s.queued_candidates() as u64);
@@ -242,6 +256,7 @@ impl RankEngine {
         use actix::Actor;
         let (scheduler, stm) = self.pipeline.into_parts();
         let layout = scheduler.layout().clone();
+        let cost_model = self.model.profile().cost;
         let executor = self.executor.map(|e| L3ExecutorActor::new(e).start());
         let stm = match (stm, &executor) {
             (Some(core), Some(ex)) => {
@@ -259,6 +274,7 @@ impl RankEngine {
             digests: self.digests,
             last_pressure: self.last_pressure,
             summary: Default::default(),
+            cost: cost_model,
         }
     }
 

@@ -56,6 +56,15 @@ impl HostCacheStorage {
         // SAFETY: layout has non-zero size (len > 0, rounded up to a page).
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or(HostError::Alloc(len))?;
+        // Pinned Host memory is resident from its allocation (cudaHostAlloc locks its
+        // pages): touch every page now, so no copy into it ever pays a first-touch page
+        // fault that real pinned memory would not.
+        for page in (0..size).step_by(HOST_PAGE) {
+            // SAFETY: `page < size`, inside the allocation just made and owned by no one
+            // else yet; it writes the zero the page already holds (the zeroed-allocation
+            // test checks every byte stays 0).
+            unsafe { ptr.as_ptr().add(page).write_volatile(0) };
+        }
         Ok(Arc::new(Self {
             ptr,
             layout,

@@ -7,6 +7,11 @@
 //! `context` is the number of tokens already in the KV cache before this step (the reused
 //! prefix); the `new / 2` term is the average causal attention span inside the new chunk, so
 //! one prefill of `n` tokens and recomputation of the same `n` tokens cost the same.
+//!
+//! A round is one batched device step ([`CostModel::round_us`]): every prefill chunk and
+//! every decode token of the round share one fixed cost, H2D copies (which the forward
+//! reads) come first at the profile's stated PCIe bandwidth, and the D2H of new KV runs on
+//! its own copy engine beside the forward.
 
 /// Device time of one forward step, in microseconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -14,6 +19,16 @@ pub struct CostModel {
     pub fixed_us: f64,
     pub per_token_us: f64,
     pub per_token_context_ns: f64,
+    /// Host <-> device copy bandwidth (bytes per second, each direction) the profile
+    /// states for its PCIe link; its source is documented with the profile.
+    pub pcie_bytes_per_s: f64,
+}
+
+/// One step item of a batched round: `new` tokens computed on top of `context` cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepItem {
+    pub new: u64,
+    pub context: u64,
 }
 
 /// One published time-to-first-token point: a prefill of `tokens` took `micros`.
@@ -30,10 +45,41 @@ impl CostModel {
         if new_tokens == 0 {
             return 0;
         }
+        (self.fixed_us + self.variable_us(new_tokens, context_tokens))
+            .max(0.0)
+            .round() as u64
+    }
+
+    /// The per-token part of a step (everything but the fixed cost).
+    fn variable_us(&self, new_tokens: u64, context_tokens: u64) -> f64 {
         let n = new_tokens as f64;
         let ctx = context_tokens as f64 + n / 2.0;
-        let us =
-            self.fixed_us + self.per_token_us * n + self.per_token_context_ns / 1000.0 * n * ctx;
+        self.per_token_us * n + self.per_token_context_ns / 1000.0 * n * ctx
+    }
+
+    /// Copy time of `bytes` over the profile's PCIe link, microseconds.
+    pub fn copy_us(&self, bytes: u64) -> f64 {
+        if bytes == 0 || self.pcie_bytes_per_s <= 0.0 {
+            return 0.0;
+        }
+        bytes as f64 / self.pcie_bytes_per_s * 1e6
+    }
+
+    /// Device time of one round: the H2D copies first (the forward reads them), then one
+    /// batched forward over every item (one fixed cost for the batch, prefill chunks and
+    /// decode tokens alike), with the D2H of new KV on its own copy engine beside it.
+    pub fn round_us(&self, items: &[StepItem], h2d_bytes: u64, d2h_bytes: u64) -> u64 {
+        let compute: f64 = if items.iter().any(|i| i.new > 0) {
+            self.fixed_us
+                + items
+                    .iter()
+                    .filter(|i| i.new > 0)
+                    .map(|i| self.variable_us(i.new, i.context))
+                    .sum::<f64>()
+        } else {
+            0.0
+        };
+        let us = self.copy_us(h2d_bytes) + compute.max(self.copy_us(d2h_bytes));
         us.max(0.0).round() as u64
     }
 
@@ -55,7 +101,14 @@ impl CostModel {
             fixed_us: f,
             per_token_us: a,
             per_token_context_ns: a * attention_ratio * 1000.0,
+            pcie_bytes_per_s: 0.0,
         }
+    }
+
+    /// The same model with copies at `bytes_per_s` over PCIe.
+    pub fn with_pcie(mut self, bytes_per_s: f64) -> Self {
+        self.pcie_bytes_per_s = bytes_per_s;
+        self
     }
 
     /// Marginal prefill rate for long chunks without context (tokens per second).
@@ -91,5 +144,31 @@ mod tests {
         let whole = c.device_time_us(256, 0) as f64;
         let split = (c.device_time_us(128, 0) + c.device_time_us(128, 128)) as f64;
         assert!((split - whole - c.fixed_us).abs() <= 2.0);
+    }
+
+    #[test]
+    fn a_round_batches_one_fixed_cost_and_charges_copies() {
+        let c = CostModel {
+            fixed_us: 1000.0,
+            per_token_us: 10.0,
+            per_token_context_ns: 0.0,
+            pcie_bytes_per_s: 1e9,
+        };
+        let item = |new, context| StepItem { new, context };
+        // Two prefills and two decode tokens: one fixed cost, every token charged.
+        assert_eq!(
+            c.round_us(&[item(100, 0), item(50, 10), item(1, 99), item(1, 7)], 0, 0),
+            1000 + 10 * 152
+        );
+        // Nothing to compute and nothing to copy: no device time.
+        assert_eq!(c.round_us(&[], 0, 0), 0);
+        assert_eq!(c.round_us(&[item(0, 5)], 0, 0), 0);
+        // H2D is serial before the forward; D2H overlaps it.
+        assert_eq!(c.round_us(&[item(1, 0)], 1_000_000, 0), 1000 + 1010);
+        assert_eq!(c.round_us(&[item(1, 0)], 0, 500_000), 1010);
+        assert_eq!(c.round_us(&[item(1, 0)], 0, 5_000_000), 5000);
+        assert_eq!(c.round_us(&[], 2_000_000, 0), 2000);
+        // A decode step is charged (it was free before).
+        assert!(c.round_us(&[item(1, 4096)], 0, 0) > 0);
     }
 }

@@ -19,7 +19,7 @@ pub mod kv;
 pub mod profile;
 pub mod synthetic;
 
-pub use cost::{CostModel, PublishedPoint};
+pub use cost::{CostModel, PublishedPoint, StepItem};
 pub use forward::{DecodeState, GroupContext, RankDigest, ReducedDigest};
 pub use kv::{PrefixChain, Shard};
 pub use profile::{GroupKind, GroupSpec, ModelProfile};

@@ -69,6 +69,14 @@ pub struct ModelProfile {
     pub cost: CostModel,
 }
 
+/// Host <-> device copies of an A100 system: PCIe 4.0 x16 carries 31.5 GB/s per direction
+/// raw (PCI-SIG 4.0: 16 GT/s x 16 lanes, 128b/130b); pinned copies reach about 80% of it,
+/// so the profiles charge 25 GB/s (an estimate from the link rate, not a measurement).
+pub const PCIE4_X16_BYTES_PER_S: f64 = 25e9;
+
+/// The same for an H100 PCIe 5.0 x16 link (63 GB/s raw per direction): 50 GB/s charged.
+pub const PCIE5_X16_BYTES_PER_S: f64 = 50e9;
+
 /// Attention FLOPs per (query, key) pair over linear FLOPs per token, for LLaMA-7B:
 /// `4 * 32 heads * 128 dim * 32 layers / (2 * 6.7e9)`.
 const LLAMA_7B_ATTENTION_RATIO: f64 = 4.0 * 32.0 * 128.0 * 32.0 / (2.0 * 6.7e9);
@@ -100,6 +108,7 @@ impl ModelProfile {
             fixed_us: 100.0,
             per_token_us: 10.0,
             per_token_context_ns: 1.0,
+            pcie_bytes_per_s: PCIE4_X16_BYTES_PER_S,
         }
     }
 
@@ -151,7 +160,8 @@ impl ModelProfile {
                     micros: 133_000.0,
                 },
                 LLAMA_7B_ATTENTION_RATIO,
-            ),
+            )
+            .with_pcie(PCIE4_X16_BYTES_PER_S),
         }
     }
 
@@ -180,7 +190,8 @@ impl ModelProfile {
                     micros: 36_000.0,
                 },
                 LLAMA_7B_ATTENTION_RATIO,
-            ),
+            )
+            .with_pcie(PCIE5_X16_BYTES_PER_S),
         }
     }
 

@@ -73,6 +73,9 @@ pub struct Plan<S = StorageIntent> {
     pub h2d: Vec<DeviceCopy>,
     pub forwards: Vec<(RequestId, ForwardStep)>,
     pub d2h: Vec<DeviceCopy>,
+    /// The context length of every decode token this round produced (the device time of
+    /// the round's decode steps is charged from them).
+    pub decode_contexts: Vec<u64>,
 }
 
 impl<S> Default for Plan<S> {
@@ -82,6 +85,7 @@ impl<S> Default for Plan<S> {
             h2d: Vec::new(),
             forwards: Vec::new(),
             d2h: Vec::new(),
+            decode_contexts: Vec::new(),
         }
     }
 }
@@ -101,7 +105,30 @@ impl<S> Plan<S> {
             h2d: self.h2d,
             forwards: self.forwards,
             d2h: self.d2h,
+            decode_contexts: self.decode_contexts,
         }
+    }
+
+    /// The batched step items of the round's device work: every prefill chunk and every
+    /// decode token (for `CostModel::round_us`).
+    pub fn step_items(&self) -> Vec<crate::model::StepItem> {
+        self.forwards
+            .iter()
+            .map(|(_, f)| crate::model::StepItem {
+                new: (f.tokens.len() as u64).saturating_sub(f.context_len),
+                context: f.context_len,
+            })
+            .chain(self.decode_contexts.iter().map(|c| crate::model::StepItem {
+                new: 1,
+                context: *c,
+            }))
+            .collect()
+    }
+
+    /// Bytes of the round's H2D and D2H copies.
+    pub fn copy_bytes(&self) -> (u64, u64) {
+        let sum = |v: &[DeviceCopy]| v.iter().map(|c| c.host.len).sum::<u64>();
+        (sum(&self.h2d), sum(&self.d2h))
     }
 }
 
@@ -198,6 +225,8 @@ pub struct Scheduler {
     events: Vec<RequestEvent>,
     stats: SchedulerStats,
     pending_admin: VecDeque<AdminCommand>,
+    /// Context lengths of this round's decode tokens (taken by `plan`).
+    decode_contexts: Vec<u64>,
     /// Request spans (observation only).
     trace: RequestTrace,
 }
@@ -239,6 +268,7 @@ impl Scheduler {
             events: vec![],
             stats: SchedulerStats::default(),
             pending_admin: VecDeque::new(),
+            decode_contexts: Vec::new(),
             trace,
         })
     }
@@ -653,6 +683,8 @@ impl Scheduler {
                 continue;
             }
             let (tok, next) = self.model.decode(state, last);
+            self.decode_contexts
+                .push((r.prompt.len() + r.output.len()) as u64);
             r.output.push(tok);
             self.events.push(RequestEvent::Token(id, tok));
             if r.output.len() as u32 >= r.max_tokens {
@@ -785,7 +817,10 @@ impl Scheduler {
     /// Plans the round: storage preparation, admission (H2D copies and forwards, D2H of the
     /// new blocks) and backups.
     pub fn plan(&mut self) -> Plan {
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            decode_contexts: std::mem::take(&mut self.decode_contexts),
+            ..Plan::default()
+        };
         if self.pending_admin.is_empty() {
             self.prepare_storage();
             self.admit(&mut plan);
