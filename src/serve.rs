@@ -73,6 +73,68 @@ pub fn rank_spec(s: &Settings) -> Result<RankSpec> {
     })
 }
 
+/// `MemAvailable` of /proc/meminfo in bytes (None where it cannot be read).
+fn memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The resident memory a rank of these settings allocates at startup: the emulated
+/// Device arena (a real GPU's memory is not this machine's), the pinned Host allocation
+/// and the local store's MEMORY tier with its promotion staging.
+pub fn startup_memory(s: &Settings, spec: &RankSpec) -> Result<(u64, u64, u64)> {
+    let model = SyntheticModel::by_name(&spec.profile).map_err(|e| anyhow!("{e}"))?;
+    let scratch = (spec.max_running as u32).saturating_mul(model.profile().groups.len() as u32);
+    let layout = actors::scheduler::geometry::RankLayout::new(
+        model.profile(),
+        spec.rank,
+        spec.world,
+        spec.device_blocks,
+        spec.host_blocks,
+        scratch.max(1),
+    )
+    .map_err(|e| anyhow!("invalid setting model: {e}"))?;
+    let emulated = s.model.device != "cuda";
+    let device = if emulated {
+        layout.device_slots() as u64 * layout.slot_bytes()
+    } else {
+        0
+    };
+    let tier = match s.storage.backend {
+        StoreKind::Local => s.storage.local.memory_bytes + s.storage.local.staging_bytes,
+        _ => 0,
+    };
+    Ok((device, layout.host_bytes(), tier))
+}
+
+/// Refuses, with one line naming the settings, a rank whose startup allocations cannot be
+/// resident on this machine (instead of an allocation failure or the OOM killer later).
+fn check_startup_memory(s: &Settings, spec: &RankSpec) -> Result<()> {
+    let (device, host, tier) = startup_memory(s, spec)?;
+    let Some(available) = memory_available() else {
+        return Ok(());
+    };
+    let need = device + host + tier;
+    if need > available {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(anyhow!(
+            "invalid setting host_cache / model.device_blocks: profile {} needs {:.1} GiB resident (Device {:.1} GiB for model.device_blocks = {}, Host {:.1} GiB from host_cache.size_bytes = {} / host_cache.ratio = {}, MEMORY tier {:.1} GiB from storage.local.memory_bytes + staging_bytes) but this machine has {:.1} GiB available; lower them",
+            s.model.profile,
+            gib(need),
+            gib(device),
+            s.model.device_blocks,
+            gib(host),
+            s.host_cache.size_bytes,
+            s.host_cache.ratio,
+            gib(tier),
+            gib(available)
+        ));
+    }
+    Ok(())
+}
+
 /// Builds the store the settings name, on the rank's Host allocation.
 pub fn make_store(
     s: &Settings,
@@ -133,6 +195,7 @@ struct Shared {
 pub fn run(settings: Settings) -> Result<()> {
     let clock: SharedClock = SystemClock::shared();
     let spec = rank_spec(&settings)?;
+    check_startup_memory(&settings, &spec)?;
     let store_holder: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>> = Arc::default();
     let holder = store_holder.clone();
     let local_store: Arc<parking_lot::Mutex<Option<PromotingStore>>> = Arc::default();

@@ -66,3 +66,32 @@ fn missing_file_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
 }
+
+/// Pools that cannot be resident on this machine fail at startup with one line naming the
+/// settings to lower, before anything is allocated (the default llama-8b-like pools need
+/// 41 GiB; a Device of a million 2 MiB blocks certainly exceeds any test machine).
+#[test]
+fn serve_refuses_pools_that_cannot_be_resident() {
+    let out = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args([
+            "serve",
+            "--model-profile",
+            "llama-8b-like",
+            "--store",
+            "none",
+        ])
+        .args(["--listen", "127.0.0.1:0"])
+        .env("TSL3_MODEL__DEVICE_BLOCKS", "1000000")
+        .env("TSL3_MODEL__DEVICE", "emulated")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    for needle in ["host_cache", "model.device_blocks", "available"] {
+        assert!(line.contains(needle), "{line}");
+    }
+}
