@@ -273,6 +273,21 @@ enum BenchCommand {
         #[arg(long, default_value = ".tsl3/bench/replay")]
         out: String,
     },
+    /// Create-only PUT throughput of the shared-DFS tier (group-committed batches, and one
+    /// object per call) beside a plain sequential write of the same bytes with the same
+    /// fsync policy.
+    DfsPut {
+        /// Directory for the runs (fresh subdirectories, removed afterwards).
+        #[arg(long, default_value = ".tsl3/bench")]
+        dir: String,
+        #[arg(long, default_value_t = 2048)]
+        objects: usize,
+        #[arg(long, default_value_t = 65536)]
+        object_bytes: usize,
+        /// Objects per PUT call (and per syncfs of the baseline).
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+    },
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.
     FlatKv {
@@ -460,6 +475,21 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             device_blocks,
             out: out.into(),
         }),
+        BenchCommand::DfsPut {
+            dir,
+            objects,
+            object_bytes,
+            batch,
+        } => {
+            let base =
+                std::path::PathBuf::from(dir).join(format!("dfs-put-{}", std::process::id()));
+            std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+            let r =
+                actors::l3::store::dfs_bench::bench_dfs_put(&base, objects, object_bytes, batch);
+            let _ = std::fs::remove_dir_all(&base);
+            println!("{}", r?);
+            Ok(())
+        }
         BenchCommand::FlatKv { profile, tokens } => {
             let r = actors::device::bench::flat_kv(&profile, tokens).map_err(|e| e.to_string())?;
             print!("{r}");

@@ -2,7 +2,9 @@
 //! shared mount (NFS/CephFS/3FS) used by many engine hosts at once: `<root>/<namespace>/<rest>`.
 //! It owns the on-disk object format (a header with magic, format version, logical length,
 //! xxh3-64 checksum and a per-write generation) and create-only atomic publication (temp
-//! file, fsync, `hard_link` into place, fsync the directory). It must never publish a
+//! file, fsync, `hard_link` into place, fsync the directory). A PUT of several objects is
+//! group-committed: every temp file is written, one `syncfs` makes them all durable, then
+//! each is linked into place and each directory is synced once. It must never publish a
 //! partial object, never replace an existing object, never resolve a key outside its
 //! namespace directory, and never return unvalidated bytes as a success.
 
@@ -435,6 +437,149 @@ impl DfsStore {
         }
     }
 
+    /// Create-only atomic publication of a batch, group-committed: objects that already
+    /// exist are skipped before any write; every other one is written to its temp file,
+    /// one `syncfs` makes all of them durable, then each is linked into place (no object is
+    /// visible before its bytes are durable) and each directory touched is synced once.
+    /// One result per key, in input order.
+    pub fn put_batch(&self, keys: &[StorageKey], srcs: &[&[u8]]) -> Vec<KeyResult> {
+        if keys.len() <= 1 {
+            return keys
+                .iter()
+                .zip(srcs)
+                .map(|(k, s)| self.put_one(k, s))
+                .collect();
+        }
+        struct Staged {
+            index: usize,
+            tmp: PathBuf,
+            target: PathBuf,
+            dir: PathBuf,
+            bytes: u64,
+        }
+        let mut results: Vec<Option<KeyResult>> = vec![None; keys.len()];
+        let mut staged: Vec<Staged> = Vec::with_capacity(keys.len());
+        let _permit = self.io.acquire();
+        let mut made_dirs: Vec<PathBuf> = vec![];
+        for (i, (key, src)) in keys.iter().zip(srcs).enumerate() {
+            let Some(p) = split_key(key) else {
+                results[i] = Some(KeyResult::Failed {
+                    code: code::BAD_KEY,
+                    retired: true,
+                });
+                continue;
+            };
+            let dir = self.root.join(p.namespace);
+            let target = dir.join(p.name);
+            if target.exists() {
+                self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
+                results[i] = Some(KeyResult::AlreadyExists);
+                continue;
+            }
+            let generation = new_generation();
+            let tmp = dir.join(format!(
+                "{TEMP_PREFIX}{}-{:016x}-{}",
+                p.name,
+                generation,
+                std::process::id()
+            ));
+            let written = (|| -> io::Result<()> {
+                if !made_dirs.contains(&dir) {
+                    fs::create_dir_all(&dir)?;
+                    made_dirs.push(dir.clone());
+                }
+                let header = ObjectHeader {
+                    version: DFS_FORMAT_VERSION,
+                    identity: ObjectIdentity {
+                        len: src.len() as u64,
+                        checksum: xxh3_64(src),
+                        generation,
+                    },
+                };
+                let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+                f.write_all(&header.encode())?;
+                for chunk in src.chunks(DFS_WRITE_CHUNK) {
+                    f.write_all(chunk)?;
+                    let gate = self.hooks.after_write_chunk.lock().clone();
+                    if let Some(g) = gate {
+                        g.pass();
+                    }
+                }
+                Ok(())
+            })();
+            match written {
+                Ok(()) => staged.push(Staged {
+                    index: i,
+                    tmp,
+                    target,
+                    dir,
+                    bytes: src.len() as u64,
+                }),
+                Err(e) => {
+                    let _ = fs::remove_file(&tmp);
+                    results[i] = Some(KeyResult::Failed {
+                        code: io_code(&e),
+                        retired: true,
+                    });
+                }
+            }
+        }
+        // One flush for the whole batch: the temp files' data and metadata are durable
+        // before any of them is linked into place.
+        let flushed = match staged.first() {
+            None => Ok(()),
+            Some(first) => {
+                File::open(&first.dir).and_then(|d| rustix::fs::syncfs(&d).map_err(io::Error::from))
+            }
+        };
+        let mut linked_dirs: Vec<PathBuf> = vec![];
+        for st in staged {
+            let r = match &flushed {
+                Err(e) => KeyResult::Failed {
+                    code: io_code(e),
+                    retired: true,
+                },
+                Ok(()) => match fs::hard_link(&st.tmp, &st.target) {
+                    Ok(()) => {
+                        if !linked_dirs.contains(&st.dir) {
+                            linked_dirs.push(st.dir.clone());
+                        }
+                        self.stats.objects_written.fetch_add(1, Ordering::Relaxed);
+                        self.stats
+                            .bytes_written
+                            .fetch_add(st.bytes, Ordering::Relaxed);
+                        KeyResult::Ok { bytes: st.bytes }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
+                        KeyResult::AlreadyExists
+                    }
+                    Err(e) => KeyResult::Failed {
+                        code: io_code(&e),
+                        retired: true,
+                    },
+                },
+            };
+            let _ = fs::remove_file(&st.tmp);
+            results[st.index] = Some(r);
+        }
+        // The links are the publication; make the directory entries durable, once each.
+        for dir in linked_dirs {
+            if let Err(e) = fsync_dir(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "dfs directory fsync failed");
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or(KeyResult::Failed {
+                    code: code::BAD_KEY,
+                    retired: true,
+                })
+            })
+            .collect()
+    }
+
     /// Unlinks one object (administrative; readers holding it open keep their copy).
     pub fn remove(&self, key: &StorageKey) -> Result<bool, StoreError> {
         let path = self
@@ -486,11 +631,7 @@ impl Store for DfsStore {
 
     fn put(&self, keys: &[StorageKey], srcs: &[&[u8]]) -> Result<Vec<KeyResult>, StoreError> {
         crate::l3::store::same_count("dfs", keys.len(), srcs.len(), "sources")?;
-        Ok(keys
-            .iter()
-            .zip(srcs)
-            .map(|(k, s)| self.put_one(k, s))
-            .collect())
+        Ok(self.put_batch(keys, srcs))
     }
 
     /// Renames the namespace directory to a tombstone (one atomic step: no new reader finds
@@ -722,6 +863,87 @@ mod tests {
         );
         let (_, bytes) = s.read_object(&k(3, "big")).unwrap();
         assert_eq!(bytes, data);
+    }
+
+    #[test]
+    fn a_batch_is_group_committed_create_only_and_in_input_order() {
+        let (_d, s) = store();
+        assert_eq!(
+            s.put(&[k(5, "old")], &[b"first".as_slice()]).unwrap(),
+            vec![KeyResult::Ok { bytes: 5 }]
+        );
+        let keys = [
+            k(5, "a"),
+            k(5, "old"),
+            StorageKey::new("tsl3-00000000000000ab-.hidden".to_string()),
+            k(5, "b"),
+            k(5, "a"),
+            k(6, "c"),
+        ];
+        let srcs: [&[u8]; 6] = [b"alpha", b"second", b"x", b"beta", b"again", b"gamma"];
+        let r = s.put(&keys, &srcs).unwrap();
+        assert_eq!(r[0], KeyResult::Ok { bytes: 5 });
+        assert_eq!(
+            r[1],
+            KeyResult::AlreadyExists,
+            "create-only: never replaced"
+        );
+        assert!(matches!(r[2], KeyResult::Failed { retired: true, .. }));
+        assert_eq!(r[3], KeyResult::Ok { bytes: 4 });
+        assert_eq!(
+            r[4],
+            KeyResult::AlreadyExists,
+            "a key twice in one batch lands once"
+        );
+        assert_eq!(r[5], KeyResult::Ok { bytes: 5 });
+        for (key, want) in [
+            (k(5, "a"), b"alpha".as_slice()),
+            (k(5, "old"), b"first"),
+            (k(5, "b"), b"beta"),
+            (k(6, "c"), b"gamma"),
+        ] {
+            assert_eq!(s.read_object(&key).unwrap().1, want);
+        }
+        // No temp file is left behind.
+        for ns in ["tsl3-0000000000000005", "tsl3-0000000000000006"] {
+            let dir = s.root().join(ns);
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let name = e.unwrap().file_name().to_string_lossy().to_string();
+                assert!(
+                    !name.starts_with(TEMP_PREFIX),
+                    "{name} left in {}",
+                    dir.display()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_paused_batch_publishes_none_of_its_objects_until_it_finishes() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Arc::new(DfsStore::open(d.path(), 4).unwrap());
+        let g = Gate::new();
+        *s.hooks.after_write_chunk.lock() = Some(g.clone());
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || {
+            s2.put(&[k(3, "one"), k(3, "two")], &[b"11".as_slice(), b"22"])
+                .unwrap()
+        });
+        // Paused inside the first object's write: neither object is visible.
+        g.wait_entered(1);
+        assert_eq!(
+            s.query(&[k(3, "one"), k(3, "two")]).unwrap(),
+            vec![false, false]
+        );
+        g.release();
+        assert_eq!(
+            t.join().unwrap(),
+            vec![KeyResult::Ok { bytes: 2 }, KeyResult::Ok { bytes: 2 }]
+        );
+        assert_eq!(
+            s.query(&[k(3, "one"), k(3, "two")]).unwrap(),
+            vec![true, true]
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! them.
 
 pub mod dfs;
+pub mod dfs_bench;
 pub mod faulty;
 pub mod local;
 pub mod memory;
