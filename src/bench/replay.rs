@@ -69,6 +69,9 @@ pub struct Outcome {
     pub prompt_tokens: u64,
     pub ideal_cached: u64,
     pub ttft_ms: f64,
+    /// When the request was sent and when its response ended, ms from the replay's start.
+    pub sent_ms: f64,
+    pub done_ms: f64,
     pub device: u64,
     pub host: u64,
     pub l3: u64,
@@ -90,8 +93,7 @@ fn miss_reason(fallback: &str) -> &'static str {
         "pressure" => "pressure bypass",
         "unhealthy" | "quarantine" => "backend unhealthy",
         "disabled" => "l3 disabled",
-        // The QUERY found less than the trace had seen: never written to L3 (backup
-        // dropped or still in flight), evicted, or in no local cache of this instance.
+        // Split per block by `missed_by_reason`.
         _ => "not in L3 or the local caches",
     }
 }
@@ -129,6 +131,20 @@ fn start_instances(
     let envs: Vec<(String, String)> = [
         ("TSL3_MODEL__DEVICE", "emulated".to_string()),
         ("TSL3_MODEL__DEVICE_BLOCKS", device_blocks.to_string()),
+        // Storage bounds that let the longest prompt the Device holds be queried and read
+        // whole (the defaults bound one extension to 32768 tokens and 4096 keys).
+        (
+            "TSL3_STORAGE__CONTRACT__LOOKAHEAD_TOKENS",
+            (device_blocks * 8).max(32768).to_string(),
+        ),
+        (
+            "TSL3_STORAGE__CONTRACT__MAX_KEYS_PER_OPERATION",
+            device_blocks.max(4096).to_string(),
+        ),
+        (
+            "TSL3_STORAGE__CONTRACT__MAX_HOST_BLOCKS",
+            (device_blocks * 2).max(8192).to_string(),
+        ),
         (
             "TSL3_STORAGE__CONTRACT__SOFT_DEADLINE_MS",
             cfg.soft_deadline_ms.to_string(),
@@ -172,6 +188,7 @@ fn replay_one(
     ideal: &[u64],
     hosts: &[EngineProcess],
     i: usize,
+    epoch: Instant,
 ) -> Outcome {
     let r = &t.requests[i];
     let instance = route(cfg, t, i);
@@ -183,6 +200,7 @@ fn replay_one(
         instance,
         prompt_tokens: r.input_length,
         ideal_cached: ideal[i],
+        sent_ms: epoch.elapsed().as_secs_f64() * 1e3,
         ..Outcome::default()
     };
     match http::stream_completion(&hosts[instance].addr, &body, Duration::from_secs(900)) {
@@ -199,6 +217,7 @@ fn replay_one(
         Ok(s) => o.error = Some(format!("{}: {}", s.status, s.last)),
         Err(e) => o.error = Some(e),
     }
+    o.done_ms = epoch.elapsed().as_secs_f64() * 1e3;
     o
 }
 
@@ -226,7 +245,7 @@ fn replay(
                 }
                 let results = &results;
                 scope.spawn(move || {
-                    let o = replay_one(cfg, t, vocab, ideal, hosts, i);
+                    let o = replay_one(cfg, t, vocab, ideal, hosts, i, start);
                     if let Ok(mut v) = results.lock() {
                         v.push(o);
                     }
@@ -241,7 +260,7 @@ fn replay(
                     if i >= n {
                         break;
                     }
-                    let o = replay_one(cfg, t, vocab, ideal, hosts, i);
+                    let o = replay_one(cfg, t, vocab, ideal, hosts, i, start);
                     if let Ok(mut v) = results.lock() {
                         v.push(o);
                     }
@@ -335,7 +354,64 @@ fn run_cohort(
     })
 }
 
-fn summary(c: &Cohort) -> serde_json::Value {
+/// Missed tokens of every request by reason. A fallback that names its cause (deadline,
+/// pressure, backend, disabled) takes the request's whole miss; otherwise each block the
+/// trace had seen before but the request did not reuse (beyond its reused prefix) is
+/// `prefix still in flight` when the earlier request that first computed it had not
+/// finished when this one was sent, and `not in L3 after it was computed` (its backup was
+/// dropped, had not landed yet, or its local copy was evicted) when it had.
+fn missed_by_reason(c: &Cohort, t: &Trace, restart: bool) -> BTreeMap<&'static str, u64> {
+    let b = t.format.block_tokens();
+    let mut first: std::collections::HashMap<u64, usize> = Default::default();
+    let mut out: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let by_index: std::collections::HashMap<usize, &Outcome> =
+        c.outcomes.iter().map(|o| (o.index, o)).collect();
+    for (i, r) in t.requests.iter().enumerate() {
+        let Some(o) = by_index.get(&i).filter(|o| o.error.is_none()) else {
+            continue;
+        };
+        let missed = o.ideal_cached.saturating_sub(o.cached());
+        if missed > 0 {
+            let named = miss_reason(&o.fallback_reason);
+            if named != "not in L3 or the local caches" {
+                *out.entry(named).or_insert(0) += missed;
+            } else {
+                let mut left = missed;
+                for (j, id) in r.hash_ids.iter().enumerate() {
+                    let start = j as u64 * b;
+                    let len = b.min(r.input_length - start);
+                    if start + len <= o.cached() || left == 0 {
+                        continue;
+                    }
+                    let reason = match first.get(id) {
+                        // Computed by an earlier request of this replay.
+                        Some(&k) => match by_index.get(&k) {
+                            Some(e) if e.done_ms > o.sent_ms => "prefix still in flight",
+                            _ => "not in L3 after it was computed",
+                        },
+                        // The restart cohort's ideal counts every block: one this cohort
+                        // has not met yet was computed by the previous cohort.
+                        None if restart => "not in L3 after it was computed",
+                        // Elsewhere a block first seen here is not in the ideal.
+                        None => continue,
+                    };
+                    let n = len.min(left);
+                    *out.entry(reason).or_insert(0) += n;
+                    left -= n;
+                }
+                if left > 0 {
+                    *out.entry("not in L3 after it was computed").or_insert(0) += left;
+                }
+            }
+        }
+        for id in &r.hash_ids {
+            first.entry(*id).or_insert(i);
+        }
+    }
+    out
+}
+
+fn summary(c: &Cohort, t: &Trace) -> serde_json::Value {
     let ok: Vec<&Outcome> = c.outcomes.iter().filter(|o| o.error.is_none()).collect();
     let prompt: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
     let ideal: u64 = ok.iter().map(|o| o.ideal_cached).sum();
@@ -349,14 +425,10 @@ fn summary(c: &Cohort) -> serde_json::Value {
             x as f64 / prompt as f64
         }
     };
-    let mut missed: BTreeMap<&str, u64> = BTreeMap::new();
+    let missed = missed_by_reason(c, t, c.name == "restart");
     let mut fallbacks: BTreeMap<String, usize> = BTreeMap::new();
     for o in &ok {
         *fallbacks.entry(o.fallback_reason.clone()).or_insert(0) += 1;
-        let m = o.ideal_cached.saturating_sub(o.cached());
-        if m > 0 {
-            *missed.entry(miss_reason(&o.fallback_reason)).or_insert(0) += m;
-        }
     }
     let ttft: Vec<f64> = ok.iter().map(|o| o.ttft_ms).collect();
     let errors: Vec<&String> = c.outcomes.iter().filter_map(|o| o.error.as_ref()).collect();
@@ -478,7 +550,7 @@ pub fn run(cfg: &ReplayConfig) -> Result<(), String> {
         &all,
         device_blocks,
     )?);
-    let summaries: Vec<serde_json::Value> = cohorts.iter().map(summary).collect();
+    let summaries: Vec<serde_json::Value> = cohorts.iter().map(|c| summary(c, &t)).collect();
     for s in &summaries {
         println!(
             "{:<10} requests {} errors {} ideal {:.3} achieved {:.3} (device {:.3} host {:.3} l3 {:.3}) achieved/ideal {} ttft p50 {} p90 {} p99 {} ms; missed {}; counters {}",
