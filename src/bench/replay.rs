@@ -550,6 +550,8 @@ pub fn run(cfg: &ReplayConfig) -> Result<(), String> {
         &all,
         device_blocks,
     )?);
+    // The shared L3 is only needed by the cohorts: remove it (it can be large).
+    let _ = std::fs::remove_dir_all(&store);
     let summaries: Vec<serde_json::Value> = cohorts.iter().map(|c| summary(c, &t)).collect();
     for s in &summaries {
         println!(

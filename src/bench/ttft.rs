@@ -58,7 +58,8 @@ pub struct TtftConfig {
     pub max_tokens: u32,
     /// Decode length of the TPOT interference check (0: skip it).
     pub tpot_tokens: u32,
-    /// Output directory: ttft.json, ttft.svg, the processes' logs, the store directories.
+    /// Output directory: ttft.json, ttft.svg, the processes' logs (the store directories
+    /// live there while a length runs and are removed after it).
     pub out: PathBuf,
     /// Also measure Mooncake Store as the MEMORY tier (settings from the environment
     /// deploy/mooncake/env.sh exports).
@@ -367,6 +368,8 @@ impl<'a> Bench<'a> {
                 f.stop(Duration::from_secs(120))?;
             }
         }
+        // The stores hold GiBs of KV at long lengths: gone once their cohorts ran.
+        let _ = std::fs::remove_dir_all(&dfs);
         // The MEMORY tier of a long-running process, partial hits and misses.
         let mem = self.cfg.out.join(format!("store-memory-{len}"));
         let _ = std::fs::remove_dir_all(&mem);
@@ -389,6 +392,7 @@ impl<'a> Bench<'a> {
             tpot.push(self.tpot(&m, len, &p[0])?);
         }
         m.stop(Duration::from_secs(120))?;
+        let _ = std::fs::remove_dir_all(&mem);
         if self.cfg.mooncake {
             // The shared master keeps objects across runs: these prompts are salted by the
             // process and time so the priming request computes.
