@@ -272,6 +272,10 @@ enum BenchCommand {
         device_blocks: u64,
         #[arg(long, default_value = ".tsl3/bench/replay")]
         out: String,
+        /// Share Mooncake Store (the instance named by the environment deploy/mooncake/
+        /// env.sh exports) instead of a local-store directory.
+        #[arg(long)]
+        mooncake: bool,
     },
     /// Create-only PUT throughput of the shared-DFS tier (group-committed batches, and one
     /// object per call) beside a plain sequential write of the same bytes with the same
@@ -461,6 +465,7 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             no_device_time,
             device_blocks,
             out,
+            mooncake,
         } => engine_host::bench::replay::run(&engine_host::bench::replay::ReplayConfig {
             trace: trace.into(),
             limit,
@@ -474,6 +479,7 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             emulate_device_time: !no_device_time,
             device_blocks,
             out: out.into(),
+            mooncake,
         }),
         BenchCommand::DfsPut {
             dir,

@@ -239,3 +239,31 @@ fn bench_ttft_smoke_over_a_live_mooncake_store() {
     assert_eq!(mc[0]["output_matches_recompute"], true);
     assert!(mc[0]["l3"].as_u64().unwrap() > 0, "{}", mc[0]);
 }
+
+/// `bench replay --mooncake`: the instances share the real Mooncake Store that
+/// deploy/test-all.sh starts; a restarted fleet reuses from it what the shared cohort
+/// wrote, with zero errors. Gated like the other live tests.
+#[test]
+fn bench_replay_smoke_over_a_live_mooncake_store() {
+    use actors::l3::store::mooncake::live;
+    if live::settings_or_skip("bench_replay_smoke_over_a_live_mooncake_store").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bailian = dir.path().join("bailian.jsonl");
+    std::fs::write(&bailian, BAILIAN).unwrap();
+    let doc = replay(
+        &bailian,
+        &dir.path().join("mc"),
+        &["--profile", "tiny", "--concurrency", "1", "--mooncake"],
+    );
+    let cohorts = doc["cohorts"].as_array().unwrap();
+    for c in cohorts {
+        assert_eq!(c["errors"], 0, "{c}");
+    }
+    let restart = &cohorts[2];
+    assert!(
+        restart["rate_by_tier"]["l3"].as_f64().unwrap() > 0.0,
+        "{restart}"
+    );
+}

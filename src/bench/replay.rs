@@ -59,6 +59,9 @@ pub struct ReplayConfig {
     /// Device blocks per group of each instance (0: twice the longest prompt).
     pub device_blocks: u64,
     pub out: PathBuf,
+    /// Share Mooncake Store (the instance deploy/mooncake/env.sh names) instead of a
+    /// local-store directory.
+    pub mooncake: bool,
 }
 
 /// One replayed request.
@@ -118,7 +121,12 @@ fn start_instances(
         cfg.profile.clone(),
         "--store".into(),
     ];
+    let mut extra = vec![];
     match store {
+        Some(_) if cfg.mooncake => {
+            args.push("mooncake".into());
+            extra = super::process::mooncake_env()?;
+        }
         Some(dir) => {
             args.extend([
                 "local".into(),
@@ -156,6 +164,7 @@ fn start_instances(
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
+    .chain(extra)
     .collect();
     (0..cfg.instances)
         .map(|i| {
@@ -163,6 +172,22 @@ fn start_instances(
             EngineProcess::start(&args, &envs, &log, Duration::from_secs(120))
         })
         .collect()
+}
+
+/// The prompts' salt: none over a fresh local store; over Mooncake, whose objects outlive
+/// the run, one per run (drawn once per process), so an earlier run's objects never count.
+fn salt(cfg: &ReplayConfig) -> u64 {
+    static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    if !cfg.mooncake {
+        return 0;
+    }
+    *SALT.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        super::stats::mix(nanos ^ u64::from(std::process::id()))
+    })
 }
 
 fn route(cfg: &ReplayConfig, t: &Trace, i: usize) -> usize {
@@ -194,7 +219,8 @@ fn replay_one(
     let instance = route(cfg, t, i);
     let max_tokens = (r.output_length.max(1)).min(u64::from(cfg.max_output.max(1)));
     let body =
-        json!({"prompt": t.prompt(r, vocab), "max_tokens": max_tokens, "stream": true}).to_string();
+        json!({"prompt": t.prompt(r, vocab, salt(cfg)), "max_tokens": max_tokens, "stream": true})
+            .to_string();
     let mut o = Outcome {
         index: i,
         instance,

@@ -143,12 +143,13 @@ pub fn parse(text: &str, limit: Option<usize>) -> Result<Trace, String> {
 
 impl Trace {
     /// The prompt of a request: each hash id's deterministic block, the last one cut to
-    /// the request's length.
-    pub fn prompt(&self, r: &TraceRequest, vocab: u32) -> Vec<u32> {
+    /// the request's length. `salt` changes every block alike (a replay over a store that
+    /// outlives it, such as Mooncake, uses a fresh one per run).
+    pub fn prompt(&self, r: &TraceRequest, vocab: u32, salt: u64) -> Vec<u32> {
         let b = self.format.block_tokens() as usize;
         let mut out = Vec::with_capacity(r.input_length as usize);
         for id in &r.hash_ids {
-            out.extend(tokens(mix(*id ^ 0x7472_6163_6500_0000), b, vocab));
+            out.extend(tokens(mix(*id ^ 0x7472_6163_6500_0000 ^ salt), b, vocab));
         }
         out.truncate(r.input_length as usize);
         out
@@ -209,7 +210,12 @@ mod tests {
     fn mooncake_traces_share_prefixes_where_their_ids_do() {
         let t = parse(MOONCAKE, None).unwrap();
         assert_eq!(t.format, TraceFormat::Mooncake);
-        let p: Vec<Vec<u32>> = t.requests.iter().map(|r| t.prompt(r, 1000)).collect();
+        let p: Vec<Vec<u32>> = t.requests.iter().map(|r| t.prompt(r, 1000, 0)).collect();
+        assert_ne!(
+            t.prompt(&t.requests[0], 1000, 9),
+            p[0],
+            "a salt changes the prompt"
+        );
         assert_eq!(p[0].len(), 1000);
         assert_eq!(p[1].len(), 1030);
         // Block 1 is cut to 488 tokens in request 0: a prefix of request 1's block 1.

@@ -186,19 +186,7 @@ impl<'a> Bench<'a> {
             Store::None => args.push("none".into()),
             Store::Mooncake => {
                 args.push("mooncake".into());
-                let m = actors::l3::store::mooncake::live::settings_from_env()?;
-                let p = "TSL3_STORAGE__MOONCAKE__";
-                for (k, v) in [
-                    ("LIBRARY_PATH", m.library_path),
-                    ("MASTER_SERVER_ADDR", m.master_server_addr),
-                    ("METADATA_SERVER", m.metadata_server),
-                    ("LOCAL_HOSTNAME", m.local_hostname),
-                    ("PROTOCOL", m.protocol),
-                    ("GLOBAL_SEGMENT_SIZE", m.global_segment_size.to_string()),
-                ] {
-                    extra.push((format!("{p}{k}"), v));
-                }
-                extra.push(("MC_TCP_BIND_ADDRESS".into(), "127.0.0.1".into()));
+                extra.extend(super::process::mooncake_env()?);
             }
         }
         let envs: Vec<(String, String)> = [
