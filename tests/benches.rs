@@ -1,8 +1,9 @@
 //! The end-to-end benchmarks as correctness smoke runs (never a timing): `bench ttft` and
 //! `bench replay` on tiny sizes drive real engine-host processes, must exit 0, write their
 //! JSON and SVG, find every restored output equal to recomputation and replay with zero
-//! errors. Also `POST /admin/reset_local` on a real process: L1 only, then L1 and L2, with
-//! L3 untouched.
+//! errors. Also the admin path these benches rely on, on a real process: `POST
+//! /admin/reset_local` (L1 only, then L1 and L2, with L3 untouched) and two admin commands
+//! at once, each answered with its own result.
 
 mod common;
 
@@ -266,4 +267,42 @@ fn bench_replay_smoke_over_a_live_mooncake_store() {
         restart["rate_by_tier"]["l3"].as_f64().unwrap() > 0.0,
         "{restart}"
     );
+}
+
+/// Two admin commands sent at once are applied one at a time in arrival order, and each
+/// client gets its own command's result (before, every waiting client got the first one's).
+#[test]
+fn concurrent_admin_commands_each_get_their_own_answer() {
+    let h = Host::start(
+        &["serve", "--store", "none"],
+        &[("TSL3_SERVER__ADMIN_TOKEN", "t0k")],
+    );
+    let addr = h.addr.clone();
+    let a = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            common::http(
+                &addr,
+                "POST",
+                "/admin/reset_local",
+                r#"{"host":false}"#,
+                Some("t0k"),
+            )
+        }
+    });
+    let b = std::thread::spawn(move || {
+        common::http(
+            &addr,
+            "POST",
+            "/admin/weight_version",
+            r#"{"target":7}"#,
+            Some("t0k"),
+        )
+    });
+    let (ca, ba) = a.join().unwrap();
+    let (cb, bb) = b.join().unwrap();
+    assert_eq!((ca, cb), (200, 200), "{ba} {bb}");
+    assert!(ba.contains("reset the local caches (device)"), "{ba}");
+    assert!(bb.contains("weights 7"), "{bb}");
+    assert!(h.stop().success());
 }
