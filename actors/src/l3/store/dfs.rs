@@ -360,6 +360,39 @@ impl DfsStore {
         }
     }
 
+    /// A fresh temp path beside `target`'s directory entry (never a valid object name).
+    fn temp_path(dir: &Path, name: &str) -> (PathBuf, u64) {
+        let generation = new_generation();
+        let tmp = dir.join(format!(
+            "{TEMP_PREFIX}{name}-{generation:016x}-{}",
+            std::process::id()
+        ));
+        (tmp, generation)
+    }
+
+    /// Writes one object (header, then the payload in chunks, the write hook after each)
+    /// into a new temp file, not yet durable; the open file is returned.
+    fn write_temp(&self, tmp: &Path, src: &[u8], generation: u64) -> io::Result<File> {
+        let header = ObjectHeader {
+            version: DFS_FORMAT_VERSION,
+            identity: ObjectIdentity {
+                len: src.len() as u64,
+                checksum: xxh3_64(src),
+                generation,
+            },
+        };
+        let mut f = OpenOptions::new().write(true).create_new(true).open(tmp)?;
+        f.write_all(&header.encode())?;
+        for chunk in src.chunks(DFS_WRITE_CHUNK) {
+            f.write_all(chunk)?;
+            let gate = self.hooks.after_write_chunk.lock().clone();
+            if let Some(g) = gate {
+                g.pass();
+            }
+        }
+        Ok(f)
+    }
+
     /// Create-only atomic publication of one object: Ok when this call published it,
     /// AlreadyExists when an object (from any process) already holds the key.
     pub fn put_one(&self, key: &StorageKey, src: &[u8]) -> KeyResult {
@@ -376,34 +409,10 @@ impl DfsStore {
             self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
             return KeyResult::AlreadyExists;
         }
-        let generation = new_generation();
-        let tmp = dir.join(format!(
-            "{TEMP_PREFIX}{}-{:016x}-{}",
-            p.name,
-            generation,
-            std::process::id()
-        ));
+        let (tmp, generation) = Self::temp_path(&dir, p.name);
         let r = (|| -> io::Result<KeyResult> {
             fs::create_dir_all(&dir)?;
-            let header = ObjectHeader {
-                version: DFS_FORMAT_VERSION,
-                identity: ObjectIdentity {
-                    len: src.len() as u64,
-                    checksum: xxh3_64(src),
-                    generation,
-                },
-            };
-            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            f.write_all(&header.encode())?;
-            for chunk in src.chunks(DFS_WRITE_CHUNK) {
-                f.write_all(chunk)?;
-                let gate = self.hooks.after_write_chunk.lock().clone();
-                if let Some(g) = gate {
-                    g.pass();
-                }
-            }
-            f.sync_all()?;
-            drop(f);
+            self.write_temp(&tmp, src, generation)?.sync_all()?;
             match fs::hard_link(&tmp, &target) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -476,36 +485,13 @@ impl DfsStore {
                 results[i] = Some(KeyResult::AlreadyExists);
                 continue;
             }
-            let generation = new_generation();
-            let tmp = dir.join(format!(
-                "{TEMP_PREFIX}{}-{:016x}-{}",
-                p.name,
-                generation,
-                std::process::id()
-            ));
+            let (tmp, generation) = Self::temp_path(&dir, p.name);
             let written = (|| -> io::Result<()> {
                 if !made_dirs.contains(&dir) {
                     fs::create_dir_all(&dir)?;
                     made_dirs.push(dir.clone());
                 }
-                let header = ObjectHeader {
-                    version: DFS_FORMAT_VERSION,
-                    identity: ObjectIdentity {
-                        len: src.len() as u64,
-                        checksum: xxh3_64(src),
-                        generation,
-                    },
-                };
-                let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-                f.write_all(&header.encode())?;
-                for chunk in src.chunks(DFS_WRITE_CHUNK) {
-                    f.write_all(chunk)?;
-                    let gate = self.hooks.after_write_chunk.lock().clone();
-                    if let Some(g) = gate {
-                        g.pass();
-                    }
-                }
-                Ok(())
+                self.write_temp(&tmp, src, generation).map(drop)
             })();
             match written {
                 Ok(()) => staged.push(Staged {
