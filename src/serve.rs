@@ -85,17 +85,9 @@ fn memory_available() -> Option<u64> {
 /// Device arena (a real GPU's memory is not this machine's), the pinned Host allocation
 /// and the local store's MEMORY tier with its promotion staging.
 pub fn startup_memory(s: &Settings, spec: &RankSpec) -> Result<(u64, u64, u64)> {
-    let model = SyntheticModel::by_name(&spec.profile).map_err(|e| anyhow!("{e}"))?;
-    let scratch = (spec.max_running as u32).saturating_mul(model.profile().groups.len() as u32);
-    let layout = actors::scheduler::geometry::RankLayout::new(
-        model.profile(),
-        spec.rank,
-        spec.world,
-        spec.device_blocks,
-        spec.host_blocks,
-        scratch.max(1),
-    )
-    .map_err(|e| anyhow!("invalid setting model: {e}"))?;
+    let (_, layout) = spec
+        .layout()
+        .map_err(|e| anyhow!("invalid setting model: {e}"))?;
     let emulated = s.model.device != "cuda";
     let device = if emulated {
         layout.device_slots() as u64 * layout.slot_bytes()

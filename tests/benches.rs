@@ -17,6 +17,23 @@ fn engine_host() -> Command {
     c
 }
 
+/// Runs `engine-host ARGS --out OUT`, which must exit 0; its stdout.
+fn run_ok(args: &[&str], out: &Path) -> String {
+    let o = engine_host()
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
 fn read_json(p: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).unwrap()
@@ -31,18 +48,21 @@ fn assert_svg(p: &Path) {
 fn bench_ttft_smoke_restores_equal_recomputation_in_every_cohort() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ttft");
-    let o = engine_host()
-        .args(["bench", "ttft", "--profile", "tiny", "--lengths", "48,96"])
-        .args(["--runs", "2", "--no-device-time", "--tpot-tokens", "8"])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
+    let stdout = run_ok(
+        &[
+            "bench",
+            "ttft",
+            "--profile",
+            "tiny",
+            "--lengths",
+            "48,96",
+            "--runs",
+            "2",
+        ]
+        .into_iter()
+        .chain(["--no-device-time", "--tpot-tokens", "8"])
+        .collect::<Vec<_>>(),
+        &out,
     );
     assert!(
         stdout.contains("ttft l3-dfs-warm / recompute at 96 tokens"),
@@ -86,21 +106,11 @@ const BAILIAN: &str = r#"{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0, "i
 "#;
 
 fn replay(trace: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
-    let o = engine_host()
-        .args(["bench", "replay", "--no-device-time", "--instances", "2"])
-        .arg("--trace")
-        .arg(trace)
-        .arg("--out")
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let trace = trace.to_string_lossy().to_string();
+    let mut args = vec!["bench", "replay", "--no-device-time", "--instances", "2"];
+    args.extend(["--trace", trace.as_str()]);
+    args.extend(extra);
+    let stdout = run_ok(&args, out);
     assert!(stdout.contains("achieved/ideal"), "{stdout}");
     assert_svg(&out.join("replay.svg"));
     read_json(&out.join("replay.json"))
@@ -209,25 +219,21 @@ fn bench_ttft_smoke_over_a_live_mooncake_store() {
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ttft");
-    let o = engine_host()
-        .args(["bench", "ttft", "--profile", "tiny", "--lengths", "64"])
-        .args([
+    run_ok(
+        &[
+            "bench",
+            "ttft",
+            "--profile",
+            "tiny",
+            "--lengths",
+            "64",
             "--runs",
             "1",
-            "--no-device-time",
-            "--tpot-tokens",
-            "0",
-            "--mooncake",
-        ])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
+        ]
+        .into_iter()
+        .chain(["--no-device-time", "--tpot-tokens", "0", "--mooncake"])
+        .collect::<Vec<_>>(),
+        &out,
     );
     let doc = read_json(&out.join("ttft.json"));
     let mc: Vec<&serde_json::Value> = doc["samples"]

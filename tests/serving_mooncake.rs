@@ -20,23 +20,7 @@ const TEST: &str = "serving_mooncake";
 /// deploy/mooncake/env.sh exports; None (skipped loudly) without a library or a master.
 fn mooncake_env() -> Option<Vec<(String, String)>> {
     let m = live::settings_or_skip(TEST)?;
-    let p = "TSL3_STORAGE__MOONCAKE__";
-    Some(
-        [
-            ("LIBRARY_PATH", m.library_path),
-            ("MASTER_SERVER_ADDR", m.master_server_addr),
-            ("METADATA_SERVER", m.metadata_server),
-            ("LOCAL_HOSTNAME", m.local_hostname),
-            ("PROTOCOL", m.protocol),
-            ("GLOBAL_SEGMENT_SIZE", m.global_segment_size.to_string()),
-            ("LOCAL_BUFFER_SIZE", m.local_buffer_size.to_string()),
-            ("TENANT_ID", m.tenant_id),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("{p}{k}"), v))
-        .chain([("MC_TCP_BIND_ADDRESS".to_string(), "127.0.0.1".to_string())])
-        .collect(),
-    )
+    Some(live::engine_env(&m))
 }
 
 /// A prompt no earlier run used: tokens of a xorshift stream seeded by the PID and time.

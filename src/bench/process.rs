@@ -159,20 +159,7 @@ impl Drop for EngineProcess {
 /// environment names (deploy/mooncake/env.sh), or why there is none.
 pub fn mooncake_env() -> Result<Vec<(String, String)>, String> {
     let m = actors::l3::store::mooncake::live::settings_from_env()?;
-    let p = "TSL3_STORAGE__MOONCAKE__";
-    let mut out: Vec<(String, String)> = [
-        ("LIBRARY_PATH", m.library_path),
-        ("MASTER_SERVER_ADDR", m.master_server_addr),
-        ("METADATA_SERVER", m.metadata_server),
-        ("LOCAL_HOSTNAME", m.local_hostname),
-        ("PROTOCOL", m.protocol),
-        ("GLOBAL_SEGMENT_SIZE", m.global_segment_size.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (format!("{p}{k}"), v))
-    .collect();
-    out.push(("MC_TCP_BIND_ADDRESS".into(), "127.0.0.1".into()));
-    Ok(out)
+    Ok(actors::l3::store::mooncake::live::engine_env(&m))
 }
 
 /// The sum of a metric's samples in an exposition that carry every one of `labels`.

@@ -89,15 +89,15 @@ impl Outcome {
     }
 }
 
-/// Why the tokens a request could have reused were computed.
-fn miss_reason(fallback: &str) -> &'static str {
+/// The cause a request's fallback names for its whole miss; None when it names none (a
+/// miss or a partial hit: `missed_by_reason` splits those per block).
+fn named_miss_reason(fallback: &str) -> Option<&'static str> {
     match fallback {
-        "deadline" => "prefetch late (soft deadline)",
-        "pressure" => "pressure bypass",
-        "unhealthy" | "quarantine" => "backend unhealthy",
-        "disabled" => "l3 disabled",
-        // Split per block by `missed_by_reason`.
-        _ => "not in L3 or the local caches",
+        "deadline" => Some("prefetch late (soft deadline)"),
+        "pressure" => Some("pressure bypass"),
+        "unhealthy" | "quarantine" => Some("backend unhealthy"),
+        "disabled" => Some("l3 disabled"),
+        _ => None,
     }
 }
 
@@ -398,8 +398,7 @@ fn missed_by_reason(c: &Cohort, t: &Trace, restart: bool) -> BTreeMap<&'static s
         };
         let missed = o.ideal_cached.saturating_sub(o.cached());
         if missed > 0 {
-            let named = miss_reason(&o.fallback_reason);
-            if named != "not in L3 or the local caches" {
+            if let Some(named) = named_miss_reason(&o.fallback_reason) {
                 *out.entry(named).or_insert(0) += missed;
             } else {
                 let mut left = missed;

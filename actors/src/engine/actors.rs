@@ -99,12 +99,10 @@ impl RankActors {
                 Committed::default()
             }
         };
-        let (h2d_bytes, d2h_bytes) = plan.copy_bytes();
         let mut work = RoundWork {
             storage_ops: committed.submitted,
             storage_pending: committed.outstanding_tickets > 0,
-            // One batched step (prefills and decode tokens) with its copies over PCIe.
-            device_time_us: self.cost.round_us(&plan.step_items(), h2d_bytes, d2h_bytes),
+            device_time_us: plan.device_time_us(&self.cost),
             ..RoundWork::default()
         };
         let device_start = std::time::Instant::now();

@@ -35,6 +35,22 @@ pub struct RankSpec {
 }
 
 impl RankSpec {
+    /// The model and this rank's layout (geometry, pool sizes, scratch blocks): what the
+    /// rank allocates, computed without allocating it.
+    pub fn layout(&self) -> Result<(SyntheticModel, RankLayout), String> {
+        let model = SyntheticModel::by_name(&self.profile).map_err(|e| e.to_string())?;
+        let scratch = (self.max_running as u32).saturating_mul(model.profile().groups.len() as u32);
+        let layout = RankLayout::new(
+            model.profile(),
+            self.rank,
+            self.world,
+            self.device_blocks,
+            self.host_blocks,
+            scratch.max(1),
+        )?;
+        Ok((model, layout))
+    }
+
     /// A small single rank on the `tiny` profile with the emulated device: what tests,
     /// examples and benchmarks start from. With `storage`, generous storage limits (no
     /// pressure, long deadlines) so that only the behaviour under test shapes the run.
@@ -121,16 +137,7 @@ pub fn build_rank(
     clock: SharedClock,
     make_store: impl FnOnce(&Arc<HostCacheStorage>) -> Result<Arc<dyn Store>, String>,
 ) -> Result<RankEngine, String> {
-    let model = SyntheticModel::by_name(&spec.profile).map_err(|e| e.to_string())?;
-    let scratch = (spec.max_running as u32).saturating_mul(model.profile().groups.len() as u32);
-    let layout = RankLayout::new(
-        model.profile(),
-        spec.rank,
-        spec.world,
-        spec.device_blocks,
-        spec.host_blocks,
-        scratch.max(1),
-    )?;
+    let (model, layout) = spec.layout()?;
     let namespace = identity(spec, &layout).namespace();
     let host = HostCacheStorage::new(layout.host_bytes().max(1)).map_err(|e| e.to_string())?;
     let dev_geometry = DeviceGeometry::new(layout.device_slots(), layout.slot_bytes())

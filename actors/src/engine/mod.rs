@@ -163,16 +163,9 @@ impl RankEngine {
     }
 
     fn dispatch(&mut self, plan: RoundPlan) -> Result<RoundWork, EngineError> {
-        // The round's modeled device time: one batched step (prefills and decode tokens)
-        // with its copies at the profile's PCIe bandwidth.
-        let (h2d_bytes, d2h_bytes) = plan.copy_bytes();
         let mut work = RoundWork {
             storage_ops: plan.storage.len(),
-            device_time_us: self.model.profile().cost.round_us(
-                &plan.step_items(),
-                h2d_bytes,
-                d2h_bytes,
-            ),
+            device_time_us: plan.device_time_us(&self.model.profile().cost),
             ..RoundWork::default()
         };
         // Storage in plan order; the executor depends on tickets, not on the device.

@@ -109,9 +109,16 @@ impl<S> Plan<S> {
         }
     }
 
+    /// The round's modeled device time: one batched step (prefill chunks and decode
+    /// tokens) with its copies at the profile's PCIe bandwidth.
+    pub fn device_time_us(&self, cost: &crate::model::CostModel) -> u64 {
+        let (h2d, d2h) = self.copy_bytes();
+        cost.round_us(&self.step_items(), h2d, d2h)
+    }
+
     /// The batched step items of the round's device work: every prefill chunk and every
     /// decode token (for `CostModel::round_us`).
-    pub fn step_items(&self) -> Vec<crate::model::StepItem> {
+    fn step_items(&self) -> Vec<crate::model::StepItem> {
         self.forwards
             .iter()
             .map(|(_, f)| crate::model::StepItem {
@@ -126,7 +133,7 @@ impl<S> Plan<S> {
     }
 
     /// Bytes of the round's H2D and D2H copies.
-    pub fn copy_bytes(&self) -> (u64, u64) {
+    fn copy_bytes(&self) -> (u64, u64) {
         let sum = |v: &[DeviceCopy]| v.iter().map(|c| c.host.len).sum::<u64>();
         (sum(&self.h2d), sum(&self.d2h))
     }

@@ -78,3 +78,24 @@ pub fn settings_or_skip(test: &str) -> Option<MooncakeStoreSettings> {
         }
     }
 }
+
+/// The settings as the `TSL3_STORAGE__MOONCAKE__*` variables (and the transfer engine's
+/// loopback binding) that make an `engine-host serve` child process a client of the same
+/// instance: what live tests and benchmarks pass to the processes they start.
+pub fn engine_env(m: &MooncakeStoreSettings) -> Vec<(String, String)> {
+    let p = "TSL3_STORAGE__MOONCAKE__";
+    [
+        ("LIBRARY_PATH", m.library_path.clone()),
+        ("MASTER_SERVER_ADDR", m.master_server_addr.clone()),
+        ("METADATA_SERVER", m.metadata_server.clone()),
+        ("LOCAL_HOSTNAME", m.local_hostname.clone()),
+        ("PROTOCOL", m.protocol.clone()),
+        ("GLOBAL_SEGMENT_SIZE", m.global_segment_size.to_string()),
+        ("LOCAL_BUFFER_SIZE", m.local_buffer_size.to_string()),
+        ("TENANT_ID", m.tenant_id.clone()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("{p}{k}"), v))
+    .chain([("MC_TCP_BIND_ADDRESS".to_string(), "127.0.0.1".to_string())])
+    .collect()
+}
