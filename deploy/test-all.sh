@@ -23,6 +23,8 @@ trap 'bash deploy/mooncake/stop.sh || true' EXIT
 # shellcheck source=mooncake/env.sh
 . deploy/mooncake/env.sh
 export MOONCAKE_REQUIRE_MASTER=1
+# The fault matrix (tests/faults.rs) mounts small tmpfs instances (disk full, read-only).
+export TSL3_REQUIRE_MOUNT=1
 # <<< mooncake
 
 echo "== cargo test"

@@ -6,12 +6,14 @@
 
 use actors::engine::actors::RankView;
 use actors::frontend::FallbackReason;
+use actors::l3::store::dfs::{DfsStore, InvalidReason};
 use actors::l3::store::local::stats::PromotionStats;
 use actors::l3::store::local::LocalStore;
 use actors::l3::store::tiered::TieredStore;
 use actors::metrics::{
-    capacity_label, fail_reason_label, Metrics, CAPACITY_REASONS, L3_JOB_STATES, L3_OUTCOMES,
-    LOCAL_GET_TIERS, PREFIX_TIERS, PROMOTION_FAIL_REASONS,
+    capacity_label, fail_reason_label, Metrics, CAPACITY_REASONS, DFS_PUT_RESULTS,
+    DFS_READ_RESULTS, L3_JOB_STATES, L3_OUTCOMES, LOCAL_GET_TIERS, PREFIX_TIERS,
+    PROMOTION_FAIL_REASONS,
 };
 use actors::storage_transfer::DropReason;
 use messages::StorageOpKind;
@@ -39,6 +41,12 @@ impl PromotingStore {
         match self {
             PromotingStore::Local(l) => l.staging().used(),
             PromotingStore::Tiered(t) => t.staging().used(),
+        }
+    }
+    fn dfs(&self) -> &DfsStore {
+        match self {
+            PromotingStore::Local(l) => l.dfs(),
+            PromotingStore::Tiered(t) => t.dfs(),
         }
     }
     /// GETs served by the MEMORY tier and by the DFS tier.
@@ -143,7 +151,12 @@ impl Exporter {
             for k in StorageOpKind::ALL {
                 let ks = st.kind(k);
                 let kind = k.as_str();
-                let outcomes = [ks.completed, ks.rejected, ks.cancelled];
+                let outcomes = [
+                    ks.completed.saturating_sub(ks.failed),
+                    ks.failed,
+                    ks.rejected,
+                    ks.cancelled,
+                ];
                 for (outcome, v) in L3_OUTCOMES.into_iter().zip(outcomes) {
                     let d = self.advance(format!("ops/{kind}/{outcome}"), v);
                     m.l3_operations
@@ -231,5 +244,40 @@ impl Exporter {
             let d = self.advance(format!("local_get/{tier}"), v);
             m.local_get.with_label_values(&[tier]).inc_by(d);
         }
+        self.export_dfs(m, local.dfs());
+    }
+
+    /// The DFS tier's read and PUT results and the invalid objects it found.
+    fn export_dfs(&mut self, m: &Metrics, dfs: &DfsStore) {
+        let s = &dfs.stats;
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let reads = [
+            load(&s.reads_ok),
+            load(&s.reads_missing),
+            load(&s.reads_invalid),
+            load(&s.reads_failed),
+        ];
+        for (r, v) in DFS_READ_RESULTS.into_iter().zip(reads) {
+            let d = self.advance(format!("dfs_read/{r}"), v);
+            m.dfs_reads.with_label_values(&[r]).inc_by(d);
+        }
+        let puts = [
+            load(&s.objects_written),
+            load(&s.already_exists),
+            load(&s.puts_capacity),
+            load(&s.puts_failed),
+        ];
+        for (r, v) in DFS_PUT_RESULTS.into_iter().zip(puts) {
+            let d = self.advance(format!("dfs_put/{r}"), v);
+            m.dfs_puts.with_label_values(&[r]).inc_by(d);
+        }
+        for r in InvalidReason::ALL {
+            let d = self.advance(format!("dfs_invalid/{}", r.as_str()), s.invalid(r));
+            m.dfs_invalid_objects
+                .with_label_values(&[r.as_str()])
+                .inc_by(d);
+        }
+        let d = self.advance("dfs_invalid_removed".into(), load(&s.invalid_removed));
+        m.dfs_invalid_removed.inc_by(d);
     }
 }

@@ -6,6 +6,7 @@
 //! decision, and no label ever carries a request ID or an object key.
 
 use crate::frontend::FallbackReason;
+use crate::l3::store::dfs::InvalidReason;
 use crate::l3::store::local::stats::FailReason;
 use crate::l3::store::{CapacityReason, PromotionFailure};
 use crate::names::metric as m;
@@ -17,8 +18,9 @@ use prometheus::{
 };
 use std::collections::HashMap;
 
-/// `outcome` of `tsl3_l3_operations_total`: how an L3 operation ended.
-pub const L3_OUTCOMES: [&str; 3] = ["completed", "rejected", "cancelled"];
+/// `outcome` of `tsl3_l3_operations_total`: how an L3 operation ended (`failed`: it ran and
+/// settled with a native failure or an exception; `completed`: it ran and settled without).
+pub const L3_OUTCOMES: [&str; 4] = ["completed", "failed", "rejected", "cancelled"];
 /// `state` of `tsl3_l3_jobs`.
 pub const L3_JOB_STATES: [&str; 2] = ["queued", "running"];
 /// `credit` of `tsl3_l3_credits_in_use`.
@@ -27,6 +29,11 @@ pub const CREDITS: [&str; 2] = ["operation", "host"];
 pub const PREFIX_TIERS: [&str; 4] = ["device", "host", "l3", "computed"];
 /// `tier` of `tsl3_local_get_total`: where the local store served a GET from.
 pub const LOCAL_GET_TIERS: [&str; 2] = ["memory", "dfs"];
+
+/// `outcome` of `tsl3_dfs_reads_total`.
+pub const DFS_READ_RESULTS: [&str; 4] = ["ok", "missing", "invalid", "failed"];
+/// `outcome` of `tsl3_dfs_puts_total`.
+pub const DFS_PUT_RESULTS: [&str; 4] = ["written", "exists", "capacity", "failed"];
 
 /// `reason` label of a capacity gate.
 pub fn capacity_label(c: CapacityReason) -> &'static str {
@@ -121,6 +128,10 @@ pub struct Metrics {
     pub promotion_cancelled: IntCounter,
     pub promotion_rejected: IntCounterVec,
     pub local_get: IntCounterVec,
+    pub dfs_reads: IntCounterVec,
+    pub dfs_puts: IntCounterVec,
+    pub dfs_invalid_objects: IntCounterVec,
+    pub dfs_invalid_removed: IntCounter,
     pub ttft_seconds: Histogram,
     pub prefix_tokens: IntCounterVec,
     pub requests: IntCounterVec,
@@ -172,6 +183,15 @@ impl Metrics {
         }
         for t in LOCAL_GET_TIERS {
             self.local_get.with_label_values(&[t]);
+        }
+        for r in DFS_READ_RESULTS {
+            self.dfs_reads.with_label_values(&[r]);
+        }
+        for r in DFS_PUT_RESULTS {
+            self.dfs_puts.with_label_values(&[r]);
+        }
+        for r in InvalidReason::ALL {
+            self.dfs_invalid_objects.with_label_values(&[r.as_str()]);
         }
         for t in PREFIX_TIERS {
             self.prefix_tokens.with_label_values(&[t]);
@@ -310,6 +330,25 @@ impl Metrics {
                 opts(m::LOCAL_GET_TOTAL, "Local store GETs served, by tier"),
                 &["tier"]
             )?),
+            dfs_reads: reg!(IntCounterVec::new(
+                opts(m::DFS_READS_TOTAL, "DFS tier object reads, by result"),
+                &["outcome"]
+            )?),
+            dfs_puts: reg!(IntCounterVec::new(
+                opts(m::DFS_PUTS_TOTAL, "DFS tier PUT keys, by result"),
+                &["outcome"]
+            )?),
+            dfs_invalid_objects: reg!(IntCounterVec::new(
+                opts(
+                    m::DFS_INVALID_OBJECTS_TOTAL,
+                    "Invalid DFS objects found (never used), by reason"
+                ),
+                &["reason"]
+            )?),
+            dfs_invalid_removed: reg!(IntCounter::with_opts(opts(
+                m::DFS_INVALID_REMOVED_TOTAL,
+                "Invalid DFS objects removed so that a later PUT of their key lands"
+            ))?),
             ttft_seconds: reg!(Histogram::with_opts(
                 HistogramOpts::new(m::TTFT_SECONDS, "Time to first token").buckets(vec![
                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0

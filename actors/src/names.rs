@@ -77,6 +77,15 @@ pub mod metric {
     pub const PROMOTION_CANCELLED_TOTAL: &str = "tsl3_promotion_cancelled_total";
     /// Label `reason`: quota, allocation, watermark, in_flight_cap (before admission).
     pub const PROMOTION_REJECTED_TOTAL: &str = "tsl3_promotion_rejected_total";
+    /// DFS tier reads by result: label `outcome` = ok | missing | invalid | failed.
+    pub const DFS_READS_TOTAL: &str = "tsl3_dfs_reads_total";
+    /// DFS tier PUT keys by result: label `outcome` = written | exists | capacity | failed.
+    pub const DFS_PUTS_TOTAL: &str = "tsl3_dfs_puts_total";
+    /// Invalid DFS objects found, label `reason` = bad_key | header | identity | length |
+    /// checksum | unreadable | too_long.
+    pub const DFS_INVALID_OBJECTS_TOTAL: &str = "tsl3_dfs_invalid_objects_total";
+    /// Invalid DFS objects removed so that a later PUT of their key lands.
+    pub const DFS_INVALID_REMOVED_TOTAL: &str = "tsl3_dfs_invalid_removed_total";
     /// Local store GETs served by tier: label `tier` = memory | dfs.
     pub const LOCAL_GET_TOTAL: &str = "tsl3_local_get_total";
 }

@@ -337,6 +337,19 @@ def l3() -> dict:
         panel("timeseries", "Local store GETs by tier",
               "Local store GETs per second served from MEMORY or from the DFS tier, summed over ranks.",
               [(f"sum by (tier) ({rate('tsl3_local_get_total')})", "{{tier}}")], unit="ops"),
+        panel("timeseries", "DFS tier reads and PUT keys by outcome",
+              "DFS object reads per second (QUERY's header reads included) and PUT keys per "
+              "second, by outcome, summed over ranks (DFS I/O is shard-local). A full disk shows "
+              "as PUT capacity, never as failed reads.",
+              [(f"sum by (outcome) ({rate('tsl3_dfs_reads_total')})", "read {{outcome}}"),
+               (f"sum by (outcome) ({rate('tsl3_dfs_puts_total')})", "put {{outcome}}")],
+              unit="ops"),
+        panel("timeseries", "Invalid DFS objects by reason",
+              "Objects found invalid per second (never used as KV), by reason, and those removed so "
+              "that the key's next backup lands, summed over ranks.",
+              [(f"sum by (reason) ({rate('tsl3_dfs_invalid_objects_total')})", "invalid {{reason}}"),
+               (f"sum({rate('tsl3_dfs_invalid_removed_total')})", "removed")],
+              unit="ops"),
     ]
     return dashboard(
         "tsl3-l3", "tsl3 / L3 tier",

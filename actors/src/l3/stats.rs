@@ -12,6 +12,9 @@ pub struct KindStats {
     pub submitted: u64,
     /// Jobs that ran and settled (including failures).
     pub completed: u64,
+    /// Of `completed`, jobs that settled with a native failure or an exception (the
+    /// `failed` outcome; the rest are the `completed` outcome).
+    pub failed: u64,
     /// Commands rejected before running (health, queue, limit, shutdown, quarantine,
     /// invalid). Queued cancellations are counted in `cancelled` only.
     pub rejected: u64,
@@ -57,6 +60,7 @@ impl ExecutorStats {
 pub(crate) struct KindCounters {
     pub submitted: AtomicU64,
     pub completed: AtomicU64,
+    pub failed: AtomicU64,
     pub rejected: AtomicU64,
     pub cancelled: AtomicU64,
     pub queue_time_us_total: AtomicU64,
@@ -77,6 +81,7 @@ impl KindCounters {
         KindStats {
             submitted: r(&self.submitted),
             completed: r(&self.completed),
+            failed: r(&self.failed),
             rejected: r(&self.rejected),
             cancelled: r(&self.cancelled),
             queue_time_us_total: r(&self.queue_time_us_total),

@@ -134,6 +134,9 @@ fn finish(shared: &Shared, job: &Job, settled: Settled, started: u64, finished: 
         .sum();
     add(&c.payload_bytes, ok_bytes);
     add(&c.new_writes, done.new_writes as u64);
+    if done.error.is_some() {
+        add(&c.failed, 1);
+    }
     let outcome = if !done.retired {
         "quarantined"
     } else if done.error.is_some() {

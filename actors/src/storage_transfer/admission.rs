@@ -18,6 +18,8 @@ pub struct Gates {
     pub quarantined: bool,
     /// The pressure gate is closed.
     pub gate_closed: bool,
+    /// Backup PUTs wait out a capacity backoff (the store just rejected keys as full).
+    pub backups_paused: bool,
 }
 
 fn check_keys(cfg: &StorageConfig, n: usize) -> Result<(), Refusal> {

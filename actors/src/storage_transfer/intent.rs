@@ -244,7 +244,10 @@ impl StoragePlanner {
         let mut issued = vec![];
         let mut unavailable = 0u64;
         let mut coalesced = vec![];
-        if self.view.gates.quarantined || self.view.gates.gate_closed {
+        if self.view.gates.quarantined
+            || self.view.gates.gate_closed
+            || self.view.gates.backups_paused
+        {
             return issued;
         }
         loop {

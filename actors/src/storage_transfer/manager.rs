@@ -90,7 +90,18 @@ pub struct StorageTransferManager {
     soft_timeouts: u64,
     ready_expirations: u64,
     pressure_bypasses: u64,
+    /// Capacity backoff (agreed tick domain): no backup PUT is dispatched before
+    /// `capacity_retry_at_us` after the store rejected keys for lack of space.
+    capacity_retry_at_us: u64,
+    capacity_backoff_us: u64,
+    capacity_backoffs: u64,
 }
+
+/// The first wait after a PUT's capacity rejection; it doubles on every further rejection
+/// up to `CAPACITY_BACKOFF_MAX_US` and resets when a PUT lands a new write without one. A
+/// full store is then retried a few times a second at most, never in a loop.
+pub const CAPACITY_BACKOFF_MIN_US: u64 = 100_000;
+pub const CAPACITY_BACKOFF_MAX_US: u64 = 5_000_000;
 
 impl StorageTransferManager {
     pub fn new(cfg: StorageConfig) -> Self {
@@ -118,7 +129,15 @@ impl StorageTransferManager {
             soft_timeouts: 0,
             ready_expirations: 0,
             pressure_bypasses: 0,
+            capacity_retry_at_us: 0,
+            capacity_backoff_us: 0,
+            capacity_backoffs: 0,
         }
+    }
+
+    /// Backups wait for the capacity backoff until this agreed tick (0: none).
+    pub fn capacity_retry_at_us(&self) -> u64 {
+        self.capacity_retry_at_us
     }
 
     /// Names the rank on this manager's operation spans.
@@ -485,6 +504,15 @@ impl StorageTransferManager {
             }
             StorageOpKind::Put => {
                 self.settle(op, fx);
+                let rejected = done.capacity.iter().any(|c| *c);
+                if rejected && epoch == self.epoch {
+                    self.capacity_backoff_us = (self.capacity_backoff_us * 2)
+                        .clamp(CAPACITY_BACKOFF_MIN_US, CAPACITY_BACKOFF_MAX_US);
+                    self.capacity_retry_at_us = self.now_us + self.capacity_backoff_us;
+                    self.capacity_backoffs += 1;
+                } else if done.new_writes > 0 {
+                    self.capacity_backoff_us = 0;
+                }
                 for (i, key) in keys.into_iter().enumerate() {
                     if done.success.get(i).copied().unwrap_or(false) {
                         fx.backed_up.push(key);
@@ -657,6 +685,7 @@ impl StorageTransferManager {
         Gates {
             quarantined: self.quarantined,
             gate_closed: self.gate.is_closed(),
+            backups_paused: self.now_us < self.capacity_retry_at_us,
         }
     }
 
@@ -691,6 +720,9 @@ impl StorageTransferManager {
     ) -> Option<StoragePutOp> {
         if self.quarantined || self.gate.is_closed() || self.backups.is_empty() {
             return None;
+        }
+        if self.now_us < self.capacity_retry_at_us {
+            return None; // the store just said it is full: wait out the backoff
         }
         let room = backup_room(&self.credits, &self.cfg);
         if room == 0 {

@@ -631,10 +631,13 @@ fn backup_dispatch_skips_evicted_and_coalesces_pending() {
         }]
     );
     assert_eq!(m.queued_candidates(), 1);
+    // After the capacity backoff the candidate is dispatched again.
+    let retry = m.capacity_retry_at_us();
+    m.apply_round(with_done(retry, vec![])).unwrap();
     let put = m.dispatch_backups(&mut residency_all).unwrap();
     let fx = m
         .apply_round(with_done(
-            2 * MS,
+            retry + MS,
             vec![StorageDone::put(
                 put.op,
                 vec![true],
@@ -825,4 +828,54 @@ fn capacity_reoffer_while_closed_is_a_pressure_drop() {
     assert!(fx.reoffer.is_empty());
     assert_eq!(m.stats().dropped(DropReason::Pressure), 1);
     assert_eq!(m.queued_candidates(), 0);
+}
+
+#[test]
+fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff() {
+    use super::manager::{CAPACITY_BACKOFF_MAX_US, CAPACITY_BACKOFF_MIN_US};
+    let mut m = StorageTransferManager::new(config());
+    let rejected = |op| StorageDone::put(op, vec![false], vec![0], vec![true], true);
+    m.offer_backup(key("a"), HostRef(1));
+    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let t0 = MS;
+    let fx = m
+        .apply_round(with_done(t0, vec![rejected(put.op)]))
+        .unwrap();
+    assert_eq!(fx.reoffer.len(), 1, "re-offered, not lost");
+    assert_eq!(m.queued_candidates(), 1);
+    // Within the backoff nothing is dispatched, however many rounds run.
+    for t in [t0 + 1, t0 + CAPACITY_BACKOFF_MIN_US - 1] {
+        m.apply_round(with_done(t, vec![])).unwrap();
+        assert!(m.dispatch_backups(&mut residency_all).is_none(), "at {t}");
+    }
+    m.apply_round(with_done(t0 + CAPACITY_BACKOFF_MIN_US, vec![]))
+        .unwrap();
+    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    // A second rejection doubles the wait.
+    let t1 = t0 + CAPACITY_BACKOFF_MIN_US + 10;
+    m.apply_round(with_done(t1, vec![rejected(put.op)]))
+        .unwrap();
+    assert_eq!(m.capacity_retry_at_us(), t1 + 2 * CAPACITY_BACKOFF_MIN_US);
+    // Repeated rejections never wait longer than the maximum.
+    let mut t = t1;
+    for _ in 0..20 {
+        t = m.capacity_retry_at_us();
+        m.apply_round(with_done(t, vec![])).unwrap();
+        let put = m.dispatch_backups(&mut residency_all).unwrap();
+        m.apply_round(with_done(t, vec![rejected(put.op)])).unwrap();
+        assert!(m.capacity_retry_at_us() - t <= CAPACITY_BACKOFF_MAX_US);
+    }
+    assert_eq!(m.capacity_retry_at_us() - t, CAPACITY_BACKOFF_MAX_US);
+    // A write that lands resets the backoff: the next rejection waits the minimum again.
+    let t = m.capacity_retry_at_us();
+    m.apply_round(with_done(t, vec![])).unwrap();
+    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let mut ok = StorageDone::put(put.op, vec![true], vec![16], vec![false], true);
+    ok.new_writes = 1;
+    m.apply_round(with_done(t, vec![ok])).unwrap();
+    m.offer_backup(key("b"), HostRef(2));
+    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    m.apply_round(with_done(t + 5, vec![rejected(put.op)]))
+        .unwrap();
+    assert_eq!(m.capacity_retry_at_us(), t + 5 + CAPACITY_BACKOFF_MIN_US);
 }

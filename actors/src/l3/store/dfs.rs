@@ -17,16 +17,16 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 use super::faulty::Gate;
 
 /// File magic of a DFS object.
 pub const DFS_MAGIC: [u8; 8] = *b"TSL3DFS\0";
-/// On-disk format version of a DFS object.
-pub const DFS_FORMAT_VERSION: u32 = 1;
+/// On-disk format version of a DFS object (2: the header binds the object to its key).
+pub const DFS_FORMAT_VERSION: u32 = 2;
 /// Header bytes before the payload.
-pub const DFS_HEADER_LEN: usize = 40;
+pub const DFS_HEADER_LEN: usize = 64;
 /// Payload bytes written per `write` call (a write hook runs after each chunk).
 pub const DFS_WRITE_CHUNK: usize = 1 << 20;
 /// Prefix of temporary files and tombstones: never a valid object name.
@@ -50,11 +50,77 @@ pub struct ObjectIdentity {
     pub generation: u64,
 }
 
-/// The fixed-size object header.
+/// The 128-bit hash of a full key (namespace included) that a header binds its object to:
+/// an object copied, linked or restored under another key never validates.
+pub fn key_hash(key: &StorageKey) -> u128 {
+    xxh3_128(key.as_str().as_bytes())
+}
+
+/// Why a stored object was proven invalid (the `reason` of
+/// `tsl3_dfs_invalid_objects_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InvalidReason {
+    /// The key is not a plain object name of its namespace.
+    BadKey,
+    /// Not our magic or format version, or the header's own checksum fails.
+    Header,
+    /// The header belongs to another key or namespace.
+    Identity,
+    /// The file size disagrees with the header's length (truncated or extended).
+    Length,
+    /// The payload's checksum disagrees with the header's.
+    Checksum,
+    /// The object could not be opened or read for lack of permission: not proven corrupt,
+    /// so never removed, but never used either.
+    Unreadable,
+    /// The destination is shorter than the object.
+    TooLong,
+}
+
+impl InvalidReason {
+    pub const ALL: [InvalidReason; 7] = [
+        InvalidReason::BadKey,
+        InvalidReason::Header,
+        InvalidReason::Identity,
+        InvalidReason::Length,
+        InvalidReason::Checksum,
+        InvalidReason::Unreadable,
+        InvalidReason::TooLong,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvalidReason::BadKey => "bad_key",
+            InvalidReason::Header => "header",
+            InvalidReason::Identity => "identity",
+            InvalidReason::Length => "length",
+            InvalidReason::Checksum => "checksum",
+            InvalidReason::Unreadable => "unreadable",
+            InvalidReason::TooLong => "too_long",
+        }
+    }
+    fn index(self) -> usize {
+        self as usize
+    }
+    /// Whether the file at the key's path is proven not to be the key's object, so that it
+    /// is removed and a later create-only PUT of the key can land.
+    fn proves_corrupt(self) -> bool {
+        matches!(
+            self,
+            InvalidReason::Header
+                | InvalidReason::Identity
+                | InvalidReason::Length
+                | InvalidReason::Checksum
+        )
+    }
+}
+
+/// The fixed-size object header: magic, version, logical length, payload checksum,
+/// generation, the key hash, and a checksum of the header bytes before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectHeader {
     pub version: u32,
     pub identity: ObjectIdentity,
+    pub key_hash: u128,
 }
 
 impl ObjectHeader {
@@ -66,31 +132,39 @@ impl ObjectHeader {
         h[16..24].copy_from_slice(&self.identity.len.to_le_bytes());
         h[24..32].copy_from_slice(&self.identity.checksum.to_le_bytes());
         h[32..40].copy_from_slice(&self.identity.generation.to_le_bytes());
+        h[40..56].copy_from_slice(&self.key_hash.to_le_bytes());
+        let sum = xxh3_64(&h[..56]);
+        h[56..64].copy_from_slice(&sum.to_le_bytes());
         h
     }
 
-    /// None when the magic or version is not ours.
-    pub fn decode(h: &[u8; DFS_HEADER_LEN]) -> Option<Self> {
+    /// The header, or Header when the magic, version or header checksum is not ours.
+    pub fn decode(h: &[u8; DFS_HEADER_LEN]) -> Result<Self, InvalidReason> {
         if h[0..8] != DFS_MAGIC {
-            return None;
+            return Err(InvalidReason::Header);
         }
-        let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&h[o..o + 8]);
-            u64::from_le_bytes(b)
+        let mut b8 = [0u8; 8];
+        let mut u64_at = |o: usize| {
+            b8.copy_from_slice(&h[o..o + 8]);
+            u64::from_le_bytes(b8)
         };
-        let version = u32_at(8);
-        if version != DFS_FORMAT_VERSION {
-            return None;
+        if xxh3_64(&h[..56]) != u64_at(56) {
+            return Err(InvalidReason::Header);
         }
-        Some(Self {
+        let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+        if version != DFS_FORMAT_VERSION {
+            return Err(InvalidReason::Header);
+        }
+        let mut b16 = [0u8; 16];
+        b16.copy_from_slice(&h[40..56]);
+        Ok(Self {
             version,
             identity: ObjectIdentity {
                 len: u64_at(16),
                 checksum: u64_at(24),
                 generation: u64_at(32),
             },
+            key_hash: u128::from_le_bytes(b16),
         })
     }
 }
@@ -202,9 +276,30 @@ pub struct DfsStats {
     pub already_exists: AtomicU64,
     pub reads_ok: AtomicU64,
     pub reads_missing: AtomicU64,
+    /// Reads that found an invalid object (every reason).
     pub reads_invalid: AtomicU64,
+    /// Reads that failed with an I/O error (a retired native failure).
+    pub reads_failed: AtomicU64,
+    /// PUT keys refused for lack of space or quota (ENOSPC, EDQUOT).
+    pub puts_capacity: AtomicU64,
+    /// PUT keys that failed otherwise (read-only directory, permissions, I/O).
+    pub puts_failed: AtomicU64,
+    /// Invalid objects found, by `InvalidReason::index`.
+    invalid: [AtomicU64; 7],
+    /// Invalid objects removed so that a later PUT of their key lands.
+    pub invalid_removed: AtomicU64,
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
+}
+
+impl DfsStats {
+    /// Invalid objects found for one reason.
+    pub fn invalid(&self, r: InvalidReason) -> u64 {
+        self.invalid[r.index()].load(Ordering::Relaxed)
+    }
+    fn record_invalid(&self, r: InvalidReason) {
+        self.invalid[r.index()].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Test hooks: a gate passed after each written payload chunk of a PUT.
@@ -217,8 +312,9 @@ pub struct DfsHooks {
 #[derive(Debug)]
 pub enum ReadError {
     Missing,
-    /// Not a valid object: bad key, bad magic/version, wrong length, checksum mismatch.
-    Invalid,
+    /// Not this key's valid object (bad key, header, identity, length, checksum, or an
+    /// unreadable file).
+    Invalid(InvalidReason),
     Io(io::Error),
 }
 
@@ -229,6 +325,16 @@ pub struct DfsStore {
     io: IoLimiter,
     pub stats: DfsStats,
     pub hooks: DfsHooks,
+}
+
+/// No space or quota left: ENOSPC, EDQUOT (a capacity rejection, not an outage).
+pub fn is_capacity(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(c) if c == libc_errno::ENOSPC || c == libc_errno::EDQUOT)
+}
+
+mod libc_errno {
+    pub const ENOSPC: i32 = rustix::io::Errno::NOSPC.raw_os_error();
+    pub const EDQUOT: i32 = rustix::io::Errno::DQUOT.raw_os_error();
 }
 
 fn io_code(e: &io::Error) -> i64 {
@@ -267,92 +373,180 @@ impl DfsStore {
         Some(self.root.join(p.namespace).join(p.name))
     }
 
-    fn read_header(file: &mut File) -> Result<ObjectHeader, ReadError> {
+    fn read_header(key: &StorageKey, file: &mut File) -> Result<ObjectHeader, ReadError> {
         let mut h = [0u8; DFS_HEADER_LEN];
         match file.read_exact(&mut h) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(ReadError::Invalid),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(ReadError::Invalid(InvalidReason::Header))
+            }
             Err(e) => return Err(ReadError::Io(e)),
         }
-        let header = ObjectHeader::decode(&h).ok_or(ReadError::Invalid)?;
+        let header = ObjectHeader::decode(&h).map_err(ReadError::Invalid)?;
+        if header.key_hash != key_hash(key) {
+            return Err(ReadError::Invalid(InvalidReason::Identity));
+        }
         let size = file.metadata().map_err(ReadError::Io)?.len();
         if size != DFS_HEADER_LEN as u64 + header.identity.len {
-            return Err(ReadError::Invalid);
+            return Err(ReadError::Invalid(InvalidReason::Length));
         }
         Ok(header)
     }
 
-    fn open_object(&self, key: &StorageKey) -> Result<File, ReadError> {
-        let path = self.object_path(key).ok_or(ReadError::Invalid)?;
-        File::open(&path).map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                ReadError::Missing
-            } else {
-                ReadError::Io(e)
+    fn open_object(&self, key: &StorageKey) -> Result<(PathBuf, File), ReadError> {
+        let path = self
+            .object_path(key)
+            .ok_or(ReadError::Invalid(InvalidReason::BadKey))?;
+        // Non-blocking open: a FIFO (or device) planted at an object path never blocks a
+        // reader; only a regular file can be an object.
+        let opened = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+                .open(&path)
+        };
+        match opened {
+            Ok(f) => match f.metadata() {
+                Ok(m) if m.is_file() => Ok((path, f)),
+                Ok(_) => Err(ReadError::Invalid(InvalidReason::Unreadable)),
+                Err(e) => Err(ReadError::Io(e)),
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ReadError::Missing),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                Err(ReadError::Invalid(InvalidReason::Unreadable))
             }
-        })
+            Err(e) => Err(ReadError::Io(e)),
+        }
     }
 
-    /// The identity of the stored object (reads the header only).
+    /// Runs one validated read of `key` and settles its evidence: counts it, and removes a
+    /// file proven not to be this key's object (`retire_invalid`).
+    fn validated<T>(
+        &self,
+        key: &StorageKey,
+        read: impl FnOnce(&mut File) -> Result<T, ReadError>,
+    ) -> Result<T, ReadError> {
+        let (path, mut file) = match self.open_object(key) {
+            Ok(x) => x,
+            Err(e) => return Err(self.count_failure(e)),
+        };
+        match read(&mut file) {
+            Ok(v) => Ok(v),
+            Err(ReadError::Invalid(r)) if r.proves_corrupt() => {
+                self.retire_invalid(&path, &file);
+                Err(self.count_failure(ReadError::Invalid(r)))
+            }
+            Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
+                Err(self.count_failure(ReadError::Invalid(InvalidReason::Unreadable)))
+            }
+            Err(e) => Err(self.count_failure(e)),
+        }
+    }
+
+    fn count_failure(&self, e: ReadError) -> ReadError {
+        match &e {
+            ReadError::Missing => self.stats.reads_missing.fetch_add(1, Ordering::Relaxed),
+            ReadError::Invalid(r) => {
+                self.stats.record_invalid(*r);
+                self.stats.reads_invalid.fetch_add(1, Ordering::Relaxed)
+            }
+            ReadError::Io(_) => self.stats.reads_failed.fetch_add(1, Ordering::Relaxed),
+        };
+        e
+    }
+
+    /// Removes the file at `path` if it still is the very file `opened` (same device and
+    /// inode): it is renamed to a tombstone first, so a valid object published at the path
+    /// meanwhile by another host is put back (create-only) instead of being lost.
+    fn retire_invalid(&self, path: &Path, opened: &File) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(seen) = opened.metadata() else { return };
+        let Some(dir) = path.parent() else { return };
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tomb = dir.join(format!(
+            "{TOMBSTONE_PREFIX}{name}-{:016x}",
+            new_generation()
+        ));
+        if fs::rename(path, &tomb).is_err() {
+            return; // already gone (another reader retired it) or not removable here
+        }
+        let same = fs::metadata(&tomb)
+            .map(|m| m.dev() == seen.dev() && m.ino() == seen.ino())
+            .unwrap_or(false);
+        if same {
+            self.stats.invalid_removed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(object = %path.display(), "dfs: removed an invalid object");
+        } else {
+            // A newer object took the path after we opened ours: put it back unless an
+            // even newer one is already there.
+            let _ = fs::hard_link(&tomb, path);
+        }
+        let _ = fs::remove_file(&tomb);
+        let _ = fsync_dir(dir);
+    }
+
+    /// The identity of the stored object (reads and validates the header only).
     pub fn stat(&self, key: &StorageKey) -> Result<ObjectIdentity, ReadError> {
         let _permit = self.io.acquire();
-        let mut f = self.open_object(key)?;
-        Ok(Self::read_header(&mut f)?.identity)
+        self.validated(key, |f| Ok(Self::read_header(key, f)?.identity))
     }
 
-    /// Reads a whole object into a fresh buffer after validating length and checksum.
+    /// Reads a whole object into a fresh buffer after validating identity, length and
+    /// checksum.
     pub fn read_object(&self, key: &StorageKey) -> Result<(ObjectIdentity, Vec<u8>), ReadError> {
         let _permit = self.io.acquire();
-        let mut f = self.open_object(key)?;
-        let h = Self::read_header(&mut f)?;
-        let len = usize::try_from(h.identity.len).map_err(|_| ReadError::Invalid)?;
-        let mut buf = vec![0u8; len];
-        read_payload(&mut f, &mut buf)?;
-        if xxh3_64(&buf) != h.identity.checksum {
-            return Err(ReadError::Invalid);
+        let r = self.validated(key, |f| {
+            let h = Self::read_header(key, f)?;
+            let len = usize::try_from(h.identity.len)
+                .map_err(|_| ReadError::Invalid(InvalidReason::Length))?;
+            let mut buf = vec![0u8; len];
+            read_payload(f, &mut buf)?;
+            if xxh3_64(&buf) != h.identity.checksum {
+                return Err(ReadError::Invalid(InvalidReason::Checksum));
+            }
+            Ok((h.identity, buf))
+        });
+        if let Ok((id, _)) = &r {
+            self.stats.reads_ok.fetch_add(1, Ordering::Relaxed);
+            self.stats.bytes_read.fetch_add(id.len, Ordering::Relaxed);
         }
-        self.stats
-            .bytes_read
-            .fetch_add(len as u64, Ordering::Relaxed);
-        Ok((h.identity, buf))
+        r
     }
 
     /// Reads one key into `dest` with MemoryStore's contract: exact length → Ok; a longer
     /// destination → ShortRead (the object's bytes land first); a shorter one → Invalid.
+    /// A file proven not to be this key's object is removed (see `retire_invalid`).
     pub fn get_one(&self, key: &StorageKey, dest: &mut [u8]) -> KeyResult {
         let _permit = self.io.acquire();
-        let r = (|| -> Result<KeyResult, ReadError> {
-            let mut f = self.open_object(key)?;
-            let h = Self::read_header(&mut f)?;
+        let r = self.validated(key, |f| {
+            let h = Self::read_header(key, f)?;
             let len = h.identity.len;
             if len > dest.len() as u64 {
-                return Err(ReadError::Invalid);
+                return Err(ReadError::Invalid(InvalidReason::TooLong));
             }
             let body = &mut dest[..len as usize];
-            read_payload(&mut f, body)?;
+            read_payload(f, body)?;
             if xxh3_64(body) != h.identity.checksum {
-                return Err(ReadError::Invalid);
+                return Err(ReadError::Invalid(InvalidReason::Checksum));
             }
-            self.stats.bytes_read.fetch_add(len, Ordering::Relaxed);
-            if len < dest.len() as u64 {
-                Ok(KeyResult::ShortRead { bytes: len })
-            } else {
-                Ok(KeyResult::Ok { bytes: len })
-            }
-        })();
+            Ok(len)
+        });
         match r {
-            Ok(ok) => {
+            Ok(len) => {
                 self.stats.reads_ok.fetch_add(1, Ordering::Relaxed);
-                ok
+                self.stats.bytes_read.fetch_add(len, Ordering::Relaxed);
+                if len < dest.len() as u64 {
+                    KeyResult::ShortRead { bytes: len }
+                } else {
+                    KeyResult::Ok { bytes: len }
+                }
             }
-            Err(ReadError::Missing) => {
-                self.stats.reads_missing.fetch_add(1, Ordering::Relaxed);
-                KeyResult::Missing
-            }
-            Err(ReadError::Invalid) => {
-                self.stats.reads_invalid.fetch_add(1, Ordering::Relaxed);
-                KeyResult::Invalid
-            }
+            Err(ReadError::Missing) => KeyResult::Missing,
+            Err(ReadError::Invalid(_)) => KeyResult::Invalid,
             Err(ReadError::Io(e)) => KeyResult::Failed {
                 code: io_code(&e),
                 retired: true,
@@ -372,7 +566,13 @@ impl DfsStore {
 
     /// Writes one object (header, then the payload in chunks, the write hook after each)
     /// into a new temp file, not yet durable; the open file is returned.
-    fn write_temp(&self, tmp: &Path, src: &[u8], generation: u64) -> io::Result<File> {
+    fn write_temp(
+        &self,
+        tmp: &Path,
+        key: &StorageKey,
+        src: &[u8],
+        generation: u64,
+    ) -> io::Result<File> {
         let header = ObjectHeader {
             version: DFS_FORMAT_VERSION,
             identity: ObjectIdentity {
@@ -380,6 +580,7 @@ impl DfsStore {
                 checksum: xxh3_64(src),
                 generation,
             },
+            key_hash: key_hash(key),
         };
         let mut f = OpenOptions::new().write(true).create_new(true).open(tmp)?;
         f.write_all(&header.encode())?;
@@ -412,7 +613,7 @@ impl DfsStore {
         let (tmp, generation) = Self::temp_path(&dir, p.name);
         let r = (|| -> io::Result<KeyResult> {
             fs::create_dir_all(&dir)?;
-            self.write_temp(&tmp, src, generation)?.sync_all()?;
+            self.write_temp(&tmp, key, src, generation)?.sync_all()?;
             match fs::hard_link(&tmp, &target) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -439,10 +640,22 @@ impl DfsStore {
                 self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
                 other
             }
-            Err(e) => KeyResult::Failed {
-                code: io_code(&e),
+            Err(e) => self.put_failure(&e),
+        }
+    }
+
+    /// The retired result of a PUT key whose write failed: no space or quota is a
+    /// capacity rejection (re-offered later, never an outage); anything else a failure.
+    fn put_failure(&self, e: &io::Error) -> KeyResult {
+        if is_capacity(e) {
+            self.stats.puts_capacity.fetch_add(1, Ordering::Relaxed);
+            KeyResult::Capacity
+        } else {
+            self.stats.puts_failed.fetch_add(1, Ordering::Relaxed);
+            KeyResult::Failed {
+                code: io_code(e),
                 retired: true,
-            },
+            }
         }
     }
 
@@ -491,7 +704,7 @@ impl DfsStore {
                     fs::create_dir_all(&dir)?;
                     made_dirs.push(dir.clone());
                 }
-                self.write_temp(&tmp, src, generation).map(drop)
+                self.write_temp(&tmp, key, src, generation).map(drop)
             })();
             match written {
                 Ok(()) => staged.push(Staged {
@@ -503,10 +716,7 @@ impl DfsStore {
                 }),
                 Err(e) => {
                     let _ = fs::remove_file(&tmp);
-                    results[i] = Some(KeyResult::Failed {
-                        code: io_code(&e),
-                        retired: true,
-                    });
+                    results[i] = Some(self.put_failure(&e));
                 }
             }
         }
@@ -521,10 +731,7 @@ impl DfsStore {
         let mut linked_dirs: Vec<PathBuf> = vec![];
         for st in staged {
             let r = match &flushed {
-                Err(e) => KeyResult::Failed {
-                    code: io_code(e),
-                    retired: true,
-                },
+                Err(e) => self.put_failure(e),
                 Ok(()) => match fs::hard_link(&st.tmp, &st.target) {
                     Ok(()) => {
                         if !linked_dirs.contains(&st.dir) {
@@ -540,10 +747,7 @@ impl DfsStore {
                         self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
                         KeyResult::AlreadyExists
                     }
-                    Err(e) => KeyResult::Failed {
-                        code: io_code(&e),
-                        retired: true,
-                    },
+                    Err(e) => self.put_failure(&e),
                 },
             };
             let _ = fs::remove_file(&st.tmp);
@@ -583,7 +787,9 @@ impl DfsStore {
 fn read_payload(f: &mut File, buf: &mut [u8]) -> Result<(), ReadError> {
     match f.read_exact(buf) {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(ReadError::Invalid),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            Err(ReadError::Invalid(InvalidReason::Length))
+        }
         Err(e) => Err(ReadError::Io(e)),
     }
 }
@@ -767,7 +973,7 @@ mod tests {
     }
 
     #[test]
-    fn corrupted_payload_header_or_length_is_invalid() {
+    fn corrupted_payload_header_or_length_is_invalid_counted_and_removed() {
         let (_d, s) = store();
         let data = vec![7u8; 1000];
         s.put(&[k(2, "a"), k(2, "b"), k(2, "c")], &[&data, &data, &data])
@@ -800,8 +1006,144 @@ mod tests {
             )
             .unwrap();
         assert_eq!(r, vec![KeyResult::Invalid; 3]);
-        assert!(matches!(s.read_object(&k(2, "a")), Err(ReadError::Invalid)));
         assert_eq!(s.stats.reads_invalid.load(Ordering::Relaxed), 3);
+        assert_eq!(s.stats.invalid(InvalidReason::Checksum), 1);
+        assert_eq!(s.stats.invalid(InvalidReason::Length), 1);
+        assert_eq!(s.stats.invalid(InvalidReason::Header), 1);
+        // Proven invalid: removed, so the next reader finds nothing and a PUT lands.
+        assert_eq!(s.stats.invalid_removed.load(Ordering::Relaxed), 3);
+        assert!(matches!(s.read_object(&k(2, "a")), Err(ReadError::Missing)));
+        let r = s
+            .put(&[k(2, "a"), k(2, "b"), k(2, "c")], &[&data, &data, &data])
+            .unwrap();
+        assert_eq!(r, vec![KeyResult::Ok { bytes: 1000 }; 3]);
+        for key in [k(2, "a"), k(2, "b"), k(2, "c")] {
+            assert_eq!(s.read_object(&key).unwrap().1, data);
+        }
+        assert_no_leftovers(&s, "tsl3-0000000000000002");
+    }
+
+    fn assert_no_leftovers(s: &DfsStore, ns: &str) {
+        for e in fs::read_dir(s.root().join(ns)).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().to_string();
+            assert!(!name.starts_with('.'), "{name} left in {ns}");
+        }
+    }
+
+    #[test]
+    fn an_object_under_another_key_or_namespace_never_validates() {
+        let (_d, s) = store();
+        s.put(&[k(7, "src")], &[b"the source's kv".as_slice()])
+            .unwrap();
+        let src = s.object_path(&k(7, "src")).unwrap();
+        // A valid object copied over another key's file, and into another namespace.
+        for victim in [k(7, "dst"), k(8, "src")] {
+            let path = s.object_path(&victim).unwrap();
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::copy(&src, &path).unwrap();
+            assert!(matches!(
+                s.stat(&victim),
+                Err(ReadError::Invalid(InvalidReason::Identity))
+            ));
+            // Removed on sight: QUERY reports it absent and the key's own PUT lands.
+            assert_eq!(s.query(std::slice::from_ref(&victim)).unwrap(), vec![false]);
+            assert_eq!(
+                s.put(std::slice::from_ref(&victim), &[b"own".as_slice()])
+                    .unwrap(),
+                vec![KeyResult::Ok { bytes: 3 }]
+            );
+            let mut d = [0u8; 3];
+            assert_eq!(
+                s.get(std::slice::from_ref(&victim), &mut [&mut d]).unwrap(),
+                vec![KeyResult::Ok { bytes: 3 }]
+            );
+            assert_eq!(&d, b"own");
+        }
+        assert_eq!(s.stats.invalid(InvalidReason::Identity), 2);
+        // The source itself is untouched.
+        assert_eq!(s.read_object(&k(7, "src")).unwrap().1, b"the source's kv");
+    }
+
+    #[test]
+    fn random_bytes_a_fifo_or_a_directory_at_an_object_path_are_invalid_and_never_block() {
+        let (_d, s) = store();
+        let noise = s.object_path(&k(9, "noise")).unwrap();
+        fs::create_dir_all(noise.parent().unwrap()).unwrap();
+        let bytes: Vec<u8> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        fs::write(&noise, &bytes).unwrap();
+        let fifo = s.object_path(&k(9, "fifo")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let dir = s.object_path(&k(9, "dir")).unwrap();
+        fs::create_dir(&dir).unwrap();
+        let mut dests = [vec![0u8; 16], vec![0u8; 16], vec![0u8; 16]];
+        let [a, b, c] = &mut dests;
+        let r = s
+            .get(
+                &[k(9, "noise"), k(9, "fifo"), k(9, "dir")],
+                &mut [a.as_mut_slice(), b.as_mut_slice(), c.as_mut_slice()],
+            )
+            .unwrap();
+        assert_eq!(r, vec![KeyResult::Invalid; 3]);
+        assert_eq!(s.stats.invalid(InvalidReason::Header), 1);
+        assert_eq!(s.stats.invalid(InvalidReason::Unreadable), 2);
+        // Random bytes are proven corrupt and removed; what we cannot read is left alone.
+        assert!(!noise.exists());
+        assert!(fifo.exists() && dir.exists());
+        assert!(dests.iter().all(|d| d.iter().all(|b| *b == 0)));
+    }
+
+    #[test]
+    fn a_reader_never_removes_an_object_published_after_it_opened_its_file() {
+        let (_d, s) = store();
+        let key = k(10, "raced");
+        let path = s.object_path(&key).unwrap();
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, b"garbage that is not an object").unwrap();
+        let (p, opened) = s.open_object(&key).unwrap();
+        // Meanwhile another host removes the garbage and publishes the valid object.
+        fs::remove_file(&path).unwrap();
+        assert_eq!(
+            s.put(std::slice::from_ref(&key), &[b"valid".as_slice()])
+                .unwrap(),
+            vec![KeyResult::Ok { bytes: 5 }]
+        );
+        s.retire_invalid(&p, &opened);
+        assert_eq!(s.read_object(&key).unwrap().1, b"valid");
+        assert_eq!(s.stats.invalid_removed.load(Ordering::Relaxed), 0);
+        assert_no_leftovers(&s, "tsl3-000000000000000a");
+    }
+
+    #[test]
+    fn headers_round_trip_and_any_flipped_header_byte_is_invalid() {
+        let h = ObjectHeader {
+            version: DFS_FORMAT_VERSION,
+            identity: ObjectIdentity {
+                len: 77,
+                checksum: 0x1234,
+                generation: 99,
+            },
+            key_hash: key_hash(&k(1, "x")),
+        };
+        let bytes = h.encode();
+        assert_eq!(ObjectHeader::decode(&bytes), Ok(h));
+        for i in 0..DFS_HEADER_LEN {
+            let mut b = bytes;
+            b[i] ^= 0x10;
+            assert_eq!(
+                ObjectHeader::decode(&b),
+                Err(InvalidReason::Header),
+                "byte {i}"
+            );
+        }
     }
 
     #[test]

@@ -205,6 +205,8 @@ impl Store for LocalStore {
             .iter()
             .zip(dests.iter_mut())
             .map(|(k, d)| match self.engine.tier.lease(k) {
+                // A replica is handed out only for the key it was written for.
+                Some(lease) if lease.target().key() != k => KeyResult::Invalid,
                 Some(lease) => {
                     self.stats.memory_hits.fetch_add(1, Ordering::Relaxed);
                     lease.target().read_into(d)

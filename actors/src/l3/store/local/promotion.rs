@@ -392,7 +392,7 @@ impl PromotionEngine {
                 self.stats.missing_source.fetch_add(1, Ordering::Relaxed);
                 return Admission::Done(R::MissingSource);
             }
-            Err(ReadError::Invalid) => {
+            Err(ReadError::Invalid(_)) => {
                 return Admission::Done(R::Failed(PromotionFailure::Checksum))
             }
             Err(ReadError::Io(_)) => return Admission::Done(R::Failed(PromotionFailure::Io)),
@@ -636,7 +636,7 @@ impl PromotionEngine {
         let (identity, staged) = match self.dfs.read_object(&a.key) {
             Ok(x) => x,
             Err(ReadError::Missing) => return self.fail(&a, PromotionFailure::SourceChanged),
-            Err(ReadError::Invalid) => return self.fail(&a, PromotionFailure::Checksum),
+            Err(ReadError::Invalid(_)) => return self.fail(&a, PromotionFailure::Checksum),
             Err(ReadError::Io(_)) => return self.fail(&a, PromotionFailure::Io),
         };
         if identity != a.source {

@@ -253,8 +253,10 @@ fn exact_bytes_and_checksum_are_verified_on_disk() {
         ]
     );
     assert_eq!(f.store.memory().resident_count(), 0, "nothing published");
-    assert_eq!(f.read(&k("flip"), 1000).0, KeyResult::Invalid);
-    assert_eq!(f.read(&k("short"), 1000).0, KeyResult::Invalid);
+    // Proven invalid on the first read: removed, so later readers miss and a PUT lands.
+    assert_eq!(f.read(&k("flip"), 1000).0, KeyResult::Missing);
+    assert_eq!(f.read(&k("short"), 1000).0, KeyResult::Missing);
+    assert!(f.store.dfs().stats.invalid_removed.load(Ordering::Relaxed) >= 2);
     f.quiescent();
 }
 

@@ -66,7 +66,7 @@ pub fn read_failure(e: &ReadError, at_admission: bool) -> PromotionResult {
     match e {
         ReadError::Missing if at_admission => PromotionResult::MissingSource,
         ReadError::Missing => PromotionResult::Failed(PromotionFailure::SourceChanged),
-        ReadError::Invalid => PromotionResult::Failed(PromotionFailure::Checksum),
+        ReadError::Invalid(_) => PromotionResult::Failed(PromotionFailure::Checksum),
         ReadError::Io(_) => PromotionResult::Failed(PromotionFailure::Io),
     }
 }

@@ -136,7 +136,12 @@ fn a_corrupted_dfs_object_fails_checksum_and_nothing_lands_in_memory() {
     assert!(!r.in_memory(1));
     let mut buf = vec![0u8; LEN];
     let got = r.store.get(&[key(1)], &mut [&mut buf[..]]).unwrap();
-    assert_eq!(got, vec![KeyResult::Invalid]);
+    // The failed promotion proved the object invalid and removed it: now a miss.
+    assert_eq!(got, vec![KeyResult::Missing]);
+    assert_eq!(
+        r.store.dfs().stats.invalid_removed.load(Ordering::Relaxed),
+        1
+    );
     r.quiescent();
 }
 
@@ -340,7 +345,10 @@ fn pure_mappings() {
         R::Failed(PromotionFailure::SourceChanged)
     );
     assert_eq!(
-        read_failure(&ReadError::Invalid, true),
+        read_failure(
+            &ReadError::Invalid(crate::l3::store::dfs::InvalidReason::Checksum),
+            true
+        ),
         R::Failed(PromotionFailure::Checksum)
     );
     let bytes = payload(7);

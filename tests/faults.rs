@@ -1,0 +1,292 @@
+//! The fault matrix over real engine-host processes and real files (docs/faults.md): every
+//! output is compared with a recomputation run (storage disabled). DFS corruption of each
+//! kind is never restored as KV, is counted by reason and removed, and the key's next
+//! backup lands; a full disk is a capacity rejection (reads unaffected, no outage); a
+//! read-only directory fails PUTs as `failed`, not `completed`.
+//!
+//! The disk-full and read-only cases mount a small tmpfs (root only). They run when the
+//! mount succeeds; `TSL3_REQUIRE_MOUNT=1` (the README test command sets it) makes a failed
+//! mount a test failure instead of a skip.
+
+mod common;
+
+use common::{tokens, Host};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn prompt(n: u32, salt: u32) -> Vec<u32> {
+    (0..n).map(|i| (i * 13 + salt * 101) % 997).collect()
+}
+
+fn recompute(p: &[u32], max_tokens: u32) -> Vec<u64> {
+    let h = Host::start(&["serve", "--store", "none"], &[]);
+    let v = h.complete(p, max_tokens);
+    assert_eq!(v["tsl3"]["l3"], 0);
+    tokens(&v)
+}
+
+fn local(dir: &str) -> Host {
+    Host::start(&["serve", "--store", "local", "--store-dir", dir], &[])
+}
+
+/// Every object file of every namespace under a local store directory (DFS tier).
+fn objects(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for ns in std::fs::read_dir(dir).unwrap().flatten() {
+        if !ns.file_type().unwrap().is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(ns.path()).unwrap().flatten() {
+            let name = f.file_name().to_string_lossy().to_string();
+            if !name.starts_with('.') && f.file_type().unwrap().is_file() {
+                out.push(f.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Corruption {
+    FlippedByte,
+    Truncated,
+    RandomBytes,
+    AnotherKeysObject,
+    Deleted,
+}
+
+impl Corruption {
+    /// Applies the corruption to every object; returns the objects changed.
+    fn apply(self, files: &[PathBuf]) -> usize {
+        let mut changed = 0;
+        for (i, f) in files.iter().enumerate() {
+            let mut bytes = std::fs::read(f).unwrap();
+            match self {
+                Corruption::FlippedByte => {
+                    let at = bytes.len() - 1;
+                    bytes[at] ^= 0x5a;
+                    std::fs::write(f, &bytes).unwrap();
+                }
+                Corruption::Truncated => {
+                    bytes.truncate(bytes.len() - 3);
+                    std::fs::write(f, &bytes).unwrap();
+                }
+                Corruption::RandomBytes => {
+                    let noise: Vec<u8> = (0..bytes.len() as u32)
+                        .map(|j| (j.wrapping_mul(2654435761).wrapping_add(i as u32) >> 11) as u8)
+                        .collect();
+                    std::fs::write(f, &noise).unwrap();
+                }
+                Corruption::AnotherKeysObject => {
+                    // A valid object of the next key, copied over this key's file.
+                    let other = &files[(i + 1) % files.len()];
+                    let b = std::fs::read(other).unwrap();
+                    std::fs::write(f, &b).unwrap();
+                }
+                Corruption::Deleted => std::fs::remove_file(f).unwrap(),
+            }
+            changed += 1;
+        }
+        changed
+    }
+
+    fn reason(self) -> Option<&'static str> {
+        match self {
+            Corruption::FlippedByte => Some("checksum"),
+            Corruption::Truncated => Some("length"),
+            Corruption::RandomBytes => Some("header"),
+            Corruption::AnotherKeysObject => Some("identity"),
+            Corruption::Deleted => None,
+        }
+    }
+}
+
+#[test]
+fn corrupt_dfs_objects_are_never_restored_and_the_next_backup_replaces_them() {
+    let p = prompt(64, 4);
+    let want = recompute(&p, 5);
+    for c in [
+        Corruption::FlippedByte,
+        Corruption::Truncated,
+        Corruption::RandomBytes,
+        Corruption::AnotherKeysObject,
+        Corruption::Deleted,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let writer = local(d);
+        assert_eq!(tokens(&writer.complete(&p, 5)), want);
+        writer.wait_backups_settled();
+        assert!(writer.stop().success());
+        let files = objects(dir.path());
+        assert!(files.len() >= 2, "{c:?}: {files:?}");
+        assert_eq!(c.apply(&files), files.len());
+
+        // A fresh process: nothing corrupt becomes KV; the answer is the recomputed one.
+        let reader = local(d);
+        let v = reader.complete(&p, 5);
+        assert_eq!(tokens(&v), want, "{c:?}: {v}");
+        assert_eq!(v["tsl3"]["l3"], 0, "{c:?}: no corrupt block restored: {v}");
+        if let Some(reason) = c.reason() {
+            let found = reader.metric(
+                "tsl3_dfs_invalid_objects_total",
+                &[&format!("reason=\"{reason}\"")],
+            );
+            assert!(found >= 1.0, "{c:?}: counted as {reason}");
+            assert!(reader.metric("tsl3_dfs_invalid_removed_total", &[]) >= 1.0);
+        }
+        assert_eq!(
+            reader.metric("tsl3_l3_health_epoch", &[]),
+            0.0,
+            "{c:?}: corrupt objects are object failures, not an outage"
+        );
+        // The recomputed blocks are backed up again, replacing what was invalid.
+        reader.wait_backups_settled();
+        assert!(reader.stop().success());
+
+        let third = local(d);
+        let v = third.complete(&p, 5);
+        assert_eq!(tokens(&v), want, "{c:?}");
+        assert_eq!(
+            v["tsl3"]["l3"], 60,
+            "{c:?}: the replaced objects restore: {v}"
+        );
+        assert_eq!(v["tsl3"]["fallback_reason"], "none");
+        assert!(third.stop().success());
+    }
+}
+
+/// A small tmpfs mounted for one test, unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return Some(Tmpfs { dir });
+        }
+        assert!(
+            std::env::var("TSL3_REQUIRE_MOUNT").as_deref() != Ok("1"),
+            "TSL3_REQUIRE_MOUNT=1 but a tmpfs could not be mounted (run as root)"
+        );
+        eprintln!("skipped: a tmpfs could not be mounted here (not root)");
+        None
+    }
+    fn path(&self) -> &str {
+        self.dir.path().to_str().unwrap()
+    }
+    fn remount_read_only(&self) {
+        let ok = Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(self.dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "remount read-only");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_full_disk_rejects_puts_as_capacity_and_never_disables_reads() {
+    let Some(fs) = Tmpfs::mount("256k") else {
+        return;
+    };
+    let prompts: Vec<Vec<u32>> = (0..24).map(|s| prompt(64, 100 + s)).collect();
+    let writer = local(fs.path());
+    for p in &prompts {
+        writer.complete(p, 1);
+    }
+    writer.wait_backups_settled();
+    let capacity = writer.metric("tsl3_dfs_puts_total", &["outcome=\"capacity\""]);
+    let written = writer.metric("tsl3_dfs_puts_total", &["outcome=\"written\""]);
+    assert!(capacity >= 1.0, "the disk filled: {capacity} rejections");
+    assert!(written >= 16.0, "{written} objects landed");
+    assert_eq!(
+        writer.metric("tsl3_dfs_puts_total", &["outcome=\"failed\""]),
+        0.0
+    );
+    assert_eq!(
+        writer.metric("tsl3_l3_health_epoch", &[]),
+        0.0,
+        "capacity rejections are not an outage"
+    );
+    assert_eq!(writer.metric("tsl3_l3_health_state", &[]), 0.0);
+    assert!(writer.stop().success());
+
+    // A fresh process on the full disk reads every object that landed.
+    let reader = local(fs.path());
+    let first = &prompts[0];
+    let v = reader.complete(first, 3);
+    assert_eq!(tokens(&v), recompute(first, 3));
+    assert_eq!(v["tsl3"]["l3"], 60, "the first prompt's blocks landed: {v}");
+    let mut restored = 0;
+    for p in &prompts[1..] {
+        let v = reader.complete(p, 1);
+        restored += v["tsl3"]["l3"].as_u64().unwrap();
+    }
+    assert!(restored > 0, "reads keep working on a full disk");
+    reader.wait_backups_settled();
+    assert_eq!(reader.metric("tsl3_l3_health_epoch", &[]), 0.0);
+    assert!(reader.stop().success());
+}
+
+#[test]
+fn a_read_only_directory_fails_puts_as_failed_and_keeps_serving_reads() {
+    let Some(fs) = Tmpfs::mount("8m") else {
+        return;
+    };
+    let p = prompt(64, 7);
+    let want = recompute(&p, 4);
+    let writer = local(fs.path());
+    writer.complete(&p, 4);
+    writer.wait_backups_settled();
+    assert!(writer.stop().success());
+    fs.remount_read_only();
+
+    let reader = local(fs.path());
+    let v = reader.complete(&p, 4);
+    assert_eq!(tokens(&v), want);
+    assert_eq!(
+        v["tsl3"]["l3"], 60,
+        "reads work on a read-only directory: {v}"
+    );
+    // A new prompt's backups cannot land: counted as failed PUTs.
+    let q = prompt(64, 8);
+    assert_eq!(tokens(&reader.complete(&q, 2)), recompute(&q, 2));
+    let mut failed = 0.0;
+    for _ in 0..400 {
+        failed = reader.metric(
+            "tsl3_l3_operations_total",
+            &["kind=\"put\"", "outcome=\"failed\""],
+        );
+        if failed >= 1.0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(
+        failed >= 1.0,
+        "a PUT on a read-only directory is a failed operation"
+    );
+    assert!(reader.metric("tsl3_dfs_puts_total", &["outcome=\"failed\""]) >= 1.0);
+    assert_eq!(
+        reader.metric("tsl3_dfs_puts_total", &["outcome=\"written\""]),
+        0.0
+    );
+    assert!(reader.stop().success());
+}
