@@ -359,6 +359,11 @@ async fn round_loop(
     let mut round: u64 = 0;
     let mut stopping_since: Option<Instant> = None;
     let mut idle_rounds: u32 = 0;
+    // Shutdown drain (leader): when the last request finished, and what the last round saw.
+    let drain_limit = Duration::from_millis(settings.server.shutdown_drain_ms);
+    let mut drain_since: Option<Instant> = None;
+    let mut storage_idle = true;
+    let mut backups_queued: u64 = 0;
     // The admin preflight: this rank's result, reported with the next round; set while
     // the agreed result is awaited.
     let mut preflight: Option<Result<(), String>> = None;
@@ -380,7 +385,21 @@ async fn round_loop(
         if leader {
             collect_frontend(&inbox, &mut clients, &mut frontend, stopping);
             if stopping && engine.summary().live_requests == 0 && frontend.is_empty() {
-                frontend.push(FrontendMessage::Shutdown);
+                // Drain: queued backups land first, within server.shutdown_drain_ms of the
+                // last request finishing; what is left then is dropped and reported.
+                let since = *drain_since.get_or_insert_with(Instant::now);
+                let expired = since.elapsed() >= drain_limit;
+                if storage_idle || expired {
+                    if !storage_idle {
+                        tracing::warn!(
+                            drain_ms = drain_limit.as_millis() as u64,
+                            "shutdown: the drain deadline passed; {backups_queued} queued backup keys are dropped (storage operations in flight retire before exit)"
+                        );
+                    } else {
+                        tracing::info!("shutdown: every queued backup landed");
+                    }
+                    frontend.push(FrontendMessage::Shutdown);
+                }
             }
         }
         let report = RoundReport {
@@ -497,6 +516,8 @@ async fn round_loop(
                 }
             }
         }
+        storage_idle = work.storage_idle();
+        backups_queued = work.backups_queued;
         let events = engine.take_events();
         if leader {
             deliver(&mut clients, events, &shared.metrics);
@@ -522,7 +543,8 @@ async fn round_loop(
         if stopping {
             // The leader drains and then sends the agreed Shutdown; a rank stopped alone
             // gives up after a grace period (the others then see it leave).
-            let overdue = stopping_since.is_some_and(|t| t.elapsed() > Duration::from_secs(30));
+            let overdue =
+                stopping_since.is_some_and(|t| t.elapsed() > Duration::from_secs(30) + drain_limit);
             if overdue {
                 break;
             }

@@ -42,6 +42,9 @@ pub struct ModelSettings {
 pub struct ServerSettings {
     pub listen: String,
     pub admin_token: String,
+    /// On SIGTERM/SIGINT, how long queued backups may take to land once the last request
+    /// finished; what is still queued then is dropped and reported.
+    pub shutdown_drain_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -290,3 +290,68 @@ fn a_read_only_directory_fails_puts_as_failed_and_keeps_serving_reads() {
     );
     assert!(reader.stop().success());
 }
+
+/// Completes every prompt at once from its own client thread.
+fn complete_all(h: &Host, prompts: &[Vec<u32>]) {
+    std::thread::scope(|s| {
+        for p in prompts {
+            s.spawn(move || h.complete(p, 1));
+        }
+    });
+}
+
+#[test]
+fn sigterm_with_a_backup_backlog_lands_every_queued_backup_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let log = dir.path().join("writer.log");
+    let prompts: Vec<Vec<u32>> = (0..48).map(|s| prompt(64, 300 + s)).collect();
+    let writer = Host::start_logged(
+        &["serve", "--store", "local", "--store-dir", d],
+        &[("RUST_LOG", "info")],
+        &log,
+    );
+    complete_all(&writer, &prompts);
+    // SIGTERM at once: the backups still queued or in flight land before the exit.
+    assert!(writer.stop().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("every queued backup landed"),
+        "the drain is reported: {text}"
+    );
+    let reader = local(d);
+    for p in &prompts {
+        let v = reader.complete(p, 1);
+        assert_eq!(
+            v["tsl3"]["l3"], 60,
+            "every backup landed before the exit: {v}"
+        );
+    }
+    assert!(reader.stop().success());
+}
+
+#[test]
+fn sigterm_on_a_full_disk_stops_at_the_drain_deadline_and_reports_what_it_dropped() {
+    let Some(fs) = Tmpfs::mount("256k") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("writer.log");
+    let prompts: Vec<Vec<u32>> = (0..24).map(|s| prompt(64, 500 + s)).collect();
+    let writer = Host::start_logged(
+        &["serve", "--store", "local", "--store-dir", fs.path()],
+        &[("TSL3_SERVER__SHUTDOWN_DRAIN_MS", "300")],
+        &log,
+    );
+    complete_all(&writer, &prompts);
+    assert!(writer.metric("tsl3_dfs_puts_total", &["outcome=\"capacity\""]) >= 1.0);
+    let started = std::time::Instant::now();
+    assert!(writer.stop().success());
+    // Generous: the 30 s grace a stopped rank used to wait is far away.
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("queued backup keys are dropped"),
+        "the drop is reported: {text}"
+    );
+}
