@@ -568,7 +568,12 @@ fn main() -> ExitCode {
             engine_host::launch::run(tp, flags.args(), flags.listen.clone(), &env)
         }
         Command::CheckConfig { file } => {
-            match settings::load(Some(&file), &env, &settings::Overrides::default()) {
+            let loaded = settings::load(Some(&file), &env, &settings::Overrides::default())
+                .and_then(|s| match engine_host::serve::preflight(&s) {
+                    Ok(_) => Ok(s),
+                    Err(e) => Err(e.to_string().replace('\n', " ")),
+                });
+            match loaded {
                 Ok(s) => {
                     print!("{}", settings::to_toml(&s));
                     ExitCode::SUCCESS

@@ -50,7 +50,15 @@ pub fn rank_spec(s: &Settings) -> Result<RankSpec> {
         (s.model.device_blocks as f64 * s.host_cache.ratio).ceil() as u64
     };
     let host_blocks = u32::try_from(host_blocks / groups.max(1) * groups.max(1)).map_err(|_| {
-        anyhow!("invalid setting host_cache: more Host blocks than a pool can address")
+        anyhow!(
+            "invalid setting {}: {host_blocks} Host blocks are more than a pool can address ({})",
+            if s.host_cache.size_bytes > 0 {
+                "host_cache.size_bytes"
+            } else {
+                "host_cache.ratio"
+            },
+            u32::MAX
+        )
     })?;
     let device = match s.model.device.as_str() {
         "emulated" => DeviceBackendChoice::Emulated,
@@ -184,10 +192,18 @@ struct Shared {
     local_store: Option<PromotingStore>,
 }
 
+/// Every startup validation that needs no hardware (what `check-config` runs after the
+/// settings rules): the rank spec, the cache layout of the profile at this TP size, and the
+/// resident memory of the startup allocations on this machine.
+pub fn preflight(settings: &Settings) -> Result<RankSpec> {
+    let spec = rank_spec(settings)?;
+    check_startup_memory(settings, &spec)?;
+    Ok(spec)
+}
+
 pub fn run(settings: Settings) -> Result<()> {
     let clock: SharedClock = SystemClock::shared();
-    let spec = rank_spec(&settings)?;
-    check_startup_memory(&settings, &spec)?;
+    let spec = preflight(&settings)?;
     let store_holder: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>> = Arc::default();
     let holder = store_holder.clone();
     let local_store: Arc<parking_lot::Mutex<Option<PromotingStore>>> = Arc::default();
@@ -220,7 +236,7 @@ pub fn run(settings: Settings) -> Result<()> {
         actors::frontend::inbox(
             1024,
             limits(&settings, &model),
-            settings.server.admin_token.clone(),
+            settings.server.admin_token.expose().to_string(),
             format!("synthetic-{}", settings.model.profile),
             Arc::new(move || m.metrics.render()),
             Arc::new(move || h.health.lock().clone()),
@@ -335,7 +351,7 @@ async fn round_loop(
     let secret = if settings.tp.secret.is_empty() {
         b"tsl3-single-rank".to_vec()
     } else {
-        settings.tp.secret.clone().into_bytes()
+        settings.tp.secret.expose().as_bytes().to_vec()
     };
     let peers = if settings.tp.world == 1 {
         vec!["127.0.0.1:0".to_string()]

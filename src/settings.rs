@@ -19,6 +19,45 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// The model profiles the synthetic backend ships.
 pub const MODEL_PROFILES: &[&str] = &actors::model::ModelProfile::NAMES;
 
+/// A secret setting: deserialized as a plain string, but never shown — `Debug` and
+/// `Serialize` (what `check-config` prints) render `<redacted>` unless it is empty.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub const REDACTED: &'static str = "<redacted>";
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    /// The secret itself, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn shown(&self) -> &str {
+        if self.0.is_empty() {
+            ""
+        } else {
+            Self::REDACTED
+        }
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.shown())
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.shown())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSettings {
@@ -41,7 +80,8 @@ pub struct ModelSettings {
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     pub listen: String,
-    pub admin_token: String,
+    /// Bearer token of the admin endpoints (empty: admin disabled). Never printed.
+    pub admin_token: Secret,
     /// On SIGTERM/SIGINT, how long queued backups may take to land once the last request
     /// finished; what is still queued then is dropped and reported.
     pub shutdown_drain_ms: u64,
@@ -70,7 +110,10 @@ pub struct TpSettings {
     pub rank: u32,
     pub world: u32,
     pub peers: Vec<String>,
-    pub secret: String,
+    /// Shared secret of the rank mesh. Never printed.
+    pub secret: Secret,
+    /// A file holding the mesh secret (its first line), instead of `secret`.
+    pub secret_file: String,
     pub connect_deadline_ms: u64,
     pub round_deadline_ms: u64,
 }
@@ -235,11 +278,10 @@ pub fn load(
     let one_line = |e: String| e.replace('\n', " ");
     let mut b = Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml));
     if let Some(f) = file {
-        if !std::path::Path::new(f).is_file() {
-            return Err(format!("settings file {f} does not exist"));
-        }
-        b = b.add_source(File::new(f, FileFormat::Toml));
+        let text = read_settings_file(f)?;
+        b = b.add_source(File::from_str(&text, FileFormat::Toml));
     }
+    check_env_names(env)?;
     b = b.add_source(
         Environment::with_prefix("tsl3")
             .separator("__")
@@ -277,11 +319,119 @@ pub fn load(
     let cfg = b
         .build()
         .map_err(|e| one_line(format!("invalid settings: {e}")))?;
-    let s: Settings = cfg
+    let mut s: Settings = cfg
         .try_deserialize()
         .map_err(|e| one_line(format!("invalid settings: {e}")))?;
+    resolve_secret_file(&mut s.tp)?;
     s.validate().map_err(|e| e.to_string())?;
     Ok(s)
+}
+
+/// `tp.secret_file`: the mesh secret is the file's first line (trailing whitespace cut).
+fn resolve_secret_file(tp: &mut TpSettings) -> Result<(), String> {
+    if tp.secret_file.is_empty() {
+        return Ok(());
+    }
+    if !tp.secret.is_empty() {
+        return Err(
+            "invalid setting tp.secret_file: set tp.secret or tp.secret_file, not both".into(),
+        );
+    }
+    let text = std::fs::read_to_string(&tp.secret_file).map_err(|e| {
+        format!(
+            "invalid setting tp.secret_file: {} cannot be read: {e}",
+            tp.secret_file
+        )
+    })?;
+    let secret = text.lines().next().unwrap_or("").trim_end();
+    if secret.is_empty() {
+        return Err(format!(
+            "invalid setting tp.secret_file: {} holds no secret (its first line is empty)",
+            tp.secret_file
+        ));
+    }
+    tp.secret = Secret::new(secret);
+    Ok(())
+}
+
+/// A settings file's text, or one line saying why it cannot be used: absent, a directory,
+/// unreadable, or TOML that does not parse (naming the field of the offending line).
+fn read_settings_file(f: &str) -> Result<String, String> {
+    let path = std::path::Path::new(f);
+    if path.is_dir() {
+        return Err(format!("settings file {f} is a directory, not a file"));
+    }
+    if !path.exists() {
+        return Err(format!("settings file {f} does not exist"));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("settings file {f} cannot be read: {e}"))?;
+    if let Err(e) = toml::from_str::<toml::Table>(&text) {
+        let at = e.span().map(|r| r.start).unwrap_or(0).min(text.len());
+        let line_no = text[..at].matches('\n').count() + 1;
+        let field = field_at(&text, line_no);
+        let msg = e.message().replace('\n', " ");
+        return Err(match field {
+            Some(field) => {
+                format!("invalid setting {field}: {msg} (settings file {f}, line {line_no})")
+            }
+            None => format!("invalid settings file {f}, line {line_no}: {msg}"),
+        });
+    }
+    Ok(text)
+}
+
+/// The dotted name of the key set on 1-based line `line_no` of a TOML text (its table
+/// header is the last `[...]` line above it).
+fn field_at(text: &str, line_no: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let line = lines.get(line_no.checked_sub(1)?)?;
+    let key = line.split_once('=')?.0.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') {
+        return None;
+    }
+    let table = lines[..line_no - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('[') && l.ends_with(']'))
+        .map(|l| l.trim_matches(['[', ']']).trim().to_string());
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
+/// `TSL3_*` variables this process reads that are not settings (test harness roles and
+/// the mesh secret of the control-plane test); every other `TSL3_*` variable must be a
+/// setting (`TSL3_<SECTION>__<KEY>`).
+const PROCESS_VARIABLES: &[&str] = &[
+    actors::names::env::MESH_SECRET,
+    actors::names::env::CONTROL_PLANE_TEST_CHILD,
+    actors::names::env::DFS_TEST_CHILD,
+    actors::names::env::DFS_TEST_DIR,
+    actors::names::env::FLAT_KV_TEST_CHILD,
+    actors::names::env::FLAT_KV_TEST_STORE,
+    actors::names::env::FLAT_KV_TEST_NAMESPACE,
+    actors::names::env::REQUIRE_MOUNT,
+    actors::names::env::MOONCAKE_LIVE_WRITER,
+];
+
+/// Rejects a `TSL3_*` variable that is neither a setting nor a known process variable: a
+/// misspelt override (`TSL3_MODEL=5`, `TSL3_MODEL_PROFILE=x`) never passes silently.
+fn check_env_names(env: &HashMap<String, String>) -> Result<(), String> {
+    let mut unknown: Vec<&String> = env
+        .keys()
+        .filter(|k| k.starts_with("TSL3_"))
+        .filter(|k| !k.contains("__") && !PROCESS_VARIABLES.contains(&k.as_str()))
+        .collect();
+    unknown.sort();
+    match unknown.first() {
+        None => Ok(()),
+        Some(k) => Err(format!(
+            "invalid setting {k}: unknown environment variable (settings are TSL3_<SECTION>__<KEY>, e.g. TSL3_MODEL__PROFILE=tiny)"
+        )),
+    }
 }
 
 /// The resolved settings as TOML (what `check-config` prints).
@@ -313,7 +463,6 @@ mod tests {
         let e = env(&[
             ("TSL3_STORAGE__BACKEND", "memory"),
             ("TSL3_STORAGE__CONTRACT__OPERATION_CREDITS", "32"),
-            ("TSL3_UNRELATED", "x"),
         ]);
         let s = load(None, &e, &Overrides::default()).unwrap();
         assert_eq!(s.storage.backend, StoreKind::Memory);
@@ -380,5 +529,92 @@ mod tests {
         assert!(e.contains("tp.secret"), "{e}");
         let s = load(None, &env(&[("TSL3_TP__SECRET", "s3cret")]), &o).unwrap();
         assert_eq!(s.tp.peers.len(), 2);
+    }
+
+    #[test]
+    fn unknown_tsl3_variables_are_rejected_by_name() {
+        for var in ["TSL3_MODEL", "TSL3_MODEL_PROFILE", "TSL3_STORE"] {
+            let e = load(None, &env(&[(var, "5")]), &Overrides::default()).unwrap_err();
+            assert!(e.contains(var) && !e.contains('\n'), "{var}: {e}");
+        }
+        // Process variables of the test harness are not settings and pass.
+        let ok = env(&[("TSL3_REQUIRE_MOUNT", "1"), ("TSL3_MESH_SECRET", "x")]);
+        assert!(load(None, &ok, &Overrides::default()).is_ok());
+        let e = load(
+            None,
+            &env(&[("TSL3_MODEL__PROFLE", "tiny")]),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(e.contains("profle"), "{e}");
+    }
+
+    #[test]
+    fn file_errors_name_the_path_or_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let e = load(Some(d), &env(&[]), &Overrides::default()).unwrap_err();
+        assert!(e.contains("is a directory"), "{e}");
+        let p = dir.path().join("big.toml");
+        std::fs::write(
+            &p,
+            "[model]\nweight_version = 1\ndevice_blocks = 99999999999999999999\n",
+        )
+        .unwrap();
+        let e = load(p.to_str(), &env(&[]), &Overrides::default()).unwrap_err();
+        assert!(
+            e.contains("model.device_blocks") && e.contains("line 3"),
+            "{e}"
+        );
+        std::fs::write(&p, "[model]\ndevice_blocks = 99999999999\n").unwrap();
+        let e = load(p.to_str(), &env(&[]), &Overrides::default()).unwrap_err();
+        assert!(e.contains("model.device_blocks"), "{e}");
+    }
+
+    #[test]
+    fn secrets_are_never_printed_and_may_come_from_a_file() {
+        let e = env(&[
+            ("TSL3_SERVER__ADMIN_TOKEN", "hunter2-token"),
+            ("TSL3_TP__SECRET", "mesh-s3cret"),
+        ]);
+        let s = load(None, &e, &Overrides::default()).unwrap();
+        assert_eq!(s.server.admin_token.expose(), "hunter2-token");
+        assert_eq!(s.tp.secret.expose(), "mesh-s3cret");
+        for shown in [to_toml(&s), format!("{s:?}")] {
+            assert!(
+                !shown.contains("hunter2") && !shown.contains("s3cret"),
+                "{shown}"
+            );
+            assert!(shown.contains(Secret::REDACTED), "{shown}");
+        }
+        // An unset secret shows as empty, so a reader can tell it is unset.
+        let s = load(None, &env(&[]), &Overrides::default()).unwrap();
+        assert!(to_toml(&s).contains("admin_token = \"\""));
+
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("secret");
+        std::fs::write(&f, "from-a-file\n").unwrap();
+        let fp = f.to_str().unwrap();
+        let s = load(
+            None,
+            &env(&[("TSL3_TP__SECRET_FILE", fp)]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(s.tp.secret.expose(), "from-a-file");
+        let both = env(&[("TSL3_TP__SECRET_FILE", fp), ("TSL3_TP__SECRET", "x")]);
+        let e = load(None, &both, &Overrides::default()).unwrap_err();
+        assert!(
+            e.contains("tp.secret_file") && e.contains("not both"),
+            "{e}"
+        );
+        let missing = dir.path().join("none");
+        let e = load(
+            None,
+            &env(&[("TSL3_TP__SECRET_FILE", missing.to_str().unwrap())]),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(e.contains("tp.secret_file"), "{e}");
     }
 }

@@ -95,3 +95,35 @@ fn serve_refuses_pools_that_cannot_be_resident() {
         assert!(line.contains(needle), "{line}");
     }
 }
+
+#[test]
+fn a_directory_is_not_a_settings_file() {
+    let out = check("config/examples");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"));
+}
+
+#[test]
+fn check_config_never_prints_a_secret_and_rejects_unknown_variables() {
+    let out = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["check-config", "config/default.toml"])
+        .env("TSL3_SERVER__ADMIN_TOKEN", "tok-hunter2")
+        .env("TSL3_TP__SECRET", "mesh-hunter2")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+    assert_eq!(text.matches("<redacted>").count(), 2, "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["check-config", "config/default.toml"])
+        .env("TSL3_MODEL", "5")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TSL3_MODEL"));
+}

@@ -32,6 +32,11 @@ pub mod env {
     pub const FLAT_KV_TEST_STORE: &str = "TSL3_FLAT_KV_TEST_STORE";
     /// Cross-process flat-KV test: the fresh namespace (and prompt salt) of the run.
     pub const FLAT_KV_TEST_NAMESPACE: &str = "TSL3_FLAT_KV_TEST_NAMESPACE";
+    /// Set to 1 by the README test command: the fault-matrix tests fail (instead of
+    /// skipping) when they cannot mount a tmpfs.
+    pub const REQUIRE_MOUNT: &str = "TSL3_REQUIRE_MOUNT";
+    /// The Mooncake live test's re-entered writer process.
+    pub const MOONCAKE_LIVE_WRITER: &str = "TSL3_MOONCAKE_LIVE_WRITER";
 }
 
 /// Metric names (Prometheus conventions: `_total` on counters, unit suffixes). Labels are

@@ -59,13 +59,26 @@ impl HandshakeError {
 }
 
 /// What this end is and what it expects of the peer.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct HandshakeParams {
     pub rank: u32,
     pub world: u32,
     pub namespace: Namespace,
     pub secret: Arc<Vec<u8>>,
     pub runtime_compat: u32,
+}
+
+/// Every field but the secret, which is never formatted.
+impl std::fmt::Debug for HandshakeParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandshakeParams")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("namespace", &self.namespace)
+            .field("secret", &"<redacted>")
+            .field("runtime_compat", &self.runtime_compat)
+            .finish()
+    }
 }
 
 impl HandshakeParams {

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Settings of one rank's control plane.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MeshSettings {
     pub rank: u32,
     pub world: u32,
@@ -35,6 +35,22 @@ pub struct MeshSettings {
     pub round_deadline: Duration,
     /// The largest frame accepted or sent.
     pub max_frame_bytes: usize,
+}
+
+/// Every field but the secret, which is never formatted.
+impl std::fmt::Debug for MeshSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshSettings")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("peers", &self.peers)
+            .field("namespace", &self.namespace)
+            .field("secret", &"<redacted>")
+            .field("connect_deadline", &self.connect_deadline)
+            .field("round_deadline", &self.round_deadline)
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .finish()
+    }
 }
 
 impl MeshSettings {
