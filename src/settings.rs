@@ -282,6 +282,9 @@ pub fn load(
         b = b.add_source(File::from_str(&text, FileFormat::Toml));
     }
     check_env_names(env)?;
+    if let Some(layer) = mooncake_env_layer(env) {
+        b = b.add_source(File::from_str(&layer, FileFormat::Toml));
+    }
     b = b.add_source(
         Environment::with_prefix("tsl3")
             .separator("__")
@@ -400,6 +403,30 @@ fn field_at(text: &str, line_no: usize) -> Option<String> {
         Some(t) if !t.is_empty() => format!("{t}.{key}"),
         _ => key.to_string(),
     })
+}
+
+/// The variables deploy/mooncake/env.sh exports, as a settings layer above the file and
+/// below `TSL3_*`: `MOONCAKE_MASTER` → `storage.mooncake.master_server_addr`,
+/// `MOONCAKE_METADATA_SERVER` → `storage.mooncake.metadata_server`.
+fn mooncake_env_layer(env: &HashMap<String, String>) -> Option<String> {
+    use actors::names::env::{MOONCAKE_MASTER, MOONCAKE_METADATA_SERVER};
+    let mut mooncake = toml::Table::new();
+    for (var, key) in [
+        (MOONCAKE_MASTER, "master_server_addr"),
+        (MOONCAKE_METADATA_SERVER, "metadata_server"),
+    ] {
+        if let Some(v) = env.get(var).filter(|v| !v.is_empty()) {
+            mooncake.insert(key.into(), toml::Value::String(v.clone()));
+        }
+    }
+    if mooncake.is_empty() {
+        return None;
+    }
+    let mut storage = toml::Table::new();
+    storage.insert("mooncake".into(), toml::Value::Table(mooncake));
+    let mut root = toml::Table::new();
+    root.insert("storage".into(), toml::Value::Table(storage));
+    toml::to_string(&root).ok()
 }
 
 /// `TSL3_*` variables this process reads that are not settings (test harness roles and
@@ -616,5 +643,33 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("tp.secret_file"), "{e}");
+    }
+
+    #[test]
+    fn the_mooncake_variables_of_env_sh_sit_between_the_file_and_tsl3_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.toml");
+        std::fs::write(
+            &p,
+            "[storage.mooncake]\nmaster_server_addr = \"10.0.0.1:1\"\nmetadata_server = \"P2PHANDSHAKE\"\n",
+        )
+        .unwrap();
+        let f = p.to_str();
+        let vars = [
+            ("MOONCAKE_MASTER", "127.0.0.1:50051"),
+            ("MOONCAKE_METADATA_SERVER", "http://127.0.0.1:8080/metadata"),
+        ];
+        let s = load(f, &env(&vars), &Overrides::default()).unwrap();
+        assert_eq!(s.storage.mooncake.master_server_addr, "127.0.0.1:50051");
+        assert_eq!(
+            s.storage.mooncake.metadata_server,
+            "http://127.0.0.1:8080/metadata"
+        );
+        let mut with_tsl3 = vars.to_vec();
+        with_tsl3.push(("TSL3_STORAGE__MOONCAKE__MASTER_SERVER_ADDR", "127.0.0.2:9"));
+        let s = load(f, &env(&with_tsl3), &Overrides::default()).unwrap();
+        assert_eq!(s.storage.mooncake.master_server_addr, "127.0.0.2:9");
+        let s = load(f, &env(&[]), &Overrides::default()).unwrap();
+        assert_eq!(s.storage.mooncake.master_server_addr, "10.0.0.1:1");
     }
 }

@@ -8,6 +8,8 @@ fn check(file: &str) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_engine-host"))
         .args(["check-config", file])
         .env_remove("TSL3_STORAGE__BACKEND")
+        .env_remove("MOONCAKE_MASTER")
+        .env_remove("MOONCAKE_METADATA_SERVER")
         .output()
         .unwrap()
 }
@@ -126,4 +128,37 @@ fn check_config_never_prints_a_secret_and_rejects_unknown_variables() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("TSL3_MODEL"));
+}
+
+/// The Mooncake example names the master and metadata server that deploy/mooncake/start.sh
+/// starts by default (common.sh's ports), so it works as written with the deploy scripts.
+#[test]
+fn the_mooncake_example_agrees_with_the_deploy_scripts() {
+    let common = std::fs::read_to_string("deploy/mooncake/common.sh").unwrap();
+    let port = |var: &str| -> String {
+        let line = common
+            .lines()
+            .find(|l| l.starts_with(&format!("{var}=")))
+            .unwrap_or_else(|| panic!("{var} in common.sh"));
+        line.rsplit(":-")
+            .next()
+            .unwrap()
+            .trim_end_matches(['}', '"'])
+            .to_string()
+    };
+    let out = check("config/examples/mooncake.toml");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rpc = port("MOONCAKE_RPC_PORT");
+    let http = port("MOONCAKE_HTTP_PORT");
+    assert!(
+        text.contains(&format!("master_server_addr = \"127.0.0.1:{rpc}\"")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "metadata_server = \"http://127.0.0.1:{http}/metadata\""
+        )),
+        "{text}"
+    );
 }

@@ -86,3 +86,31 @@ fn a_fresh_engine_host_restores_a_prefix_from_mooncake_and_matches_recomputation
     );
     assert!(second.stop().success());
 }
+
+/// `config/examples/mooncake.toml` as written, with only what `. deploy/mooncake/env.sh`
+/// exports (inherited from the test command's environment): no TSL3_* overrides. Its
+/// backups must land (no quarantine) and a fresh process must restore them.
+#[test]
+fn the_example_config_serves_as_written_against_the_deploy_scripts() {
+    if live::settings_or_skip(TEST).is_none() {
+        return;
+    }
+    let args = ["serve", "--config", "config/examples/mooncake.toml"];
+    let p = salted_prompt(64);
+    let first = Host::start(&args, &[]);
+    let a = first.complete(&p, 3);
+    assert_eq!(a["tsl3"]["fallback_reason"], "miss", "{a}");
+    first.wait_backups_settled();
+    assert_eq!(
+        first.metric("tsl3_l3_health_state", &[]),
+        0.0,
+        "the example's PUTs succeed: healthy, never quarantined"
+    );
+    assert!(first.metric("tsl3_l3_put_new_writes_total", &[]) >= 1.0);
+    assert!(first.stop().success());
+    let second = Host::start(&args, &[]);
+    let b = second.complete(&p, 3);
+    assert!(b["tsl3"]["l3"].as_u64().unwrap() > 0, "{b}");
+    assert_eq!(tokens(&b), tokens(&a));
+    assert!(second.stop().success());
+}
