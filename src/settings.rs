@@ -442,6 +442,7 @@ const PROCESS_VARIABLES: &[&str] = &[
     actors::names::env::FLAT_KV_TEST_NAMESPACE,
     actors::names::env::REQUIRE_MOUNT,
     actors::names::env::MOONCAKE_LIVE_WRITER,
+    actors::names::env::FUZZ_ITERATIONS,
 ];
 
 /// Rejects a `TSL3_*` variable that is neither a setting nor a known process variable: a

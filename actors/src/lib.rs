@@ -8,6 +8,7 @@ pub mod control_plane;
 pub mod device;
 pub mod engine;
 pub mod frontend;
+pub mod fuzz;
 pub mod host;
 pub mod l3;
 pub mod metrics;

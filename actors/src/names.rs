@@ -35,6 +35,8 @@ pub mod env {
     /// Set to 1 by the README test command: the fault-matrix tests fail (instead of
     /// skipping) when they cannot mount a tmpfs.
     pub const REQUIRE_MOUNT: &str = "TSL3_REQUIRE_MOUNT";
+    /// Inputs per target of the fuzz smoke runs (actors/tests/fuzz_smoke.rs).
+    pub const FUZZ_ITERATIONS: &str = "TSL3_FUZZ_ITERATIONS";
     /// The Mooncake live test's re-entered writer process.
     pub const MOONCAKE_LIVE_WRITER: &str = "TSL3_MOONCAKE_LIVE_WRITER";
 }

@@ -450,6 +450,12 @@ async fn admin_reset_local(
     admin(&state, AdminCommandKind::ResetLocal { host: r.host }).await
 }
 
+/// Fuzzing (crate::fuzz): the admin bodies parse as their handlers parse them.
+pub fn fuzz_admin_bodies(data: &[u8]) {
+    let _ = serde_json::from_slice::<ResetBody>(data).map(|r| r.host);
+    let _ = serde_json::from_slice::<WeightBody>(data).map(|w| (w.target, w.draft));
+}
+
 #[derive(serde::Deserialize)]
 struct WeightBody {
     target: u64,
