@@ -163,14 +163,14 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Self(seed | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 }
 
@@ -200,7 +200,7 @@ pub fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
             3 => {
                 let n = rng.below(64);
                 for _ in 0..n {
-                    v.push(rng.next() as u8);
+                    v.push(rng.next_u64() as u8);
                 }
             }
             4 if !seeds.is_empty() => {
@@ -223,7 +223,7 @@ pub fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
             }
             _ => {
                 let n = rng.below(512);
-                v = (0..n).map(|_| rng.next() as u8).collect();
+                v = (0..n).map(|_| rng.next_u64() as u8).collect();
             }
         }
     }
