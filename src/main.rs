@@ -87,6 +87,10 @@ enum Command {
         /// Mesh addresses of every rank, in rank order (host:port,host:port,...).
         #[arg(long, value_delimiter = ',')]
         peers: Option<Vec<String>>,
+        /// Resolve and validate the settings this command line gives, print them and exit
+        /// (0 when valid, 2 otherwise) without starting anything.
+        #[arg(long)]
+        check_config: bool,
     },
     /// Start N rank processes of one replica on this machine (generated mesh settings);
     /// `--listen` is the leader's HTTP address. Exits non-zero when any rank fails.
@@ -537,6 +541,7 @@ fn main() -> ExitCode {
             rank,
             world,
             peers,
+            check_config,
         } => {
             let mut o = flags.overrides();
             o.rank = rank;
@@ -549,6 +554,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            if check_config {
+                print!("{}", settings::to_toml(&s));
+                return ExitCode::SUCCESS;
+            }
             let _guard = match init_telemetry(&s, &env) {
                 Ok(g) => g,
                 Err(e) => {
