@@ -574,6 +574,21 @@ fn main() -> ExitCode {
             }
         }
         Command::Launch { tp, flags } => {
+            // Every rank would refuse settings that do not resolve for this world: say so
+            // once, before starting any (the mesh addresses and secret are launch's own).
+            if (1..=64).contains(&tp) {
+                let mut o = flags.overrides();
+                o.world = Some(tp);
+                o.rank = Some(0);
+                o.peers = Some((0..tp).map(|r| format!("127.0.0.1:{}", r + 1)).collect());
+                let mut env = env.clone();
+                env.entry("TSL3_TP__SECRET".into())
+                    .or_insert_with(|| "launch".into());
+                if let Err(e) = settings::load(flags.config.as_deref(), &env, &o) {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            }
             engine_host::launch::run(tp, flags.args(), flags.listen.clone(), &env)
         }
         Command::CheckConfig { file } => {

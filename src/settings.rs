@@ -155,6 +155,25 @@ impl Settings {
         if tp.world > 64 {
             return Err(bad("tp.world", "must be at most 64"));
         }
+        if let Ok(profile) = actors::model::ModelProfile::by_name(&self.model.profile) {
+            let sizes = profile.tp_sizes(64);
+            if !sizes.contains(&tp.world) {
+                let mut heads: Vec<u32> = profile.groups.iter().map(|g| g.kv_heads).collect();
+                heads.dedup();
+                let heads: Vec<String> = heads.iter().map(|h| h.to_string()).collect();
+                let sizes: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+                return Err(bad(
+                    "tp.world",
+                    format!(
+                        "model profile {} has {} KV heads, which {} ranks cannot split evenly; the TP sizes (--tp) that work for it are {}",
+                        self.model.profile,
+                        heads.join("/"),
+                        tp.world,
+                        sizes.join(", ")
+                    ),
+                ));
+            }
+        }
         if tp.rank >= tp.world {
             return Err(bad(
                 "tp.rank",
