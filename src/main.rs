@@ -24,6 +24,44 @@ struct Cli {
     command: Command,
 }
 
+/// `--model-profile`'s help: every profile the synthetic backend ships.
+fn profile_help() -> String {
+    format!(
+        "Synthetic model profile: {}",
+        settings::MODEL_PROFILES.join(" | ")
+    )
+}
+
+fn store_help() -> String {
+    format!(
+        "L3 backend: {}",
+        messages::settings::StoreKind::NAMES.join(" | ")
+    )
+}
+
+/// `--tp`'s help: the TP sizes each profile can be split across.
+fn tp_help() -> String {
+    let sizes: Vec<String> = settings::MODEL_PROFILES
+        .iter()
+        .filter_map(|n| actors::model::ModelProfile::by_name(n).ok())
+        .map(|p| {
+            let s: Vec<String> = p.tp_sizes(64).iter().map(|x| x.to_string()).collect();
+            format!("{} {}", p.name, s.join("|"))
+        })
+        .collect();
+    format!(
+        "Ranks of the replica (TP size), one process each; must divide the model profile's KV heads: {}",
+        sizes.join(", ")
+    )
+}
+
+fn flat_kv_profile_help() -> String {
+    format!(
+        "A profile of one full-attention cache group: {}",
+        actors::device::bench::flat_kv_profiles().join(" | ")
+    )
+}
+
 /// Flags shared by `serve` and `launch` (beside the layered settings).
 #[derive(clap::Args, Debug, Clone, Default)]
 struct ServeFlags {
@@ -33,15 +71,12 @@ struct ServeFlags {
     /// HTTP address of the leader's API.
     #[arg(long)]
     listen: Option<String>,
-    /// L3 backend: none | memory | local | mooncake.
-    #[arg(long)]
+    #[arg(long, help = store_help())]
     store: Option<String>,
     /// Directory of the local store's shared-DFS tier.
     #[arg(long)]
     store_dir: Option<String>,
-    /// Synthetic model profile: tiny | llama-8b-like | llama-8b-like-h100-fp8 | hybrid-swa |
-    /// hybrid-state | replay-small.
-    #[arg(long)]
+    #[arg(long, help = profile_help())]
     model_profile: Option<String>,
 }
 
@@ -95,7 +130,7 @@ enum Command {
     /// Start N rank processes of one replica on this machine (generated mesh settings);
     /// `--listen` is the leader's HTTP address. Exits non-zero when any rank fails.
     Launch {
-        #[arg(long)]
+        #[arg(long, help = tp_help())]
         tp: u32,
         #[command(flatten)]
         flags: ServeFlags,
@@ -213,7 +248,7 @@ enum BenchCommand {
     /// tier, partial hit, miss) over a sweep of prompt lengths; every restored output is
     /// compared with recomputation. Writes ttft.json and ttft.svg under --out.
     Ttft {
-        #[arg(long, default_value = "llama-8b-like")]
+        #[arg(long, default_value = "llama-8b-like", help = profile_help())]
         profile: String,
         /// Prompt lengths in tokens.
         #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
@@ -253,7 +288,7 @@ enum BenchCommand {
         limit: Option<usize>,
         #[arg(long, default_value_t = 2)]
         instances: usize,
-        #[arg(long, default_value = "replay-small")]
+        #[arg(long, default_value = "replay-small", help = profile_help())]
         profile: String,
         /// Open loop at this multiple of the trace's timestamps (default: closed loop).
         #[arg(long)]
@@ -299,7 +334,7 @@ enum BenchCommand {
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.
     FlatKv {
-        #[arg(long, default_value = "llama-8b-like")]
+        #[arg(long, default_value = "llama-8b-like", help = flat_kv_profile_help())]
         profile: String,
         #[arg(long, default_value_t = 512)]
         tokens: u64,

@@ -290,14 +290,24 @@ pub fn load(
     if let Some(v) = &overrides.peers {
         b = set(b, "tp.peers", v.clone().into())?;
     }
-    let cfg = b
-        .build()
-        .map_err(|e| one_line(format!("invalid settings: {e}")))?;
+    let cfg = b.build().map_err(|e| one_line(config_error(&e)))?;
     let s: Settings = cfg
         .try_deserialize()
-        .map_err(|e| one_line(format!("invalid settings: {e}")))?;
+        .map_err(|e| one_line(config_error(&e)))?;
     s.validate().map_err(|e| e.to_string())?;
     Ok(s)
+}
+
+/// A layer's error as `invalid setting <key>: <what>` (the form of every other settings
+/// error) where the config crate names the key (`... for key `a.b` [in FILE]`).
+fn config_error(e: &config::ConfigError) -> String {
+    let text = e.to_string();
+    if let Some((what, rest)) = text.split_once(" for key `") {
+        if let Some((key, origin)) = rest.split_once('`') {
+            return format!("invalid setting {key}: {what}{origin}");
+        }
+    }
+    format!("invalid settings: {text}")
 }
 
 /// The resolved settings as TOML (what `check-config` prints).
@@ -361,7 +371,11 @@ mod tests {
             (&[("TSL3_TP__RANK", "3")], "tp.rank"),
             (&[("TSL3_MODEL__PROFILE", "gpt-5")], "model.profile"),
             (&[("TSL3_SERVER__LISTEN", "nowhere")], "server.listen"),
-            (&[("TSL3_STORAGE__BACKEND", "floppy")], "backend"),
+            (
+                &[("TSL3_STORAGE__BACKEND", "floppy")],
+                "storage.backend: must be one of none, memory, local, mooncake",
+            ),
+            (&[("TSL3_TP__WORLD", "two")], "invalid setting tp.world"),
         ];
         for (vars, field) in cases {
             let e = load(None, &env(vars), &Overrides::default()).unwrap_err();

@@ -70,3 +70,79 @@ fn launch_with_a_tp_size_the_profile_cannot_split_names_the_sizes_that_work() {
     assert_eq!(out.status.code(), Some(2));
     assert!(error_line(&out).contains("1, 2"), "{}", stderr(&out));
 }
+
+/// `serve --help` and `launch --help` list every model profile the binary ships and every
+/// store backend; `--tp` says which sizes work for each profile.
+#[test]
+fn help_lists_every_profile_and_store() {
+    for cmd in ["serve", "launch"] {
+        let out = engine_host(&[cmd, "--help"]);
+        assert!(out.status.success());
+        let help = String::from_utf8_lossy(&out.stdout);
+        let line = |flag: &str| {
+            help.lines()
+                .find(|l| l.trim_start().starts_with(flag))
+                .unwrap_or_else(|| panic!("{cmd} --help lacks {flag}: {help}"))
+                .to_string()
+        };
+        let profile = line("--model-profile");
+        for p in engine_host::settings::MODEL_PROFILES {
+            assert!(
+                profile.contains(&format!(" {p} ")) || profile.ends_with(&format!(" {p}")),
+                "{cmd} --help: {profile} lacks {p}"
+            );
+        }
+        let store = line("--store ");
+        for s in messages::settings::StoreKind::NAMES {
+            assert!(store.contains(s), "{cmd} --help: {store} lacks {s}");
+        }
+        if cmd == "launch" {
+            let tp = line("--tp");
+            assert!(tp.contains("tiny 1|2"), "{tp}");
+            assert!(tp.contains("llama-8b-like 1|2|4|8"), "{tp}");
+            assert!(tp.contains("hybrid-state"), "{tp}");
+        }
+    }
+}
+
+/// `bench flat-kv` on a profile it cannot run names the profiles that work.
+#[test]
+fn flat_kv_on_a_hybrid_profile_names_the_profiles_that_work() {
+    let out = engine_host(&["bench", "flat-kv", "--profile", "hybrid-swa"]);
+    assert!(!out.status.success());
+    let line = error_line(&out);
+    for p in ["hybrid-swa", "tiny", "llama-8b-like", "replay-small"] {
+        assert!(line.contains(p), "{line} should name {p}");
+    }
+    let (_, works) = line.split_once("work are").expect("the working profiles");
+    assert!(!works.contains("hybrid"), "{line}");
+}
+
+/// A wrong store backend, from the flag, the environment or a file, is one line naming the
+/// setting and every valid value.
+#[test]
+fn a_wrong_store_lists_the_valid_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bogus.toml");
+    std::fs::write(&file, "[storage]\nbackend = \"bogus\"\n").unwrap();
+    let from_file = file.to_str().unwrap();
+    for out in [
+        engine_host(&["serve", "--store", "bogus"]),
+        engine_host(&["launch", "--tp", "2", "--store", "bogus"]),
+        engine_host(&["serve", "--config", from_file, "--check-config"]),
+        engine_host(&["check-config", from_file]),
+        Command::new(env!("CARGO_BIN_EXE_engine-host"))
+            .args(["serve", "--check-config"])
+            .env("TSL3_STORAGE__BACKEND", "bogus")
+            .output()
+            .unwrap(),
+    ] {
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let line = error_line(&out);
+        assert!(line.contains("storage.backend"), "{line}");
+        for s in messages::settings::StoreKind::NAMES {
+            assert!(line.contains(s), "{line} should list {s}");
+        }
+        assert!(line.contains("bogus"), "{line}");
+    }
+}
