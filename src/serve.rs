@@ -243,7 +243,8 @@ pub fn run(settings: Settings) -> Result<()> {
             let sys = actix_rt::System::new();
             sys.block_on(async move {
                 let engine = engine.into_actors();
-                round_loop(
+                let stop = loop_shared.clone();
+                let r = round_loop(
                     loop_settings,
                     engine,
                     inbox,
@@ -251,7 +252,11 @@ pub fn run(settings: Settings) -> Result<()> {
                     store_holder,
                     clock,
                 )
-                .await
+                .await;
+                // However the loop ended (a mesh that never formed included), the rank
+                // stops serving and exits with its result.
+                stop.stop.store(true, Ordering::SeqCst);
+                r
             })
         })
         .context("spawning the round loop")?;
@@ -345,9 +350,14 @@ async fn round_loop(
     let mut mesh = MeshSettings::new(settings.tp.rank, peers, ns.clone(), secret);
     mesh.connect_deadline = Duration::from_millis(settings.tp.connect_deadline_ms);
     mesh.round_deadline = Duration::from_millis(settings.tp.round_deadline_ms);
-    let mut plane = ControlPlaneCore::establish(&mesh)
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
+    let mut plane = ControlPlaneCore::establish(&mesh).await.map_err(|e| {
+        anyhow!(
+            "rank {} of {}: {e} (tp.connect_deadline_ms = {}; start every rank of tp.peers, or use `engine-host launch`)",
+            settings.tp.rank,
+            settings.tp.world,
+            settings.tp.connect_deadline_ms
+        )
+    })?;
     let leader = settings.tp.rank == 0;
     let mut clients = Clients {
         next_id: 1,
