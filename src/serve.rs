@@ -179,7 +179,7 @@ fn limits(s: &Settings, model: &SyntheticModel) -> RequestLimits {
 /// What the round loop shares with the HTTP side.
 struct Shared {
     metrics: Metrics,
-    health: parking_lot::Mutex<String>,
+    health: crate::health::RankHealth,
     stop: AtomicBool,
     local_store: Option<PromotingStore>,
 }
@@ -210,7 +210,7 @@ pub fn run(settings: Settings) -> Result<()> {
             tp_rank: settings.tp.rank,
         })
         .context("metrics registry")?,
-        health: parking_lot::Mutex::new("{\"status\":\"starting\"}".into()),
+        health: crate::health::RankHealth::new(settings.server.not_ready_on_storage_outage),
         stop: AtomicBool::new(false),
         local_store: local_store.lock().take(),
     });
@@ -223,7 +223,7 @@ pub fn run(settings: Settings) -> Result<()> {
             settings.server.admin_token.clone(),
             format!("synthetic-{}", settings.model.profile),
             Arc::new(move || m.metrics.render()),
-            Arc::new(move || h.health.lock().clone()),
+            Arc::new(move || h.health.render()),
         )
     };
     tracing::info!(
@@ -255,6 +255,9 @@ pub fn run(settings: Settings) -> Result<()> {
                 .await;
                 // However the loop ended (a mesh that never formed included), the rank
                 // stops serving and exits with its result.
+                if let Err(e) = &r {
+                    stop.health.fail(format!("{e:#}"));
+                }
                 stop.stop.store(true, Ordering::SeqCst);
                 r
             })
@@ -378,6 +381,7 @@ async fn round_loop(
         let stopping = shared.stop.load(Ordering::SeqCst);
         if stopping && stopping_since.is_none() {
             stopping_since = Some(Instant::now());
+            shared.health.stopping();
         }
         // Head feedback point.
         let local = match engine.head().await {
@@ -656,6 +660,7 @@ async fn fail_round(
     e: &dyn std::fmt::Display,
 ) -> anyhow::Error {
     fail_all(clients, &e.to_string());
+    shared.health.fail(format!("round {round}: {e}"));
     shared.stop.store(true, Ordering::SeqCst);
     let _ = engine.close().await;
     anyhow!("round {round}: {e}")

@@ -42,6 +42,9 @@ pub struct ModelSettings {
 pub struct ServerSettings {
     pub listen: String,
     pub admin_token: String,
+    /// `/health/ready` answers 503 while L3 storage cools down after an outage (default:
+    /// ready but `degraded`, since requests still complete by recomputation).
+    pub not_ready_on_storage_outage: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::free_port;
+use common::{free_port, http, Host};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -66,5 +66,117 @@ fn a_rank_whose_mesh_never_forms_exits_non_zero() {
                 errors[0]
             );
         }
+    }
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// Polls `path` until `pred` holds on (status, document); the last answer otherwise.
+fn poll(
+    h: &Host,
+    path: &str,
+    pred: impl Fn(u16, &serde_json::Value) -> bool,
+) -> (u16, serde_json::Value) {
+    let mut last = (0, serde_json::Value::Null);
+    for _ in 0..400 {
+        let (code, body) = h.get(path);
+        let v = json(&body);
+        if pred(code, &v) {
+            return (code, v);
+        }
+        last = (code, v);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{path} never reached the expected state; last: {last:?}");
+}
+
+/// Before the first agreed round (a rank waiting for its mesh) the process is live but not
+/// ready, with the reason; `/health` stays 200 for old probes but says `starting`.
+#[test]
+fn live_but_not_ready_until_the_mesh_forms() {
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", free_port(), free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["serve", "--store", "none", "--world", "2", "--rank", "0"])
+        .args(["--peers", &peers, "--listen", &listen])
+        .env("TSL3_TP__SECRET", "s3cret")
+        .env("TSL3_TP__CONNECT_DEADLINE_MS", "60000")
+        .env("TSL3_MODEL__DEVICE", "emulated")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut live = None;
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(&listen).is_ok() {
+            live = Some(http(&listen, "GET", "/health/live", "", None));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, body) = live.expect("the rank never answered HTTP");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["status"], "live");
+    let (code, body) = http(&listen, "GET", "/health/ready", "", None);
+    assert_eq!(code, 503, "{body}");
+    let v = json(&body);
+    assert_eq!(v["status"], "starting");
+    assert_eq!(v["ready"], false);
+    assert!(v["reason"].as_str().unwrap().contains("mesh"), "{v}");
+    let (code, body) = http(&listen, "GET", "/health", "", None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["status"], "starting");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A single rank becomes ready (200, `ok`) once its rounds run; replacing its store
+/// directory by a file makes the next backup an outage: `degraded` with the reason and
+/// still ready by default, 503 with `server.not_ready_on_storage_outage`.
+#[test]
+fn ready_after_the_first_round_and_a_storage_outage_is_reported() {
+    for not_ready in ["false", "true"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("l3");
+        let h = Host::start(
+            &[
+                "serve",
+                "--store",
+                "local",
+                "--store-dir",
+                store.to_str().unwrap(),
+            ],
+            &[
+                ("TSL3_STORAGE__RUNTIME__HEALTH_COOLDOWN_MS", "600000"),
+                ("TSL3_SERVER__NOT_READY_ON_STORAGE_OUTAGE", not_ready),
+            ],
+        );
+        let (_, v) = poll(&h, "/health/ready", |c, _| c == 200);
+        assert_eq!(v["status"], "ok", "{v}");
+        assert_eq!(v["ready"], true);
+        assert_eq!(v["storage"]["state"], "Healthy", "{v}");
+        assert_eq!(json(&h.get("/health").1)["status"], "ok");
+
+        let _ = std::fs::remove_dir_all(&store);
+        std::fs::write(&store, b"not a directory").unwrap();
+        let prompt: Vec<u32> = (0..48).collect();
+        h.complete(&prompt, 2);
+        let (code, v) = poll(&h, "/health/ready", |_, v| v["status"] == "degraded");
+        assert_eq!(v["storage"]["state"], "Cooldown", "{v}");
+        assert!(v["reason"].as_str().unwrap().contains("unhealthy"), "{v}");
+        if not_ready == "true" {
+            assert_eq!(code, 503, "{v}");
+            assert_eq!(v["ready"], false);
+        } else {
+            assert_eq!(code, 200, "{v}");
+            assert_eq!(v["ready"], true);
+        }
+        let (code, body) = h.get("/health");
+        assert_eq!(code, 200);
+        assert_eq!(json(&body)["status"], "degraded");
+        assert_eq!(h.get("/health/live").0, 200);
     }
 }
