@@ -181,6 +181,8 @@ struct Shared {
     metrics: Metrics,
     health: crate::health::RankHealth,
     stop: AtomicBool,
+    /// The round loop ended (drained, failed or never started its mesh).
+    done: AtomicBool,
     local_store: Option<PromotingStore>,
 }
 
@@ -212,6 +214,7 @@ pub fn run(settings: Settings) -> Result<()> {
         .context("metrics registry")?,
         health: crate::health::RankHealth::new(settings.server.not_ready_on_storage_outage),
         stop: AtomicBool::new(false),
+        done: AtomicBool::new(false),
         local_store: local_store.lock().take(),
     });
     let (state, inbox) = {
@@ -259,6 +262,7 @@ pub fn run(settings: Settings) -> Result<()> {
                     stop.health.fail(format!("{e:#}"));
                 }
                 stop.stop.store(true, Ordering::SeqCst);
+                stop.done.store(true, Ordering::SeqCst);
                 r
             })
         })
@@ -275,6 +279,9 @@ pub fn run(settings: Settings) -> Result<()> {
     result.and(loop_result)
 }
 
+/// Seconds the HTTP connections get, after the round loop ended, to finish their answers.
+const HTTP_SHUTDOWN_GRACE_S: u64 = 3;
+
 fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<Shared>) -> Result<()> {
     let listen = settings.server.listen.clone();
     let sys = actix_web::rt::System::new();
@@ -286,16 +293,35 @@ fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<Shared>) ->
                 .configure(actors::frontend::configure)
         })
         .workers(2)
-        .shutdown_timeout(30)
+        // Shutdown is the round loop's: SIGTERM/SIGINT start its drain (every request the
+        // engine holds finishes; new ones are refused), and once it ended the connections
+        // get this long to write what they were answered. A connection that never sent a
+        // whole request holds nothing in the engine and does not delay the exit further.
+        .disable_signals()
+        .shutdown_timeout(HTTP_SHUTDOWN_GRACE_S)
         .bind(&listen)
         .with_context(|| format!("server.listen {listen}"))?
         .run();
         let handle = server.handle();
+        let signals = shared.clone();
+        actix_web::rt::spawn(async move {
+            let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            else {
+                tracing::error!("cannot install the SIGTERM handler");
+                return;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            signals.stop.store(true, Ordering::SeqCst);
+        });
         let watcher = shared.clone();
         actix_web::rt::spawn(async move {
-            // The round loop may stop on its own (a failed rank): stop serving then too.
-            while !watcher.stop.load(Ordering::SeqCst) {
-                actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+            // The round loop ends on a signal's drain or on its own (a failed rank).
+            while !watcher.done.load(Ordering::SeqCst) {
+                actix_web::rt::time::sleep(Duration::from_millis(50)).await;
             }
             handle.stop(true).await;
         });

@@ -180,3 +180,102 @@ fn ready_after_the_first_round_and_a_storage_outage_is_reported() {
         assert_eq!(h.get("/health/live").0, 200);
     }
 }
+
+/// SIGTERM with a client that sent half a request (its head and part of its body) ends the
+/// process promptly and cleanly: the half request holds nothing in the engine (it used to
+/// hold the exit for the 30 s HTTP shutdown timeout).
+#[test]
+fn sigterm_does_not_wait_for_a_half_sent_request() {
+    use std::io::Write;
+    let h = Host::start(&["serve", "--store", "none"], &[]);
+    let mut half = std::net::TcpStream::connect(&h.addr).unwrap();
+    write!(
+        half,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 200\r\n\r\n{{\"prompt\": [1, 2"
+    )
+    .unwrap();
+    half.flush().unwrap();
+    // The server has the partial request before the signal.
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = h.child.id().to_string();
+    let mut h = h;
+    let child = std::mem::replace(&mut h.child, Command::new("true").spawn().unwrap());
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let (status, _) = wait_exit(child, Duration::from_secs(15));
+    assert!(status.success(), "SIGTERM exits cleanly: {status}");
+    drop(half);
+}
+
+/// A request the engine holds when SIGTERM arrives still completes (every token, then
+/// `[DONE]`) before the process exits with 0.
+#[test]
+fn sigterm_lets_an_in_flight_request_finish() {
+    use std::io::{BufRead, BufReader, Write};
+    let h = Host::start(
+        &["serve", "--store", "none"],
+        &[("TSL3_MODEL__EMULATE_DEVICE_TIME", "true")],
+    );
+    let mut s = std::net::TcpStream::connect(&h.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = r#"{"prompt":[1,2,3,4,5,6,7,8],"max_tokens":48,"stream":true}"#;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    // Up to the first token: the engine holds the request.
+    loop {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+        if line.starts_with("data: {") {
+            break;
+        }
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &h.child.id().to_string()])
+        .status();
+    let mut tokens = 1;
+    let mut done = false;
+    let mut usage = false;
+    loop {
+        line.clear();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if line.starts_with("data: [DONE]") {
+            done = true;
+        } else if line.starts_with("data: {") {
+            assert!(!line.contains("\"error\""), "{line}");
+            if line.contains("cached_tokens") {
+                usage = true;
+            } else {
+                tokens += 1;
+            }
+        }
+    }
+    assert!(usage, "the final chunk with the usage arrived");
+    assert!(done, "the stream ends with [DONE]");
+    assert_eq!(tokens, 48, "every token arrived");
+    assert!(h.stop().success());
+}
+
+/// With stderr not a terminal, the log has no ANSI colour codes.
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr.log");
+    let h = Host::start_logged(&["serve", "--store", "none"], &[("RUST_LOG", "info")], &log);
+    assert!(h.stop().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("engine host starting"), "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in a file log: {text:?}"
+    );
+}
