@@ -168,7 +168,8 @@ enum BenchCommand {
     },
     /// DFS -> MEMORY promotion throughput beside a plain file read + memcpy of the same bytes.
     Promotion {
-        /// Directory for the DFS tier (a temporary one under it is used and removed).
+        /// Directory for the DFS tier (a temporary one under it is used and removed, with
+        /// the directories the run created).
         #[arg(long, default_value = ".tsl3/bench")]
         dir: String,
         #[arg(long, default_value_t = 64)]
@@ -320,7 +321,8 @@ enum BenchCommand {
     /// object per call) beside a plain sequential write of the same bytes with the same
     /// fsync policy.
     DfsPut {
-        /// Directory for the runs (fresh subdirectories, removed afterwards).
+        /// Directory for the runs (fresh subdirectories, removed afterwards with the
+        /// directories the run created).
         #[arg(long, default_value = ".tsl3/bench")]
         dir: String,
         #[arg(long, default_value_t = 2048)]
@@ -371,18 +373,16 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             workers,
             rounds,
         } => {
-            let base =
-                std::path::PathBuf::from(dir).join(format!("promotion-{}", std::process::id()));
-            std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
-            let r = actors::l3::store::local::bench::bench_promotion(
-                &base,
+            let base = engine_host::bench::ScratchDir::create(&dir, "promotion")?;
+            actors::l3::store::local::bench::bench_promotion(
+                base.path(),
                 objects,
                 object_bytes,
                 workers,
                 rounds,
-            );
-            let _ = std::fs::remove_dir_all(&base);
-            r.map(|_| ()).map_err(|e| e.to_string())
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
         }
         BenchCommand::Scheduler {
             outstanding,
@@ -526,12 +526,14 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             object_bytes,
             batch,
         } => {
-            let base =
-                std::path::PathBuf::from(dir).join(format!("dfs-put-{}", std::process::id()));
-            std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
-            let r =
-                actors::l3::store::dfs_bench::bench_dfs_put(&base, objects, object_bytes, batch);
-            let _ = std::fs::remove_dir_all(&base);
+            let base = engine_host::bench::ScratchDir::create(&dir, "dfs-put")?;
+            let r = actors::l3::store::dfs_bench::bench_dfs_put(
+                base.path(),
+                objects,
+                object_bytes,
+                batch,
+            );
+            drop(base);
             println!("{}", r?);
             Ok(())
         }
