@@ -122,6 +122,10 @@ enum Command {
         /// Mesh addresses of every rank, in rank order (host:port,host:port,...).
         #[arg(long, value_delimiter = ',')]
         peers: Option<Vec<String>>,
+        /// Base address of the ranks' /metrics and /health: rank r serves them on its port
+        /// + r (default: --listen's port + r; launch sets it for each rank).
+        #[arg(long)]
+        metrics_listen: Option<String>,
         /// Resolve and validate the settings this command line gives, print them and exit
         /// (0 when valid, 2 otherwise) without starting anything.
         #[arg(long)]
@@ -578,9 +582,11 @@ fn main() -> ExitCode {
             rank,
             world,
             peers,
+            metrics_listen,
             check_config,
         } => {
             let mut o = flags.overrides();
+            o.metrics_listen = metrics_listen;
             o.rank = rank;
             o.world = world;
             o.peers = peers;
@@ -613,6 +619,7 @@ fn main() -> ExitCode {
         Command::Launch { tp, flags } => {
             // Every rank would refuse settings that do not resolve for this world: say so
             // once, before starting any (the mesh addresses and secret are launch's own).
+            let mut metrics = vec![];
             if (1..=64).contains(&tp) {
                 let mut o = flags.overrides();
                 o.world = Some(tp);
@@ -621,12 +628,26 @@ fn main() -> ExitCode {
                 let mut env = env.clone();
                 env.entry("TSL3_TP__SECRET".into())
                     .or_insert_with(|| "launch".into());
-                if let Err(e) = settings::load(flags.config.as_deref(), &env, &o) {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
+                let s = match settings::load(flags.config.as_deref(), &env, &o) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(2);
+                    }
+                };
+                // Rank r's /metrics and /health: the base port + r (the leader's are on its
+                // API address unless server.metrics_listen moves them).
+                for r in 0..tp {
+                    match s.metrics_address_of(r) {
+                        Ok(a) => metrics.push(a),
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::from(2);
+                        }
+                    }
                 }
             }
-            engine_host::launch::run(tp, flags.args(), flags.listen.clone(), &env)
+            engine_host::launch::run(tp, flags.args(), flags.listen.clone(), metrics, &env)
         }
         Command::CheckConfig { file } => {
             match settings::load(Some(&file), &env, &settings::Overrides::default()) {

@@ -203,7 +203,6 @@ pub fn run(settings: Settings) -> Result<()> {
     })
     .map_err(|e| anyhow!("startup: {e}"))?;
     let model = engine.scheduler().model().clone();
-    let leader = settings.tp.rank == 0;
     let shared = Arc::new(Shared {
         metrics: Metrics::new(&MetricLabels {
             model: settings.telemetry.metrics_labels_model.clone(),
@@ -267,11 +266,7 @@ pub fn run(settings: Settings) -> Result<()> {
             })
         })
         .context("spawning the round loop")?;
-    let result = if leader {
-        serve_http(&settings, state, shared.clone())
-    } else {
-        wait_for_signal(shared.clone())
-    };
+    let result = serve_http(&settings, state, shared.clone());
     shared.stop.store(true, Ordering::SeqCst);
     let loop_result = round_loop
         .join()
@@ -282,27 +277,67 @@ pub fn run(settings: Settings) -> Result<()> {
 /// Seconds the HTTP connections get, after the round loop ended, to finish their answers.
 const HTTP_SHUTDOWN_GRACE_S: u64 = 3;
 
+/// One HTTP listener of a rank: its address, the setting that names it, and whether it
+/// serves the API (the leader's `server.listen`) or only `/metrics` and `/health`.
+struct Listener {
+    addr: String,
+    setting: &'static str,
+    api: bool,
+}
+
+/// This rank's listeners: the leader's API (with /metrics and /health) on `server.listen`,
+/// and every rank's own /metrics and /health address where that is another one.
+fn listeners(settings: &Settings) -> Result<Vec<Listener>> {
+    let mut v = vec![];
+    if settings.tp.rank == 0 {
+        v.push(Listener {
+            addr: settings.server.listen.clone(),
+            setting: "server.listen",
+            api: true,
+        });
+    }
+    if let Some(a) = settings.metrics_listener().map_err(|e| anyhow!("{e}"))? {
+        v.push(Listener {
+            addr: a.to_string(),
+            setting: "server.metrics_listen",
+            api: false,
+        });
+    }
+    Ok(v)
+}
+
 fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<Shared>) -> Result<()> {
-    let listen = settings.server.listen.clone();
+    let listeners = listeners(settings)?;
+    let rank = settings.tp.rank;
     let sys = actix_web::rt::System::new();
     sys.block_on(async move {
         let data = actix_web::web::Data::new(state);
-        let server = actix_web::HttpServer::new(move || {
-            actix_web::App::new()
-                .app_data(data.clone())
-                .configure(actors::frontend::configure)
-        })
-        .workers(2)
-        // Shutdown is the round loop's: SIGTERM/SIGINT start its drain (every request the
-        // engine holds finishes; new ones are refused), and once it ended the connections
-        // get this long to write what they were answered. A connection that never sent a
-        // whole request holds nothing in the engine and does not delay the exit further.
-        .disable_signals()
-        .shutdown_timeout(HTTP_SHUTDOWN_GRACE_S)
-        .bind(&listen)
-        .with_context(|| format!("server.listen {listen}"))?
-        .run();
-        let handle = server.handle();
+        let mut servers = vec![];
+        for l in &listeners {
+            let data = data.clone();
+            let api = l.api;
+            let server = actix_web::HttpServer::new(move || {
+                let app = actix_web::App::new().app_data(data.clone());
+                if api {
+                    app.configure(actors::frontend::configure)
+                } else {
+                    app.configure(actors::frontend::configure_observability)
+                }
+            })
+            .workers(if api { 2 } else { 1 })
+            // Shutdown is the round loop's: SIGTERM/SIGINT start its drain (every request
+            // the engine holds finishes; new ones are refused), and once it ended the
+            // connections get this long to write what they were answered. A connection
+            // that never sent a whole request holds nothing in the engine and does not
+            // delay the exit further.
+            .disable_signals()
+            .shutdown_timeout(HTTP_SHUTDOWN_GRACE_S)
+            .bind(&l.addr)
+            .with_context(|| format!("{} {} (rank {rank})", l.setting, l.addr))?
+            .run();
+            servers.push(server);
+        }
+        let handles: Vec<_> = servers.iter().map(|s| s.handle()).collect();
         let signals = shared.clone();
         actix_web::rt::spawn(async move {
             let Ok(mut term) =
@@ -323,30 +358,38 @@ fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<Shared>) ->
             while !watcher.done.load(Ordering::SeqCst) {
                 actix_web::rt::time::sleep(Duration::from_millis(50)).await;
             }
-            handle.stop(true).await;
-        });
-        eprintln!("engine-host: listening on http://{listen}");
-        server.await.context("http server")
-    })
-}
-
-fn wait_for_signal(shared: Arc<Shared>) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        loop {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {
-                    if shared.stop.load(Ordering::SeqCst) { break; }
-                }
+            for h in handles {
+                h.stop(true).await;
             }
+        });
+        for l in &listeners {
+            if l.api {
+                eprintln!("engine-host: listening on http://{}", l.addr);
+            } else {
+                eprintln!(
+                    "engine-host: rank {rank} serves /metrics and /health on http://{}",
+                    l.addr
+                );
+            }
+        }
+        for r in futures_join(servers).await {
+            r.context("http server")?;
         }
         Ok(())
     })
+}
+
+/// Runs the servers to their ends together.
+async fn futures_join(servers: Vec<actix_web::dev::Server>) -> Vec<std::io::Result<()>> {
+    let tasks: Vec<_> = servers.into_iter().map(actix_web::rt::spawn).collect();
+    let mut out = vec![];
+    for t in tasks {
+        out.push(
+            t.await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))),
+        );
+    }
+    out
 }
 
 /// The leader's frontend bookkeeping.

@@ -40,7 +40,11 @@ pub struct ModelSettings {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
+    /// The leader's HTTP API (with /metrics and /health).
     pub listen: String,
+    /// Where rank r serves /metrics and /health: this address's port + r (empty: listen's
+    /// port + r, so the leader's are on its API address). Followers serve no API.
+    pub metrics_listen: String,
     pub admin_token: String,
     /// `/health/ready` answers 503 while L3 storage cools down after an outage (default:
     /// ready but `degraded`, since requests still complete by recomputation).
@@ -133,6 +137,15 @@ impl Settings {
                 "must be an address such as 127.0.0.1:8000",
             ));
         }
+        if !self.server.metrics_listen.is_empty()
+            && self.server.metrics_listen.parse::<SocketAddr>().is_err()
+        {
+            return Err(bad(
+                "server.metrics_listen",
+                "must be empty or an address such as 127.0.0.1:9100",
+            ));
+        }
+        self.metrics_address_of(self.tp.rank)?;
         if self.host_cache.size_bytes == 0
             && (!self.host_cache.ratio.is_finite() || self.host_cache.ratio <= 0.0)
         {
@@ -220,10 +233,47 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// Where rank `rank` of this replica serves /metrics and /health: the port of
+    /// `server.metrics_listen` (or `server.listen`) + `rank`.
+    pub fn metrics_address_of(&self, rank: u32) -> Result<SocketAddr, SettingsError> {
+        let field = if self.server.metrics_listen.is_empty() {
+            "server.listen"
+        } else {
+            "server.metrics_listen"
+        };
+        let text = if self.server.metrics_listen.is_empty() {
+            &self.server.listen
+        } else {
+            &self.server.metrics_listen
+        };
+        let mut a: SocketAddr = text
+            .parse()
+            .map_err(|_| bad(field, "must be an address such as 127.0.0.1:8000"))?;
+        let port = u16::try_from(a.port() as u32 + rank).map_err(|_| {
+            bad(
+                field,
+                format!("port {} + rank {rank} is beyond 65535", a.port()),
+            )
+        })?;
+        a.set_port(port);
+        Ok(a)
+    }
+
+    /// This rank's /metrics and /health address when it is not the API address (None:
+    /// the leader serves them beside its API).
+    pub fn metrics_listener(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        let a = self.metrics_address_of(self.tp.rank)?;
+        let api = self.server.listen.parse::<SocketAddr>().ok();
+        Ok((self.tp.rank != 0 || api != Some(a)).then_some(a))
+    }
+}
+
 /// Flags that override settings (the last layer).
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
     pub listen: Option<String>,
+    pub metrics_listen: Option<String>,
     pub store: Option<String>,
     pub store_dir: Option<String>,
     pub model_profile: Option<String>,
@@ -274,6 +324,9 @@ pub fn load(
         };
     if let Some(v) = &overrides.listen {
         b = set(b, "server.listen", v.clone().into())?;
+    }
+    if let Some(v) = &overrides.metrics_listen {
+        b = set(b, "server.metrics_listen", v.clone().into())?;
     }
     if let Some(v) = &overrides.store {
         b = set(b, "storage.backend", v.clone().into())?;

@@ -79,11 +79,22 @@ fn help_lists_every_profile_and_store() {
         let out = engine_host(&[cmd, "--help"]);
         assert!(out.status.success());
         let help = String::from_utf8_lossy(&out.stdout);
+        // An option's help: its line, or the line after it (clap's long layout).
         let line = |flag: &str| {
-            help.lines()
-                .find(|l| l.trim_start().starts_with(flag))
-                .unwrap_or_else(|| panic!("{cmd} --help lacks {flag}: {help}"))
-                .to_string()
+            let lines: Vec<&str> = help.lines().collect();
+            let i = lines
+                .iter()
+                .position(|l| l.trim_start().starts_with(flag))
+                .unwrap_or_else(|| panic!("{cmd} --help lacks {flag}: {help}"));
+            let mut text = lines[i].to_string();
+            if let Some(next) = lines
+                .get(i + 1)
+                .filter(|l| !l.trim_start().starts_with('-'))
+            {
+                text.push(' ');
+                text.push_str(next.trim());
+            }
+            text
         };
         let profile = line("--model-profile");
         for p in engine_host::settings::MODEL_PROFILES {
@@ -144,5 +155,30 @@ fn a_wrong_store_lists_the_valid_values() {
             assert!(line.contains(s), "{line} should list {s}");
         }
         assert!(line.contains("bogus"), "{line}");
+    }
+}
+
+/// `launch` refuses, before starting any rank, a rank /metrics address already in use,
+/// naming the setting.
+#[test]
+fn launch_with_a_metrics_port_in_use_names_the_setting() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // (held until the end of the test)
+    let port = busy.local_addr().unwrap().port();
+    // The ranks' /metrics base is the busy port (rank 0 there, rank 1 on the next one).
+    let out = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["launch", "--tp", "2", "--store", "none"])
+        .env("TSL3_SERVER__METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("started"), "{}", stderr(&out));
+    let line = error_line(&out);
+    for needle in [
+        "server.metrics_listen",
+        "rank 0",
+        &format!("127.0.0.1:{port}"),
+    ] {
+        assert!(line.contains(needle), "{line} should name {needle}");
     }
 }

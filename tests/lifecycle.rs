@@ -279,3 +279,97 @@ fn logs_to_a_pipe_have_no_colour_codes() {
         "colour codes in a file log: {text:?}"
     );
 }
+
+/// Every rank of `launch --tp 2` serves `/metrics` and `/health` on its own address (the
+/// leader's API port + rank), labelled with its TP rank and counting its own shard's L3
+/// I/O; only the leader serves the API; `gen-prometheus.sh 2 PORT` scrapes exactly the
+/// addresses launch printed.
+#[test]
+fn every_rank_of_a_launch_serves_its_own_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("l3");
+    let log = dir.path().join("launch.log");
+    let h = Host::start_logged(
+        &[
+            "launch",
+            "--tp",
+            "2",
+            "--store",
+            "local",
+            "--store-dir",
+            store.to_str().unwrap(),
+        ],
+        &[],
+        &log,
+    );
+    let (host, port) = h.addr.rsplit_once(':').unwrap();
+    let port: u16 = port.parse().unwrap();
+    let follower = format!("{host}:{}", port + 1);
+    h.complete(&(0..64).collect::<Vec<u32>>(), 2);
+    // Rank 1's own scrape: its TP rank, and the PUTs of its own shard once they retire.
+    let mut rank1 = String::new();
+    for _ in 0..400 {
+        let (code, text) = http(&follower, "GET", "/metrics", "", None);
+        assert_eq!(code, 200, "{text}");
+        let puts: f64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("tsl3_l3_operations_total{")
+                    && l.contains("kind=\"put\"")
+                    && l.contains("outcome=\"completed\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        rank1 = text;
+        if puts >= 1.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(rank1.contains("tp_rank=\"1\""), "{rank1}");
+    assert!(
+        !rank1.contains("tp_rank=\"0\""),
+        "rank 1 exports only itself"
+    );
+    assert!(h.metrics().contains("tp_rank=\"0\""));
+    let (code, body) = http(&follower, "GET", "/health/ready", "", None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["status"], "ok");
+    let (code, body) = http(&follower, "POST", "/v1/completions", "{}", None);
+    assert_eq!(code, 404, "followers serve no API: {body}");
+    assert!(json(&body)["error"].is_object());
+
+    // The addresses launch printed are exactly the targets gen-prometheus.sh generates.
+    let launched: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("/metrics on http://")?;
+            Some(rest.strip_suffix("/metrics")?.to_string())
+        })
+        .collect();
+    assert_eq!(launched, vec![h.addr.clone(), follower.clone()]);
+    let out = Command::new("bash")
+        .args([
+            "deploy/observability/gen-prometheus.sh",
+            "2",
+            &port.to_string(),
+            host,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let targets: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            Some(
+                l.trim()
+                    .strip_prefix("- \"")?
+                    .strip_suffix('"')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(targets, launched);
+    assert!(h.stop().success());
+}

@@ -106,16 +106,21 @@ pub fn inbox(
     )
 }
 
-/// Registers every route.
+/// Registers every route (the leader's API).
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/completions", web::post().to(completions))
-        .route("/health", web::get().to(health))
+        .route("/admin/clear_cache", web::post().to(admin_clear))
+        .route("/admin/weight_version", web::post().to(admin_weights))
+        .route("/admin/reset_local", web::post().to(admin_reset_local));
+    configure_observability(cfg);
+}
+
+/// Registers `/metrics` and the health routes only (every rank's own address).
+pub fn configure_observability(cfg: &mut web::ServiceConfig) {
+    cfg.route("/health", web::get().to(health))
         .route("/health/live", web::get().to(health_live))
         .route("/health/ready", web::get().to(health_ready))
         .route("/metrics", web::get().to(metrics))
-        .route("/admin/clear_cache", web::post().to(admin_clear))
-        .route("/admin/weight_version", web::post().to(admin_weights))
-        .route("/admin/reset_local", web::post().to(admin_reset_local))
         .default_service(web::to(not_found));
 }
 
