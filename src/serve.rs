@@ -209,6 +209,7 @@ pub fn run(settings: Settings) -> Result<()> {
             role: settings.telemetry.role.clone(),
             dp_rank: settings.telemetry.dp_rank,
             tp_rank: settings.tp.rank,
+            replica: settings.replica_label(),
         })
         .context("metrics registry")?,
         health: crate::health::RankHealth::new(settings.server.not_ready_on_storage_outage),
@@ -233,6 +234,7 @@ pub fn run(settings: Settings) -> Result<()> {
         world = settings.tp.world,
         store = settings.storage.backend.as_str(),
         profile = %settings.model.profile,
+        replica = %settings.replica_label(),
         namespace = %engine.scheduler().namespace().as_str(),
         "engine host starting"
     );

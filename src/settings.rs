@@ -87,6 +87,9 @@ pub struct TelemetrySettings {
     pub metrics_labels_model: String,
     pub role: String,
     pub dp_rank: u32,
+    /// The `replica` label of every series (empty: derived at startup, see
+    /// `Settings::replica_label`).
+    pub replica: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -269,6 +272,48 @@ impl Settings {
     }
 }
 
+/// This machine's host name ("localhost" where it cannot be read).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most buf.len() bytes into a buffer we own.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(h) if rc == 0 && !h.is_empty() => h.to_string(),
+        _ => "localhost".to_string(),
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h == "localhost"
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+impl Settings {
+    /// The `replica` label: `telemetry.replica`, or derived alike on every rank of a
+    /// replica and apart between replicas: `HOST:PORT`, PORT the replica's /metrics base
+    /// port (rank 0's: its API port unless `server.metrics_listen` is set) and HOST the
+    /// leader's mesh host (`tp.peers[0]`), or this machine's host name for a single rank
+    /// or a mesh on loopback (`launch`).
+    pub fn replica_label(&self) -> String {
+        if !self.telemetry.replica.is_empty() {
+            return self.telemetry.replica.clone();
+        }
+        let port = self.metrics_address_of(0).map(|a| a.port()).unwrap_or(0);
+        let host = self
+            .tp
+            .peers
+            .first()
+            .filter(|_| self.tp.world > 1)
+            .and_then(|p| p.rsplit_once(':').map(|(h, _)| h.to_string()))
+            .filter(|h| !is_loopback(h))
+            .unwrap_or_else(hostname);
+        format!("{host}:{port}")
+    }
+}
+
 /// Flags that override settings (the last layer).
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
@@ -447,6 +492,43 @@ mod tests {
         std::fs::write(&p, "[storage.contract]\noperation_credit = 3\n").unwrap();
         let e = load(p.to_str(), &env(&[]), &Overrides::default()).unwrap_err();
         assert!(e.contains("operation_credit"), "{e}");
+    }
+
+    #[test]
+    fn the_replica_label_is_shared_by_a_replicas_ranks_and_apart_between_replicas() {
+        let launch = |rank: u32, base: &str| {
+            let o = Overrides {
+                world: Some(2),
+                rank: Some(rank),
+                peers: Some(vec!["127.0.0.1:40001".into(), "127.0.0.1:40002".into()]),
+                metrics_listen: Some(base.into()),
+                ..Default::default()
+            };
+            load(None, &env(&[("TSL3_TP__SECRET", "s")]), &o)
+                .unwrap()
+                .replica_label()
+        };
+        assert_eq!(launch(0, "127.0.0.1:8000"), launch(1, "127.0.0.1:8000"));
+        assert_ne!(launch(0, "127.0.0.1:8000"), launch(0, "127.0.0.1:8100"));
+        assert!(launch(0, "127.0.0.1:8000").ends_with(":8000"));
+        assert!(!launch(0, "127.0.0.1:8000").starts_with("127.0.0.1"));
+        // A mesh across machines: the leader's mesh host, on every rank.
+        let o = Overrides {
+            world: Some(2),
+            rank: Some(1),
+            peers: Some(vec!["10.0.0.5:7000".into(), "10.0.0.6:7000".into()]),
+            ..Default::default()
+        };
+        let s = load(None, &env(&[("TSL3_TP__SECRET", "s")]), &o).unwrap();
+        assert_eq!(s.replica_label(), "10.0.0.5:8000");
+        // Overridden.
+        let s = load(
+            None,
+            &env(&[("TSL3_TELEMETRY__REPLICA", "r7")]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(s.replica_label(), "r7");
     }
 
     #[test]

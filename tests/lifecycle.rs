@@ -332,6 +332,17 @@ fn every_rank_of_a_launch_serves_its_own_metrics() {
         "rank 1 exports only itself"
     );
     assert!(h.metrics().contains("tp_rank=\"0\""));
+    // One replica label on both ranks: the replica's /metrics base port, on this host.
+    let replica = |text: &str| -> String {
+        let (_, rest) = text.split_once("replica=\"").expect("a replica label");
+        rest.split('"').next().unwrap_or_default().to_string()
+    };
+    assert_eq!(replica(&rank1), replica(&h.metrics()));
+    assert!(
+        replica(&rank1).ends_with(&format!(":{port}")),
+        "{}",
+        replica(&rank1)
+    );
     let (code, body) = http(&follower, "GET", "/health/ready", "", None);
     assert_eq!(code, 200, "{body}");
     assert_eq!(json(&body)["status"], "ok");

@@ -10,8 +10,9 @@ Aggregation rules (seed 000, Observability):
 - StorageTransferManager values (Ready holds, quarantined references, admission gate,
   credits, soft timeouts, Ready expirations, pressure bypasses, dropped backup keys) and
   the scheduler's serving counters are mirrored on every TP owner of a DP replica: take
-  `max by (model, role, dp_rank)` over TP first, never sum across TP owners; then sum over
-  DP replicas where a fleet total is wanted.
+  `max by (model, role, dp_rank, replica)` over TP first, never sum across TP owners; then
+  sum over replicas where a fleet total is wanted. The `replica` label (distinct per replica
+  by default) keeps two replicas with the same dp_rank apart.
 
 Usage: gen_dashboards.py [--check] [DIR]   (DIR defaults to dashboards/; --check: exit 1
 if the dashboards in DIR differ from this script's output, writing nothing)
@@ -27,9 +28,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "dashboards"
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'model=~"$model", role=~"$role", dp_rank=~"$dp_rank", tp_rank=~"$tp_rank"'
-REPLICA = "model, role, dp_rank"  # a DP replica: mirrored values are max'ed over TP here
-RANK_KEYS = "model, role, dp_rank, tp_rank"  # one engine host
+SEL = ('model=~"$model", role=~"$role", replica=~"$replica", dp_rank=~"$dp_rank", '
+       'tp_rank=~"$tp_rank"')
+REPLICA = "model, role, dp_rank, replica"  # a replica: mirrored values are max'ed over TP here
+RANK_KEYS = "model, role, dp_rank, replica, tp_rank"  # one engine host
 RATE = "$__rate_interval"
 
 
@@ -154,8 +156,10 @@ def variables() -> list[dict]:
     chain = [
         ("model", "Model", base),
         ("role", "Role", base + '{model=~"$model"}'),
-        ("dp_rank", "DP rank", base + '{model=~"$model", role=~"$role"}'),
-        ("tp_rank", "TP rank", base + '{model=~"$model", role=~"$role", dp_rank=~"$dp_rank"}'),
+        ("replica", "Replica", base + '{model=~"$model", role=~"$role"}'),
+        ("dp_rank", "DP rank", base + '{model=~"$model", role=~"$role", replica=~"$replica"}'),
+        ("tp_rank", "TP rank",
+         base + '{model=~"$model", role=~"$role", replica=~"$replica", dp_rank=~"$dp_rank"}'),
     ]
     out: list[dict] = [{
         "type": "datasource",
@@ -225,8 +229,8 @@ RETIREMENT = [{"type": "value", "options": {
     "1": {"text": "unproven: restart required", "color": "red", "index": 1},
 }}]
 GREEN_RED = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
-RANK = "{{role}} dp{{dp_rank}} tp{{tp_rank}}"
-REPL = "{{model}} {{role}} dp{{dp_rank}}"
+RANK = "{{role}} {{replica}} dp{{dp_rank}} tp{{tp_rank}}"
+REPL = "{{model}} {{role}} {{replica}} dp{{dp_rank}}"
 
 
 def l3() -> dict:
