@@ -116,6 +116,11 @@ def cases(d: dict) -> tuple[list[dict], list[dict]]:
     inputs += series("tsl3_promotion_committed_total", counter(lambda dp, tp: 0.5))
     expect("Promotion rates and failures by reason", "A", [("{}", 4)])
     expect("Promotion rates and failures by reason", "B", [("{}", 2)])
+    # Scrape health: 3 targets, one of them failing its scrape -> 1 rank not scraped.
+    for inst, v in (("127.0.0.1:8000", 1), ("127.0.0.1:8001", 0), ("127.0.0.1:8100", 1)):
+        inputs.append({"series": f'up{{job="tsl3-engine-host", instance="{inst}"}}',
+                       "values": f"{v}x40"})
+    expect("Ranks not scraped", "A", [("{}", 1)])
     # Health is per rank: no summing of states.
     inputs += series("tsl3_l3_health_state", gauge(lambda dp, tp: 3 if (dp, tp) == ("1", "1") else 0))
     expect("Health state", "A", [(labels(dp, tp), 3 if (dp, tp) == ("1", "1") else 0) for dp, tp in RANKS])

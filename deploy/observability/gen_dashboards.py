@@ -33,6 +33,8 @@ SEL = ('model=~"$model", role=~"$role", replica=~"$replica", dp_rank=~"$dp_rank"
 REPLICA = "model, role, dp_rank, replica"  # a replica: mirrored values are max'ed over TP here
 RANK_KEYS = "model, role, dp_rank, replica, tp_rank"  # one engine host
 RATE = "$__rate_interval"
+# Prometheus's own per-target scrape health, for the job gen-prometheus.sh writes.
+UP = 'up{job="tsl3-engine-host"}'
 
 
 def sel(extra: str = "") -> str:
@@ -244,11 +246,15 @@ def l3() -> dict:
               "Successful adapter payload bytes per second. Includes idempotent PUT hits and "
               "detached GET results: neither network traffic nor published cache hits.",
               [(f"sum by (kind) ({rate('tsl3_l3_payload_bytes_total')})", "{{kind}}")], unit="Bps"),
-        panel("timeseries", "Backend calls and new writes",
-              "Store adapter invocations per second by kind, and PUT rows that wrote a new object. "
+        panel("timeseries", "Backend calls by kind",
+              "Store adapter invocations per second by kind (a call carries a batch of rows). "
               "A create-only PUT can finish after its existence check without a native PUT call.",
-              [(f"sum by (kind) ({rate('tsl3_l3_backend_calls_total')})", "calls {{kind}}"),
-               (f"sum({rate('tsl3_l3_put_new_writes_total')})", "PUT new writes")], unit="ops"),
+              [(f"sum by (kind) ({rate('tsl3_l3_backend_calls_total')})", "calls {{kind}}")],
+              unit="ops"),
+        panel("timeseries", "PUT new writes",
+              "PUT rows per second that wrote a new object (rows, not calls: a batch call writes "
+              "many), summed over ranks.",
+              [(f"sum({rate('tsl3_l3_put_new_writes_total')})", "PUT new writes")], unit="wps"),
     ]
     latency = [
         panel("timeseries", "Queue time per job",
@@ -356,6 +362,17 @@ def serving() -> dict:
         return (f"histogram_quantile({p}, sum by (le) (max by ({REPLICA}, le) "
                 f"({rate('tsl3_ttft_seconds_bucket')})))")
 
+    scrape = [
+        panel("stat", "Ranks not scraped",
+              "Engine-host targets whose last scrape failed (a rank down, or not serving /metrics "
+              "on its address). Every rank of every replica is a target (gen-prometheus.sh).",
+              [(f'count({UP} == 0) or vector(0)', "down")], w=6, thresholds=GREEN_RED,
+              instant=True),
+        panel("timeseries", "Scrape health per target",
+              "1 while Prometheus scrapes a rank's /metrics, 0 when that scrape fails: a rank "
+              "missing here is missing from every other panel.",
+              [(UP, "{{instance}}")], w=18),
+    ]
     ttft = [
         panel("timeseries", "TTFT quantiles",
               "End-to-end time to first token, p50/p90/p99 over the selected replicas (buckets are "
@@ -389,8 +406,10 @@ def serving() -> dict:
     ]
     return dashboard(
         "tsl3-serving", "tsl3 / Serving",
-        "Serving view of tsl3 engine hosts: TTFT, prefix reuse by tier, L3 fallback, rounds.",
-        [("Time to first token", ttft), ("Prefix reuse", tokens), ("Requests and rounds", requests)])
+        "Serving view of tsl3 engine hosts: scrape health, TTFT, prefix reuse by tier, L3 "
+        "fallback, rounds.",
+        [("Scrape health", scrape), ("Time to first token", ttft), ("Prefix reuse", tokens),
+         ("Requests and rounds", requests)])
 
 
 def render() -> dict[str, str]:
