@@ -102,12 +102,12 @@ impl Exporter {
         true
     }
 
-    /// Exports a rank's counters (advancing the cumulative ones) and the health document.
+    /// Exports a rank's counters (advancing the cumulative ones) and its round's health.
     pub fn export(
         &mut self,
         m: &Metrics,
         view: &RankView,
-        health: &parking_lot::Mutex<String>,
+        health: &crate::health::RankHealth,
         round: u64,
     ) {
         let s = &view.scheduler.stats;
@@ -202,16 +202,13 @@ impl Exporter {
         if let Some(local) = self.local.clone() {
             self.export_local(m, &local);
         }
-        let h = view.health;
-        let doc = serde_json::json!({
-            "status": "ok",
-            "round": round,
-            "namespace": view.scheduler.namespace.as_str(),
-            "live_requests": view.scheduler.live_requests,
-            "storage": h.map(|h| serde_json::json!({"state": format!("{:?}", h.state), "epoch": h.epoch})),
-            "l3_enabled": view.scheduler.l3_enabled,
+        health.record_round(crate::health::RoundHealth {
+            round,
+            namespace: view.scheduler.namespace.as_str().to_string(),
+            live_requests: view.scheduler.live_requests,
+            storage: view.health,
+            l3_enabled: view.scheduler.l3_enabled,
         });
-        *health.lock() = doc.to_string();
     }
 
     /// DFS -> MEMORY promotion funnel, staging and GET tiers of the local store.

@@ -27,14 +27,34 @@ fn secret() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Refuses, with one line, a rank /metrics address already in use (before any rank starts).
+fn check_metrics_ports(metrics: &[std::net::SocketAddr]) -> Result<(), String> {
+    for (rank, a) in metrics.iter().enumerate() {
+        if let Err(e) = std::net::TcpListener::bind(a) {
+            return Err(format!(
+                "invalid setting server.metrics_listen: rank {rank} serves /metrics and /health on {a} (the port of server.metrics_listen, or else server.listen, + {rank}), which is unavailable: {e}; choose a base address with {} free ports from it",
+                metrics.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `metrics`: each rank's /metrics and /health address (rank 0's is its API address unless
+/// `server.metrics_listen` is set), as the settings resolved them.
 pub fn run(
     tp: u32,
     serve_args: Vec<String>,
     listen: Option<String>,
+    metrics: Vec<std::net::SocketAddr>,
     env: &HashMap<String, String>,
 ) -> ExitCode {
     if tp == 0 || tp > 64 {
         eprintln!("error: invalid setting tp.world: --tp must be between 1 and 64");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = check_metrics_ports(&metrics) {
+        eprintln!("error: {e}");
         return ExitCode::from(2);
     }
     let exe = match std::env::current_exe() {
@@ -66,9 +86,19 @@ pub fn run(
                 cmd.args(["--listen", l]);
             }
         }
+        // Every rank gets the base; rank r serves on its port + r (= metrics[r]).
+        if let Some(base) = metrics.first() {
+            cmd.args(["--metrics-listen", &base.to_string()]);
+        }
+        let m = metrics.get(rank as usize);
         match cmd.spawn() {
             Ok(c) => {
-                eprintln!("engine-host launch: rank {rank} started (pid {})", c.id());
+                eprintln!(
+                    "engine-host launch: rank {rank} started (pid {}){}",
+                    c.id(),
+                    m.map(|m| format!(", /metrics on http://{m}/metrics"))
+                        .unwrap_or_default()
+                );
                 children.push((rank, c));
             }
             Err(e) => {

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod exporter;
+pub mod health;
 pub mod launch;
 pub mod serve;
 pub mod settings;

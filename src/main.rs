@@ -24,6 +24,44 @@ struct Cli {
     command: Command,
 }
 
+/// `--model-profile`'s help: every profile the synthetic backend ships.
+fn profile_help() -> String {
+    format!(
+        "Synthetic model profile: {}",
+        settings::MODEL_PROFILES.join(" | ")
+    )
+}
+
+fn store_help() -> String {
+    format!(
+        "L3 backend: {}",
+        messages::settings::StoreKind::NAMES.join(" | ")
+    )
+}
+
+/// `--tp`'s help: the TP sizes each profile can be split across.
+fn tp_help() -> String {
+    let sizes: Vec<String> = settings::MODEL_PROFILES
+        .iter()
+        .filter_map(|n| actors::model::ModelProfile::by_name(n).ok())
+        .map(|p| {
+            let s: Vec<String> = p.tp_sizes(64).iter().map(|x| x.to_string()).collect();
+            format!("{} {}", p.name, s.join("|"))
+        })
+        .collect();
+    format!(
+        "Ranks of the replica (TP size), one process each; must divide the model profile's KV heads: {}",
+        sizes.join(", ")
+    )
+}
+
+fn flat_kv_profile_help() -> String {
+    format!(
+        "A profile of one full-attention cache group: {}",
+        actors::device::bench::flat_kv_profiles().join(" | ")
+    )
+}
+
 /// Flags shared by `serve` and `launch` (beside the layered settings).
 #[derive(clap::Args, Debug, Clone, Default)]
 struct ServeFlags {
@@ -33,15 +71,12 @@ struct ServeFlags {
     /// HTTP address of the leader's API.
     #[arg(long)]
     listen: Option<String>,
-    /// L3 backend: none | memory | local | mooncake.
-    #[arg(long)]
+    #[arg(long, help = store_help())]
     store: Option<String>,
     /// Directory of the local store's shared-DFS tier.
     #[arg(long)]
     store_dir: Option<String>,
-    /// Synthetic model profile: tiny | llama-8b-like | llama-8b-like-h100-fp8 | hybrid-swa |
-    /// hybrid-state | replay-small.
-    #[arg(long)]
+    #[arg(long, help = profile_help())]
     model_profile: Option<String>,
 }
 
@@ -87,11 +122,19 @@ enum Command {
         /// Mesh addresses of every rank, in rank order (host:port,host:port,...).
         #[arg(long, value_delimiter = ',')]
         peers: Option<Vec<String>>,
+        /// Base address of the ranks' /metrics and /health: rank r serves them on its port
+        /// + r (default: --listen's port + r; launch sets it for each rank).
+        #[arg(long)]
+        metrics_listen: Option<String>,
+        /// Resolve and validate the settings this command line gives, print them and exit
+        /// (0 when valid, 2 otherwise) without starting anything.
+        #[arg(long)]
+        check_config: bool,
     },
     /// Start N rank processes of one replica on this machine (generated mesh settings);
     /// `--listen` is the leader's HTTP address. Exits non-zero when any rank fails.
     Launch {
-        #[arg(long)]
+        #[arg(long, help = tp_help())]
         tp: u32,
         #[command(flatten)]
         flags: ServeFlags,
@@ -129,7 +172,8 @@ enum BenchCommand {
     },
     /// DFS -> MEMORY promotion throughput beside a plain file read + memcpy of the same bytes.
     Promotion {
-        /// Directory for the DFS tier (a temporary one under it is used and removed).
+        /// Directory for the DFS tier (a temporary one under it is used and removed, with
+        /// the directories the run created).
         #[arg(long, default_value = ".tsl3/bench")]
         dir: String,
         #[arg(long, default_value_t = 64)]
@@ -209,7 +253,7 @@ enum BenchCommand {
     /// tier, partial hit, miss) over a sweep of prompt lengths; every restored output is
     /// compared with recomputation. Writes ttft.json and ttft.svg under --out.
     Ttft {
-        #[arg(long, default_value = "llama-8b-like")]
+        #[arg(long, default_value = "llama-8b-like", help = profile_help())]
         profile: String,
         /// Prompt lengths in tokens.
         #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
@@ -249,7 +293,7 @@ enum BenchCommand {
         limit: Option<usize>,
         #[arg(long, default_value_t = 2)]
         instances: usize,
-        #[arg(long, default_value = "replay-small")]
+        #[arg(long, default_value = "replay-small", help = profile_help())]
         profile: String,
         /// Open loop at this multiple of the trace's timestamps (default: closed loop).
         #[arg(long)]
@@ -281,7 +325,8 @@ enum BenchCommand {
     /// object per call) beside a plain sequential write of the same bytes with the same
     /// fsync policy.
     DfsPut {
-        /// Directory for the runs (fresh subdirectories, removed afterwards).
+        /// Directory for the runs (fresh subdirectories, removed afterwards with the
+        /// directories the run created).
         #[arg(long, default_value = ".tsl3/bench")]
         dir: String,
         #[arg(long, default_value_t = 2048)]
@@ -295,7 +340,7 @@ enum BenchCommand {
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.
     FlatKv {
-        #[arg(long, default_value = "llama-8b-like")]
+        #[arg(long, default_value = "llama-8b-like", help = flat_kv_profile_help())]
         profile: String,
         #[arg(long, default_value_t = 512)]
         tokens: u64,
@@ -332,18 +377,16 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             workers,
             rounds,
         } => {
-            let base =
-                std::path::PathBuf::from(dir).join(format!("promotion-{}", std::process::id()));
-            std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
-            let r = actors::l3::store::local::bench::bench_promotion(
-                &base,
+            let base = engine_host::bench::ScratchDir::create(&dir, "promotion")?;
+            actors::l3::store::local::bench::bench_promotion(
+                base.path(),
                 objects,
                 object_bytes,
                 workers,
                 rounds,
-            );
-            let _ = std::fs::remove_dir_all(&base);
-            r.map(|_| ()).map_err(|e| e.to_string())
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
         }
         BenchCommand::Scheduler {
             outstanding,
@@ -487,12 +530,14 @@ fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), S
             object_bytes,
             batch,
         } => {
-            let base =
-                std::path::PathBuf::from(dir).join(format!("dfs-put-{}", std::process::id()));
-            std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
-            let r =
-                actors::l3::store::dfs_bench::bench_dfs_put(&base, objects, object_bytes, batch);
-            let _ = std::fs::remove_dir_all(&base);
+            let base = engine_host::bench::ScratchDir::create(&dir, "dfs-put")?;
+            let r = actors::l3::store::dfs_bench::bench_dfs_put(
+                base.path(),
+                objects,
+                object_bytes,
+                batch,
+            );
+            drop(base);
             println!("{}", r?);
             Ok(())
         }
@@ -537,8 +582,11 @@ fn main() -> ExitCode {
             rank,
             world,
             peers,
+            metrics_listen,
+            check_config,
         } => {
             let mut o = flags.overrides();
+            o.metrics_listen = metrics_listen;
             o.rank = rank;
             o.world = world;
             o.peers = peers;
@@ -549,6 +597,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            if check_config {
+                print!("{}", settings::to_toml(&s));
+                return ExitCode::SUCCESS;
+            }
             let _guard = match init_telemetry(&s, &env) {
                 Ok(g) => g,
                 Err(e) => {
@@ -565,7 +617,37 @@ fn main() -> ExitCode {
             }
         }
         Command::Launch { tp, flags } => {
-            engine_host::launch::run(tp, flags.args(), flags.listen.clone(), &env)
+            // Every rank would refuse settings that do not resolve for this world: say so
+            // once, before starting any (the mesh addresses and secret are launch's own).
+            let mut metrics = vec![];
+            if (1..=64).contains(&tp) {
+                let mut o = flags.overrides();
+                o.world = Some(tp);
+                o.rank = Some(0);
+                o.peers = Some((0..tp).map(|r| format!("127.0.0.1:{}", r + 1)).collect());
+                let mut env = env.clone();
+                env.entry("TSL3_TP__SECRET".into())
+                    .or_insert_with(|| "launch".into());
+                let s = match settings::load(flags.config.as_deref(), &env, &o) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(2);
+                    }
+                };
+                // Rank r's /metrics and /health: the base port + r (the leader's are on its
+                // API address unless server.metrics_listen moves them).
+                for r in 0..tp {
+                    match s.metrics_address_of(r) {
+                        Ok(a) => metrics.push(a),
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::from(2);
+                        }
+                    }
+                }
+            }
+            engine_host::launch::run(tp, flags.args(), flags.listen.clone(), metrics, &env)
         }
         Command::CheckConfig { file } => {
             let loaded = settings::load(Some(&file), &env, &settings::Overrides::default())

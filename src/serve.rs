@@ -187,8 +187,10 @@ fn limits(s: &Settings, model: &SyntheticModel) -> RequestLimits {
 /// What the round loop shares with the HTTP side.
 struct Shared {
     metrics: Metrics,
-    health: parking_lot::Mutex<String>,
+    health: crate::health::RankHealth,
     stop: AtomicBool,
+    /// The round loop ended (drained, failed or never started its mesh).
+    done: AtomicBool,
     local_store: Option<PromotingStore>,
 }
 
@@ -217,17 +219,18 @@ pub fn run(settings: Settings) -> Result<()> {
     })
     .map_err(|e| anyhow!("startup: {e}"))?;
     let model = engine.scheduler().model().clone();
-    let leader = settings.tp.rank == 0;
     let shared = Arc::new(Shared {
         metrics: Metrics::new(&MetricLabels {
             model: settings.telemetry.metrics_labels_model.clone(),
             role: settings.telemetry.role.clone(),
             dp_rank: settings.telemetry.dp_rank,
             tp_rank: settings.tp.rank,
+            replica: settings.replica_label(),
         })
         .context("metrics registry")?,
-        health: parking_lot::Mutex::new("{\"status\":\"starting\"}".into()),
+        health: crate::health::RankHealth::new(settings.server.not_ready_on_storage_outage),
         stop: AtomicBool::new(false),
+        done: AtomicBool::new(false),
         local_store: local_store.lock().take(),
     });
     let (state, inbox) = {
@@ -239,7 +242,7 @@ pub fn run(settings: Settings) -> Result<()> {
             settings.server.admin_token.expose().to_string(),
             format!("synthetic-{}", settings.model.profile),
             Arc::new(move || m.metrics.render()),
-            Arc::new(move || h.health.lock().clone()),
+            Arc::new(move || h.health.render()),
         )
     };
     tracing::info!(
@@ -247,6 +250,7 @@ pub fn run(settings: Settings) -> Result<()> {
         world = settings.tp.world,
         store = settings.storage.backend.as_str(),
         profile = %settings.model.profile,
+        replica = %settings.replica_label(),
         namespace = %engine.scheduler().namespace().as_str(),
         "engine host starting"
     );
@@ -259,7 +263,8 @@ pub fn run(settings: Settings) -> Result<()> {
             let sys = actix_rt::System::new();
             sys.block_on(async move {
                 let engine = engine.into_actors();
-                round_loop(
+                let stop = loop_shared.clone();
+                let r = round_loop(
                     loop_settings,
                     engine,
                     inbox,
@@ -267,15 +272,19 @@ pub fn run(settings: Settings) -> Result<()> {
                     store_holder,
                     clock,
                 )
-                .await
+                .await;
+                // However the loop ended (a mesh that never formed included), the rank
+                // stops serving and exits with its result.
+                if let Err(e) = &r {
+                    stop.health.fail(format!("{e:#}"));
+                }
+                stop.stop.store(true, Ordering::SeqCst);
+                stop.done.store(true, Ordering::SeqCst);
+                r
             })
         })
         .context("spawning the round loop")?;
-    let result = if leader {
-        serve_http(&settings, state, shared.clone())
-    } else {
-        wait_for_signal(shared.clone())
-    };
+    let result = serve_http(&settings, state, shared.clone());
     shared.stop.store(true, Ordering::SeqCst);
     let loop_result = round_loop
         .join()
@@ -283,52 +292,122 @@ pub fn run(settings: Settings) -> Result<()> {
     result.and(loop_result)
 }
 
+/// Seconds the HTTP connections get, after the round loop ended, to finish their answers.
+const HTTP_SHUTDOWN_GRACE_S: u64 = 3;
+
+/// One HTTP listener of a rank: its address, the setting that names it, and whether it
+/// serves the API (the leader's `server.listen`) or only `/metrics` and `/health`.
+struct Listener {
+    addr: String,
+    setting: &'static str,
+    api: bool,
+}
+
+/// This rank's listeners: the leader's API (with /metrics and /health) on `server.listen`,
+/// and every rank's own /metrics and /health address where that is another one.
+fn listeners(settings: &Settings) -> Result<Vec<Listener>> {
+    let mut v = vec![];
+    if settings.tp.rank == 0 {
+        v.push(Listener {
+            addr: settings.server.listen.clone(),
+            setting: "server.listen",
+            api: true,
+        });
+    }
+    if let Some(a) = settings.metrics_listener().map_err(|e| anyhow!("{e}"))? {
+        v.push(Listener {
+            addr: a.to_string(),
+            setting: "server.metrics_listen",
+            api: false,
+        });
+    }
+    Ok(v)
+}
+
 fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<Shared>) -> Result<()> {
-    let listen = settings.server.listen.clone();
+    let listeners = listeners(settings)?;
+    let rank = settings.tp.rank;
     let sys = actix_web::rt::System::new();
     sys.block_on(async move {
         let data = actix_web::web::Data::new(state);
-        let server = actix_web::HttpServer::new(move || {
-            actix_web::App::new()
-                .app_data(data.clone())
-                .configure(actors::frontend::configure)
-        })
-        .workers(2)
-        .shutdown_timeout(30)
-        .bind(&listen)
-        .with_context(|| format!("server.listen {listen}"))?
-        .run();
-        let handle = server.handle();
+        let mut servers = vec![];
+        for l in &listeners {
+            let data = data.clone();
+            let api = l.api;
+            let server = actix_web::HttpServer::new(move || {
+                let app = actix_web::App::new().app_data(data.clone());
+                if api {
+                    app.configure(actors::frontend::configure)
+                } else {
+                    app.configure(actors::frontend::configure_observability)
+                }
+            })
+            .workers(if api { 2 } else { 1 })
+            // Shutdown is the round loop's: SIGTERM/SIGINT start its drain (every request
+            // the engine holds finishes; new ones are refused), and once it ended the
+            // connections get this long to write what they were answered. A connection
+            // that never sent a whole request holds nothing in the engine and does not
+            // delay the exit further.
+            .disable_signals()
+            .shutdown_timeout(HTTP_SHUTDOWN_GRACE_S)
+            .bind(&l.addr)
+            .with_context(|| format!("{} {} (rank {rank})", l.setting, l.addr))?
+            .run();
+            servers.push(server);
+        }
+        let handles: Vec<_> = servers.iter().map(|s| s.handle()).collect();
+        let signals = shared.clone();
+        actix_web::rt::spawn(async move {
+            let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            else {
+                tracing::error!("cannot install the SIGTERM handler");
+                return;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            signals.stop.store(true, Ordering::SeqCst);
+        });
         let watcher = shared.clone();
         actix_web::rt::spawn(async move {
-            // The round loop may stop on its own (a failed rank): stop serving then too.
-            while !watcher.stop.load(Ordering::SeqCst) {
-                actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+            // The round loop ends on a signal's drain or on its own (a failed rank).
+            while !watcher.done.load(Ordering::SeqCst) {
+                actix_web::rt::time::sleep(Duration::from_millis(50)).await;
             }
-            handle.stop(true).await;
+            for h in handles {
+                h.stop(true).await;
+            }
         });
-        eprintln!("engine-host: listening on http://{listen}");
-        server.await.context("http server")
-    })
-}
-
-fn wait_for_signal(shared: Arc<Shared>) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        loop {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {
-                    if shared.stop.load(Ordering::SeqCst) { break; }
-                }
+        for l in &listeners {
+            if l.api {
+                eprintln!("engine-host: listening on http://{}", l.addr);
+            } else {
+                eprintln!(
+                    "engine-host: rank {rank} serves /metrics and /health on http://{}",
+                    l.addr
+                );
             }
+        }
+        for r in futures_join(servers).await {
+            r.context("http server")?;
         }
         Ok(())
     })
+}
+
+/// Runs the servers to their ends together.
+async fn futures_join(servers: Vec<actix_web::dev::Server>) -> Vec<std::io::Result<()>> {
+    let tasks: Vec<_> = servers.into_iter().map(actix_web::rt::spawn).collect();
+    let mut out = vec![];
+    for t in tasks {
+        out.push(
+            t.await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))),
+        );
+    }
+    out
 }
 
 /// The leader's frontend bookkeeping.
@@ -361,9 +440,14 @@ async fn round_loop(
     let mut mesh = MeshSettings::new(settings.tp.rank, peers, ns.clone(), secret);
     mesh.connect_deadline = Duration::from_millis(settings.tp.connect_deadline_ms);
     mesh.round_deadline = Duration::from_millis(settings.tp.round_deadline_ms);
-    let mut plane = ControlPlaneCore::establish(&mesh)
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
+    let mut plane = ControlPlaneCore::establish(&mesh).await.map_err(|e| {
+        anyhow!(
+            "rank {} of {}: {e} (tp.connect_deadline_ms = {}; start every rank of tp.peers, or use `engine-host launch`)",
+            settings.tp.rank,
+            settings.tp.world,
+            settings.tp.connect_deadline_ms
+        )
+    })?;
     let leader = settings.tp.rank == 0;
     let mut clients = Clients {
         next_id: 1,
@@ -389,6 +473,7 @@ async fn round_loop(
         let stopping = shared.stop.load(Ordering::SeqCst);
         if stopping && stopping_since.is_none() {
             stopping_since = Some(Instant::now());
+            shared.health.stopping();
         }
         // Head feedback point.
         let local = match engine.head().await {
@@ -684,6 +769,7 @@ async fn fail_round(
     e: &dyn std::fmt::Display,
 ) -> anyhow::Error {
     fail_all(clients, &e.to_string());
+    shared.health.fail(format!("round {round}: {e}"));
     shared.stop.store(true, Ordering::SeqCst);
     let _ = engine.close().await;
     anyhow!("round {round}: {e}")

@@ -79,12 +79,19 @@ pub struct ModelSettings {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
+    /// The leader's HTTP API (with /metrics and /health).
     pub listen: String,
+    /// Where rank r serves /metrics and /health: this address's port + r (empty: listen's
+    /// port + r, so the leader's are on its API address). Followers serve no API.
+    pub metrics_listen: String,
     /// Bearer token of the admin endpoints (empty: admin disabled). Never printed.
     pub admin_token: Secret,
     /// On SIGTERM/SIGINT, how long queued backups may take to land once the last request
     /// finished; what is still queued then is dropped and reported.
     pub shutdown_drain_ms: u64,
+    /// `/health/ready` answers 503 while L3 storage cools down after an outage (default:
+    /// ready but `degraded`, since requests still complete by recomputation).
+    pub not_ready_on_storage_outage: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -126,6 +133,9 @@ pub struct TelemetrySettings {
     pub metrics_labels_model: String,
     pub role: String,
     pub dp_rank: u32,
+    /// The `replica` label of every series (empty: derived at startup, see
+    /// `Settings::replica_label`).
+    pub replica: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -176,6 +186,15 @@ impl Settings {
                 "must be an address such as 127.0.0.1:8000",
             ));
         }
+        if !self.server.metrics_listen.is_empty()
+            && self.server.metrics_listen.parse::<SocketAddr>().is_err()
+        {
+            return Err(bad(
+                "server.metrics_listen",
+                "must be empty or an address such as 127.0.0.1:9100",
+            ));
+        }
+        self.metrics_address_of(self.tp.rank)?;
         if self.host_cache.size_bytes == 0
             && (!self.host_cache.ratio.is_finite() || self.host_cache.ratio <= 0.0)
         {
@@ -200,6 +219,25 @@ impl Settings {
         }
         if tp.world > 64 {
             return Err(bad("tp.world", "must be at most 64"));
+        }
+        if let Ok(profile) = actors::model::ModelProfile::by_name(&self.model.profile) {
+            let sizes = profile.tp_sizes(64);
+            if !sizes.contains(&tp.world) {
+                let mut heads: Vec<u32> = profile.groups.iter().map(|g| g.kv_heads).collect();
+                heads.dedup();
+                let heads: Vec<String> = heads.iter().map(|h| h.to_string()).collect();
+                let sizes: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+                return Err(bad(
+                    "tp.world",
+                    format!(
+                        "model profile {} has {} KV heads, which {} ranks cannot split evenly; the TP sizes (--tp) that work for it are {}",
+                        self.model.profile,
+                        heads.join("/"),
+                        tp.world,
+                        sizes.join(", ")
+                    ),
+                ));
+            }
         }
         if tp.rank >= tp.world {
             return Err(bad(
@@ -244,10 +282,89 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// Where rank `rank` of this replica serves /metrics and /health: the port of
+    /// `server.metrics_listen` (or `server.listen`) + `rank`.
+    pub fn metrics_address_of(&self, rank: u32) -> Result<SocketAddr, SettingsError> {
+        let field = if self.server.metrics_listen.is_empty() {
+            "server.listen"
+        } else {
+            "server.metrics_listen"
+        };
+        let text = if self.server.metrics_listen.is_empty() {
+            &self.server.listen
+        } else {
+            &self.server.metrics_listen
+        };
+        let mut a: SocketAddr = text
+            .parse()
+            .map_err(|_| bad(field, "must be an address such as 127.0.0.1:8000"))?;
+        let port = u16::try_from(a.port() as u32 + rank).map_err(|_| {
+            bad(
+                field,
+                format!("port {} + rank {rank} is beyond 65535", a.port()),
+            )
+        })?;
+        a.set_port(port);
+        Ok(a)
+    }
+
+    /// This rank's /metrics and /health address when it is not the API address (None:
+    /// the leader serves them beside its API).
+    pub fn metrics_listener(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        let a = self.metrics_address_of(self.tp.rank)?;
+        let api = self.server.listen.parse::<SocketAddr>().ok();
+        Ok((self.tp.rank != 0 || api != Some(a)).then_some(a))
+    }
+}
+
+/// This machine's host name ("localhost" where it cannot be read).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most buf.len() bytes into a buffer we own.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(h) if rc == 0 && !h.is_empty() => h.to_string(),
+        _ => "localhost".to_string(),
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h == "localhost"
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+impl Settings {
+    /// The `replica` label: `telemetry.replica`, or derived alike on every rank of a
+    /// replica and apart between replicas: `HOST:PORT`, PORT the replica's /metrics base
+    /// port (rank 0's: its API port unless `server.metrics_listen` is set) and HOST the
+    /// leader's mesh host (`tp.peers[0]`), or this machine's host name for a single rank
+    /// or a mesh on loopback (`launch`).
+    pub fn replica_label(&self) -> String {
+        if !self.telemetry.replica.is_empty() {
+            return self.telemetry.replica.clone();
+        }
+        let port = self.metrics_address_of(0).map(|a| a.port()).unwrap_or(0);
+        let host = self
+            .tp
+            .peers
+            .first()
+            .filter(|_| self.tp.world > 1)
+            .and_then(|p| p.rsplit_once(':').map(|(h, _)| h.to_string()))
+            .filter(|h| !is_loopback(h))
+            .unwrap_or_else(hostname);
+        format!("{host}:{port}")
+    }
+}
+
 /// Flags that override settings (the last layer).
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
     pub listen: Option<String>,
+    pub metrics_listen: Option<String>,
     pub store: Option<String>,
     pub store_dir: Option<String>,
     pub model_profile: Option<String>,
@@ -301,6 +418,9 @@ pub fn load(
     if let Some(v) = &overrides.listen {
         b = set(b, "server.listen", v.clone().into())?;
     }
+    if let Some(v) = &overrides.metrics_listen {
+        b = set(b, "server.metrics_listen", v.clone().into())?;
+    }
     if let Some(v) = &overrides.store {
         b = set(b, "storage.backend", v.clone().into())?;
     }
@@ -319,12 +439,10 @@ pub fn load(
     if let Some(v) = &overrides.peers {
         b = set(b, "tp.peers", v.clone().into())?;
     }
-    let cfg = b
-        .build()
-        .map_err(|e| one_line(format!("invalid settings: {e}")))?;
+    let cfg = b.build().map_err(|e| one_line(config_error(&e)))?;
     let mut s: Settings = cfg
         .try_deserialize()
-        .map_err(|e| one_line(format!("invalid settings: {e}")))?;
+        .map_err(|e| one_line(config_error(&e)))?;
     resolve_secret_file(&mut s.tp)?;
     s.validate().map_err(|e| e.to_string())?;
     Ok(s)
@@ -462,6 +580,18 @@ fn check_env_names(env: &HashMap<String, String>) -> Result<(), String> {
     }
 }
 
+/// A layer's error as `invalid setting <key>: <what>` (the form of every other settings
+/// error) where the config crate names the key (`... for key `a.b` [in FILE]`).
+fn config_error(e: &config::ConfigError) -> String {
+    let text = e.to_string();
+    if let Some((what, rest)) = text.split_once(" for key `") {
+        if let Some((key, origin)) = rest.split_once('`') {
+            return format!("invalid setting {key}: {what}{origin}");
+        }
+    }
+    format!("invalid settings: {text}")
+}
+
 /// The resolved settings as TOML (what `check-config` prints).
 pub fn to_toml(s: &Settings) -> String {
     toml::to_string_pretty(s).unwrap_or_else(|e| format!("# could not render settings: {e}\n"))
@@ -522,7 +652,11 @@ mod tests {
             (&[("TSL3_TP__RANK", "3")], "tp.rank"),
             (&[("TSL3_MODEL__PROFILE", "gpt-5")], "model.profile"),
             (&[("TSL3_SERVER__LISTEN", "nowhere")], "server.listen"),
-            (&[("TSL3_STORAGE__BACKEND", "floppy")], "backend"),
+            (
+                &[("TSL3_STORAGE__BACKEND", "floppy")],
+                "storage.backend: must be one of none, memory, local, mooncake",
+            ),
+            (&[("TSL3_TP__WORLD", "two")], "invalid setting tp.world"),
         ];
         for (vars, field) in cases {
             let e = load(None, &env(vars), &Overrides::default()).unwrap_err();
@@ -538,6 +672,43 @@ mod tests {
         std::fs::write(&p, "[storage.contract]\noperation_credit = 3\n").unwrap();
         let e = load(p.to_str(), &env(&[]), &Overrides::default()).unwrap_err();
         assert!(e.contains("operation_credit"), "{e}");
+    }
+
+    #[test]
+    fn the_replica_label_is_shared_by_a_replicas_ranks_and_apart_between_replicas() {
+        let launch = |rank: u32, base: &str| {
+            let o = Overrides {
+                world: Some(2),
+                rank: Some(rank),
+                peers: Some(vec!["127.0.0.1:40001".into(), "127.0.0.1:40002".into()]),
+                metrics_listen: Some(base.into()),
+                ..Default::default()
+            };
+            load(None, &env(&[("TSL3_TP__SECRET", "s")]), &o)
+                .unwrap()
+                .replica_label()
+        };
+        assert_eq!(launch(0, "127.0.0.1:8000"), launch(1, "127.0.0.1:8000"));
+        assert_ne!(launch(0, "127.0.0.1:8000"), launch(0, "127.0.0.1:8100"));
+        assert!(launch(0, "127.0.0.1:8000").ends_with(":8000"));
+        assert!(!launch(0, "127.0.0.1:8000").starts_with("127.0.0.1"));
+        // A mesh across machines: the leader's mesh host, on every rank.
+        let o = Overrides {
+            world: Some(2),
+            rank: Some(1),
+            peers: Some(vec!["10.0.0.5:7000".into(), "10.0.0.6:7000".into()]),
+            ..Default::default()
+        };
+        let s = load(None, &env(&[("TSL3_TP__SECRET", "s")]), &o).unwrap();
+        assert_eq!(s.replica_label(), "10.0.0.5:8000");
+        // Overridden.
+        let s = load(
+            None,
+            &env(&[("TSL3_TELEMETRY__REPLICA", "r7")]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(s.replica_label(), "r7");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
+use std::io::IsTerminal;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
@@ -126,8 +127,12 @@ pub const DEFAULT_LOG_FILTER: &str = "info,actors::l3=warn,actors::scheduler=war
 pub fn init(target: Option<OtlpTarget>, service: &str, rank: u32) -> Result<TelemetryGuard> {
     let mut filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    // Colours only for a terminal (a file, a pipe or journald gets plain text), and never
+    // with NO_COLOR set.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_target(false);
     match target {
         None => {

@@ -312,3 +312,56 @@ fn concurrent_admin_commands_each_get_their_own_answer() {
     assert!(bb.contains("weights 7"), "{bb}");
     assert!(h.stop().success());
 }
+
+/// `bench promotion` and `bench dfs-put` on their default directory (`.tsl3/bench` under
+/// the working directory) leave nothing behind: not their run directory, nor the
+/// `.tsl3/bench` they created.
+#[test]
+fn scratch_benches_leave_no_state_directory_behind() {
+    for args in [
+        &[
+            "bench",
+            "promotion",
+            "--objects",
+            "2",
+            "--object-bytes",
+            "4096",
+        ][..],
+        &[
+            "bench",
+            "dfs-put",
+            "--objects",
+            "4",
+            "--object-bytes",
+            "4096",
+            "--batch",
+            "2",
+        ][..],
+    ] {
+        let cwd = tempfile::tempdir().unwrap();
+        let o = engine_host()
+            .args(args)
+            .args(if args[1] == "promotion" {
+                &["--rounds", "1", "--workers", "1"][..]
+            } else {
+                &[][..]
+            })
+            .current_dir(cwd.path())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).is_empty(),
+            "{args:?} printed its figures"
+        );
+        let left: Vec<_> = std::fs::read_dir(cwd.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+}

@@ -162,3 +162,70 @@ fn the_mooncake_example_agrees_with_the_deploy_scripts() {
         "{text}"
     );
 }
+
+/// The engine host's systemd unit, run as systemd would (its `Environment=` lines with the
+/// instance `%i` = 0, its `ExecStart=` argument list) with `--check-config` appended and
+/// the example Mooncake settings in place of /etc/tsl3/engine-host.toml: the argument list
+/// parses and the settings resolve.
+#[test]
+fn systemd_unit_exec_start_parses() {
+    let unit = std::fs::read_to_string("deploy/mooncake/systemd/tsl3-engine-host@.service")
+        .expect("the engine-host unit");
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("an ExecStart line");
+    let mut argv = exec.split_whitespace();
+    let binary = argv.next().expect("a binary");
+    assert!(binary.ends_with("/engine-host"), "{binary}");
+    let args: Vec<String> = argv
+        .map(|a| {
+            a.replace(
+                "/etc/tsl3/engine-host.toml",
+                "config/examples/mooncake.toml",
+            )
+            .replace("%i", "0")
+        })
+        .collect();
+    assert!(
+        args.iter().any(|a| a == "config/examples/mooncake.toml"),
+        "the unit should name its settings file: {exec}"
+    );
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine-host"));
+    cmd.args(&args).arg("--check-config");
+    cmd.env_remove("TSL3_STORAGE__BACKEND");
+    for l in unit.lines() {
+        if let Some((k, v)) = l
+            .strip_prefix("Environment=")
+            .and_then(|kv| kv.split_once('='))
+        {
+            cmd.env(k, v.replace("%i", "0"));
+        }
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{exec}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("backend = \"mooncake\""), "{stdout}");
+    assert!(stdout.contains("rank = 0"), "{stdout}");
+}
+
+/// `serve --check-config` resolves the flags too and fails like startup does.
+#[test]
+fn serve_check_config_validates_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["serve", "--store", "memory", "--check-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("backend = \"memory\""));
+    let out = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["serve", "--rank", "3", "--check-config"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tp.rank"));
+}

@@ -92,6 +92,7 @@ fn assert_no_keys_or_ids(text: &str) {
         "role",
         "dp_rank",
         "tp_rank",
+        "replica",
         "kind",
         "outcome",
         "state",
@@ -110,7 +111,7 @@ fn assert_no_keys_or_ids(text: &str) {
             for k in labels.keys() {
                 assert!(allowed.contains(&k.as_str()), "{name} has label {k}");
             }
-            for k in ["model", "role", "dp_rank", "tp_rank"] {
+            for k in ["model", "role", "dp_rank", "tp_rank", "replica"] {
                 assert!(labels.contains_key(k), "{name} lacks {k}");
             }
         }

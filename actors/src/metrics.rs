@@ -94,6 +94,9 @@ pub struct MetricLabels {
     pub role: String,
     pub dp_rank: u32,
     pub tp_rank: u32,
+    /// The replica this rank belongs to (every TP rank of it alike; distinct between
+    /// replicas, so two replicas with the same dp_rank never fold into one series).
+    pub replica: String,
 }
 
 pub struct Metrics {
@@ -207,6 +210,7 @@ impl Metrics {
         constant.insert("role".to_string(), labels.role.clone());
         constant.insert("dp_rank".to_string(), labels.dp_rank.to_string());
         constant.insert("tp_rank".to_string(), labels.tp_rank.to_string());
+        constant.insert("replica".to_string(), labels.replica.clone());
         let registry = Registry::new_custom(None, Some(constant))?;
         macro_rules! reg {
             ($e:expr) => {{
@@ -389,6 +393,7 @@ mod tests {
             role: "fused".into(),
             dp_rank: 0,
             tp_rank: 1,
+            replica: "host-a:8000".into(),
         })
         .unwrap()
     }

@@ -42,7 +42,7 @@ pub mod env {
 }
 
 /// Metric names (Prometheus conventions: `_total` on counters, unit suffixes). Labels are
-/// only model, role, dp_rank, tp_rank (constant) plus the fixed enumerations named beside
+/// only model, role, dp_rank, tp_rank, replica (constant) plus the fixed enumerations named beside
 /// each metric; never request IDs or object keys.
 pub mod metric {
     pub const PREFIX: &str = "tsl3";

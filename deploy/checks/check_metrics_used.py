@@ -29,6 +29,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import dashlib  # noqa: E402
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# Series Prometheus itself writes for every target (never in an engine host's exposition).
+SCRAPE_GENERATED = {"up"}
 
 
 def used(files: list[pathlib.Path]) -> list[tuple[str, str, list[str]]]:
@@ -38,7 +40,8 @@ def used(files: list[pathlib.Path]) -> list[tuple[str, str, list[str]]]:
         dash = dashlib.load(f)
         for where, expr in dashlib.queries(dash):
             for name, labels in dashlib.selectors(expr):
-                out.append((f"{f.name} {where}", name, labels))
+                if name not in SCRAPE_GENERATED:
+                    out.append((f"{f.name} {where}", name, labels))
     return out
 
 

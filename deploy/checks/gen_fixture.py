@@ -3,8 +3,8 @@
 
 Input: an engine host's /metrics text (a file, or a URL to fetch), e.g. scraped after the
 short workload deploy/test-all.sh runs. The constant labels are rewritten to the fixture's
-identity (model="tiny", role="fused", dp_rank="0", tp_rank="1": TP rank 1 of a TP=2 fused
-replica), labels are sorted by name, values are kept. The Rust test
+identity (model="tiny", role="fused", dp_rank="0", tp_rank="1", replica="host-a:8000": TP
+rank 1 of a TP=2 fused replica), labels are sorted by name, values are kept. The Rust test
 actors::metrics::tests::the_dashboard_fixture_has_exactly_the_real_series fails whenever
 the fixture's series differ from what Metrics::new exports, so the fixture's label values
 are always the real ones.
@@ -20,7 +20,7 @@ import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
 FIXTURE = HERE / "fixtures" / "engine-host-metrics.txt"
-IDENTITY = {"model": "tiny", "role": "fused", "dp_rank": "0", "tp_rank": "1"}
+IDENTITY = {"model": "tiny", "role": "fused", "dp_rank": "0", "tp_rank": "1", "replica": "host-a:8000"}
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 HEADER = """\

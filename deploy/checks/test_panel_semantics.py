@@ -24,8 +24,13 @@ import dashlib  # noqa: E402
 RANKS = [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]  # (dp_rank, tp_rank)
 
 
+def replica_of(dp: str) -> str:
+    return f"host{dp}:8000"
+
+
 def labels(dp: str, tp: str, **extra: str) -> str:
-    d = {"model": "tiny", "role": "fused", "dp_rank": dp, "tp_rank": tp, **extra}
+    d = {"model": "tiny", "role": "fused", "dp_rank": dp, "replica": replica_of(dp), "tp_rank": tp,
+         **extra}
     return "{" + ", ".join(f'{k}="{v}"' for k, v in d.items()) + "}"
 
 
@@ -55,7 +60,7 @@ def find(dashboards: dict, title: str, ref: str = "A") -> str:
 
 
 def replica(dp: str, **extra: str) -> str:
-    d = {"model": "tiny", "role": "fused", "dp_rank": dp, **extra}
+    d = {"model": "tiny", "role": "fused", "dp_rank": dp, "replica": replica_of(dp), **extra}
     return "{" + ", ".join(f'{k}="{v}"' for k, v in d.items()) + "}"
 
 
@@ -90,7 +95,15 @@ def cases(d: dict) -> tuple[list[dict], list[dict]]:
     expect("Prefix tokens by tier", "A", [('{tier="l3"}', 2), ('{tier="computed"}', 6)])
     expect("Prefix token share by tier (time range)", "A", [('{tier="l3"}', 0.25), ('{tier="computed"}', 0.75)])
     inputs += series("tsl3_requests_total", counter(lambda dp, tp: 1), fallback_reason="none")
-    expect("Requests by fallback reason", "A", [('{fallback_reason="none"}', 2)])
+    expect("Requests by fallback reason", "A", [('{fallback_reason="none"}', 2),
+                                                  ('{fallback_reason="miss"}', 3)])
+    # Two replicas left at the default dp_rank 0 (1 and 2 misses/s, mirrored on their 2 TP
+    # owners) stay apart by their replica label: 3, not max(1, 2) = 2.
+    for name, per_s in (("a:8000", 1), ("b:8000", 2)):
+        for tp in ("0", "1"):
+            inputs.append({"series": "tsl3_requests_total" + labels("0", tp, fallback_reason="miss")
+                           .replace(f'replica="{replica_of("0")}"', f'replica="{name}"'),
+                           "values": f"0+{per_s * 15}x40"})
     # TTFT: every observation in the (0.01, 0.025] bucket -> p50 inside it, mean from sum/count.
     for le, per_s in (("0.01", 0), ("0.025", 4), ("+Inf", 4)):
         inputs += series("tsl3_ttft_seconds_bucket", counter(lambda dp, tp, v=per_s: v), le=le)
@@ -103,6 +116,11 @@ def cases(d: dict) -> tuple[list[dict], list[dict]]:
     inputs += series("tsl3_promotion_committed_total", counter(lambda dp, tp: 0.5))
     expect("Promotion rates and failures by reason", "A", [("{}", 4)])
     expect("Promotion rates and failures by reason", "B", [("{}", 2)])
+    # Scrape health: 3 targets, one of them failing its scrape -> 1 rank not scraped.
+    for inst, v in (("127.0.0.1:8000", 1), ("127.0.0.1:8001", 0), ("127.0.0.1:8100", 1)):
+        inputs.append({"series": f'up{{job="tsl3-engine-host", instance="{inst}"}}',
+                       "values": f"{v}x40"})
+    expect("Ranks not scraped", "A", [("{}", 1)])
     # Health is per rank: no summing of states.
     inputs += series("tsl3_l3_health_state", gauge(lambda dp, tp: 3 if (dp, tp) == ("1", "1") else 0))
     expect("Health state", "A", [(labels(dp, tp), 3 if (dp, tp) == ("1", "1") else 0) for dp, tp in RANKS])

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Starts a local Mooncake master and an independent storage owner on loopback, and waits
-# until the master reports service_ready and a non-zero Mem Storage capacity (the owner's
-# segment is mounted). Idempotent: a part already running is left alone.
+# Starts a local Mooncake master and an independent storage owner on MOONCAKE_BIND (default
+# loopback), and waits until the master reports service_ready and a non-zero Mem Storage
+# capacity (the owner's segment is mounted). Idempotent: a part already running is left
+# alone. Then it names every socket a part listens on beyond MOONCAKE_BIND: Mooncake
+# 0.3.13's HTTP metadata server binds every interface whatever --http_metadata_server_host
+# says (MOONCAKE_METADATA=p2p runs without it), and the owner's transfer engine opens
+# data sockets on every interface.
 #   start.sh [all|master|owner|ready]   (default all; ready: only wait for readiness)
-# Environment (see common.sh): MOONCAKE_INSTANCE, MOONCAKE_RPC_PORT, MOONCAKE_HTTP_PORT,
-# MOONCAKE_METRICS_PORT, MOONCAKE_OWNER_PORT, MOONCAKE_SEGMENT_SIZE, MOONCAKE_LEASE_TTL_MS,
-# MOONCAKE_MASTER_EXTRA_ARGS. PIDs: deploy/.mooncake/<instance>-{master,owner}.pid; logs
+# Environment (see common.sh): MOONCAKE_INSTANCE, MOONCAKE_BIND, MOONCAKE_METADATA,
+# MOONCAKE_RPC_PORT, MOONCAKE_HTTP_PORT, MOONCAKE_METRICS_PORT, MOONCAKE_OWNER_PORT,
+# MOONCAKE_SEGMENT_SIZE, MOONCAKE_LEASE_TTL_MS, MOONCAKE_MASTER_EXTRA_ARGS. PIDs: deploy/.mooncake/<instance>-{master,owner}.pid; logs
 # beside them (*.log).
 set -euo pipefail
 # shellcheck source=common.sh
 . "$(dirname "$0")/common.sh"
 mc_paths
 WHAT="${1:-all}"
-export MC_TCP_BIND_ADDRESS=127.0.0.1
+export MC_TCP_BIND_ADDRESS="$MOONCAKE_BIND"
 mkdir -p "$MOONCAKE_STATE"
-METRICS="http://127.0.0.1:$MOONCAKE_METRICS_PORT"
+METRICS="http://$MOONCAKE_BIND:$MOONCAKE_METRICS_PORT"
 
 fail() {
   echo "mooncake start ($MOONCAKE_INSTANCE): $*" >&2
@@ -41,32 +45,43 @@ capacity_ready() {
     | grep -o 'Mem Storage: [^|]*' | grep -vq '/ 0 B'
 }
 
+# Names the sockets part $1 listens on beyond MOONCAKE_BIND (why: $2).
+report_wide_listeners() {
+  local part="$1" why="$2" pid wide
+  pid="$(cat "$(mc_file "$part.pid")")"
+  wide="$(mc_listeners "$pid" | grep -vF -e "$MOONCAKE_BIND:" -e "[::ffff:$MOONCAKE_BIND]:" | tr '\n' ' ' || true)"
+  [ -z "$wide" ] || echo "mooncake $part ($MOONCAKE_INSTANCE): also listens on ${wide% } beyond MOONCAKE_BIND=$MOONCAKE_BIND ($why)" >&2
+}
+
 start_master() {
   if mc_alive master; then echo "mooncake master ($MOONCAKE_INSTANCE) already running" >&2; return; fi
+  local metadata=()
+  [ "$MOONCAKE_METADATA" = http ] && metadata=(--enable_http_metadata_server=true \
+    --http_metadata_server_host="$MOONCAKE_BIND" --http_metadata_server_port="$MOONCAKE_HTTP_PORT")
   # shellcheck disable=SC2086
   nohup "$MOONCAKE_MASTER_BIN" \
-    --rpc_address=127.0.0.1 --rpc_port="$MOONCAKE_RPC_PORT" \
-    --enable_http_metadata_server=true --http_metadata_server_host=127.0.0.1 \
-    --http_metadata_server_port="$MOONCAKE_HTTP_PORT" \
-    --metrics_host=127.0.0.1 --metrics_port="$MOONCAKE_METRICS_PORT" \
+    --rpc_address="$MOONCAKE_BIND" --rpc_port="$MOONCAKE_RPC_PORT" "${metadata[@]}" \
+    --metrics_host="$MOONCAKE_BIND" --metrics_port="$MOONCAKE_METRICS_PORT" \
     --default_kv_lease_ttl="$MOONCAKE_LEASE_TTL_MS" ${MOONCAKE_MASTER_EXTRA_ARGS:-} \
     >"$(mc_file master.log)" 2>&1 </dev/null &
   echo $! >"$(mc_file master.pid)"
   wait_for master 300 master_ready || fail "master did not report service_ready on $METRICS/health"
-  echo "mooncake master ($MOONCAKE_INSTANCE) ready: rpc 127.0.0.1:$MOONCAKE_RPC_PORT pid $(cat "$(mc_file master.pid)")" >&2
+  echo "mooncake master ($MOONCAKE_INSTANCE) ready: rpc $MOONCAKE_BIND:$MOONCAKE_RPC_PORT, metadata $MOONCAKE_METADATA_SERVER_URL, pid $(cat "$(mc_file master.pid)")" >&2
+  report_wide_listeners master "Mooncake 0.3.13's HTTP metadata server ignores --http_metadata_server_host; MOONCAKE_METADATA=p2p runs without it"
 }
 
 start_owner() {
   if mc_alive owner; then echo "mooncake owner ($MOONCAKE_INSTANCE) already running" >&2; return; fi
   master_ready || fail "the master is not ready; start it first"
-  nohup "$MOONCAKE_OWNER_BIN" --host=127.0.0.1 --port="$MOONCAKE_OWNER_PORT" --protocol=tcp \
+  nohup "$MOONCAKE_OWNER_BIN" --host="$MOONCAKE_BIND" --port="$MOONCAKE_OWNER_PORT" --protocol=tcp \
     --global_segment_size="$MOONCAKE_SEGMENT_SIZE" \
-    --master_server_address="127.0.0.1:$MOONCAKE_RPC_PORT" \
-    --metadata_server="http://127.0.0.1:$MOONCAKE_HTTP_PORT/metadata" \
+    --master_server_address="$MOONCAKE_BIND:$MOONCAKE_RPC_PORT" \
+    --metadata_server="$MOONCAKE_METADATA_SERVER_URL" \
     >"$(mc_file owner.log)" 2>&1 </dev/null &
   echo $! >"$(mc_file owner.pid)"
   wait_for owner 600 capacity_ready || fail "the owner's segment did not show up in $METRICS/metrics/summary"
   echo "mooncake owner ($MOONCAKE_INSTANCE) mounted $MOONCAKE_SEGMENT_SIZE: pid $(cat "$(mc_file owner.pid)")" >&2
+  report_wide_listeners owner "the transfer engine's data sockets; Mooncake 0.3.13 has no flag for their address"
 }
 
 # Waits until the master serves and a segment is mounted (after a master restart, the

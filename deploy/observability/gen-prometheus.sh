@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prints a Prometheus configuration scraping the /metrics endpoint of N engine-host ranks:
-# rank r at HOST:(BASE_PORT + r) (each rank's [server] listen address). Ranks already label
-# every series with model, role, dp_rank and tp_rank, so targets carry no extra labels.
+# rank r at HOST:(BASE_PORT + r), where rank r serves them (the port of server.metrics_listen,
+# or else server.listen, + r): exactly what `engine-host launch --tp N --listen
+# HOST:BASE_PORT` uses. Ranks already label every series with model, role, dp_rank, tp_rank
+# and replica, so targets carry no extra labels.
 #
 # Usage: gen-prometheus.sh N [BASE_PORT=8000] [HOST=127.0.0.1] > prometheus.yml
 # The checked-in example deploy/observability/prometheus.yml is `gen-prometheus.sh 2`.

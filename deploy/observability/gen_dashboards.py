@@ -10,8 +10,9 @@ Aggregation rules (seed 000, Observability):
 - StorageTransferManager values (Ready holds, quarantined references, admission gate,
   credits, soft timeouts, Ready expirations, pressure bypasses, dropped backup keys) and
   the scheduler's serving counters are mirrored on every TP owner of a DP replica: take
-  `max by (model, role, dp_rank)` over TP first, never sum across TP owners; then sum over
-  DP replicas where a fleet total is wanted.
+  `max by (model, role, dp_rank, replica)` over TP first, never sum across TP owners; then
+  sum over replicas where a fleet total is wanted. The `replica` label (distinct per replica
+  by default) keeps two replicas with the same dp_rank apart.
 
 Usage: gen_dashboards.py [--check] [DIR]   (DIR defaults to dashboards/; --check: exit 1
 if the dashboards in DIR differ from this script's output, writing nothing)
@@ -27,10 +28,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "dashboards"
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'model=~"$model", role=~"$role", dp_rank=~"$dp_rank", tp_rank=~"$tp_rank"'
-REPLICA = "model, role, dp_rank"  # a DP replica: mirrored values are max'ed over TP here
-RANK_KEYS = "model, role, dp_rank, tp_rank"  # one engine host
+SEL = ('model=~"$model", role=~"$role", replica=~"$replica", dp_rank=~"$dp_rank", '
+       'tp_rank=~"$tp_rank"')
+REPLICA = "model, role, dp_rank, replica"  # a replica: mirrored values are max'ed over TP here
+RANK_KEYS = "model, role, dp_rank, replica, tp_rank"  # one engine host
 RATE = "$__rate_interval"
+# Prometheus's own per-target scrape health, for the job gen-prometheus.sh writes.
+UP = 'up{job="tsl3-engine-host"}'
 
 
 def sel(extra: str = "") -> str:
@@ -154,8 +158,10 @@ def variables() -> list[dict]:
     chain = [
         ("model", "Model", base),
         ("role", "Role", base + '{model=~"$model"}'),
-        ("dp_rank", "DP rank", base + '{model=~"$model", role=~"$role"}'),
-        ("tp_rank", "TP rank", base + '{model=~"$model", role=~"$role", dp_rank=~"$dp_rank"}'),
+        ("replica", "Replica", base + '{model=~"$model", role=~"$role"}'),
+        ("dp_rank", "DP rank", base + '{model=~"$model", role=~"$role", replica=~"$replica"}'),
+        ("tp_rank", "TP rank",
+         base + '{model=~"$model", role=~"$role", replica=~"$replica", dp_rank=~"$dp_rank"}'),
     ]
     out: list[dict] = [{
         "type": "datasource",
@@ -225,8 +231,8 @@ RETIREMENT = [{"type": "value", "options": {
     "1": {"text": "unproven: restart required", "color": "red", "index": 1},
 }}]
 GREEN_RED = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
-RANK = "{{role}} dp{{dp_rank}} tp{{tp_rank}}"
-REPL = "{{model}} {{role}} dp{{dp_rank}}"
+RANK = "{{role}} {{replica}} dp{{dp_rank}} tp{{tp_rank}}"
+REPL = "{{model}} {{role}} {{replica}} dp{{dp_rank}}"
 
 
 def l3() -> dict:
@@ -240,11 +246,15 @@ def l3() -> dict:
               "Successful adapter payload bytes per second. Includes idempotent PUT hits and "
               "detached GET results: neither network traffic nor published cache hits.",
               [(f"sum by (kind) ({rate('tsl3_l3_payload_bytes_total')})", "{{kind}}")], unit="Bps"),
-        panel("timeseries", "Backend calls and new writes",
-              "Store adapter invocations per second by kind, and PUT rows that wrote a new object. "
+        panel("timeseries", "Backend calls by kind",
+              "Store adapter invocations per second by kind (a call carries a batch of rows). "
               "A create-only PUT can finish after its existence check without a native PUT call.",
-              [(f"sum by (kind) ({rate('tsl3_l3_backend_calls_total')})", "calls {{kind}}"),
-               (f"sum({rate('tsl3_l3_put_new_writes_total')})", "PUT new writes")], unit="ops"),
+              [(f"sum by (kind) ({rate('tsl3_l3_backend_calls_total')})", "calls {{kind}}")],
+              unit="ops"),
+        panel("timeseries", "PUT new writes",
+              "PUT rows per second that wrote a new object (rows, not calls: a batch call writes "
+              "many), summed over ranks.",
+              [(f"sum({rate('tsl3_l3_put_new_writes_total')})", "PUT new writes")], unit="wps"),
     ]
     latency = [
         panel("timeseries", "Queue time per job",
@@ -365,6 +375,17 @@ def serving() -> dict:
         return (f"histogram_quantile({p}, sum by (le) (max by ({REPLICA}, le) "
                 f"({rate('tsl3_ttft_seconds_bucket')})))")
 
+    scrape = [
+        panel("stat", "Ranks not scraped",
+              "Engine-host targets whose last scrape failed (a rank down, or not serving /metrics "
+              "on its address). Every rank of every replica is a target (gen-prometheus.sh).",
+              [(f'count({UP} == 0) or vector(0)', "down")], w=6, thresholds=GREEN_RED,
+              instant=True),
+        panel("timeseries", "Scrape health per target",
+              "1 while Prometheus scrapes a rank's /metrics, 0 when that scrape fails: a rank "
+              "missing here is missing from every other panel.",
+              [(UP, "{{instance}}")], w=18),
+    ]
     ttft = [
         panel("timeseries", "TTFT quantiles",
               "End-to-end time to first token, p50/p90/p99 over the selected replicas (buckets are "
@@ -398,8 +419,10 @@ def serving() -> dict:
     ]
     return dashboard(
         "tsl3-serving", "tsl3 / Serving",
-        "Serving view of tsl3 engine hosts: TTFT, prefix reuse by tier, L3 fallback, rounds.",
-        [("Time to first token", ttft), ("Prefix reuse", tokens), ("Requests and rounds", requests)])
+        "Serving view of tsl3 engine hosts: scrape health, TTFT, prefix reuse by tier, L3 "
+        "fallback, rounds.",
+        [("Scrape health", scrape), ("Time to first token", ttft), ("Prefix reuse", tokens),
+         ("Requests and rounds", requests)])
 
 
 def render() -> dict[str, str]:

@@ -275,7 +275,7 @@ impl MooncakeStoreSettings {
 
 /// Which L3 backend the engine host uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String", into = "String")]
 pub enum StoreKind {
     /// Storage disabled: no executor, no store client, no storage poll.
     None,
@@ -285,7 +285,24 @@ pub enum StoreKind {
     Mooncake,
 }
 
+impl TryFrom<String> for StoreKind {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::parse(&s)
+            .ok_or_else(|| format!("must be one of {} (got {s:?})", Self::NAMES.join(", ")))
+    }
+}
+
+impl From<StoreKind> for String {
+    fn from(k: StoreKind) -> String {
+        k.as_str().to_string()
+    }
+}
+
 impl StoreKind {
+    /// Every backend's name, as settings and `--store` spell it.
+    pub const NAMES: [&'static str; 4] = ["none", "memory", "local", "mooncake"];
+
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "none" => Some(StoreKind::None),

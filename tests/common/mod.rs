@@ -19,6 +19,20 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The first of `n` consecutive free loopback ports.
+pub fn free_ports_in_a_row(n: u16) -> u16 {
+    for _ in 0..100 {
+        let p = free_port();
+        if p.checked_add(n).is_none() {
+            continue;
+        }
+        if (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+    }
+    panic!("no {n} consecutive free loopback ports");
+}
+
 /// A minimal HTTP/1.1 client (one request per connection): (status, body).
 pub fn http(addr: &str, method: &str, path: &str, body: &str, auth: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -66,7 +80,13 @@ impl Host {
     }
 
     fn spawn(args: &[&str], envs: &[(&str, &str)], log: Option<&Path>) -> Host {
-        let addr = format!("127.0.0.1:{}", free_port());
+        // `launch --tp N` puts rank r's /metrics on the port + r: N free ports in a row.
+        let ranks = args
+            .iter()
+            .position(|a| *a == "--tp")
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+            .unwrap_or(1);
+        let addr = format!("127.0.0.1:{}", free_ports_in_a_row(ranks));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine-host"));
         cmd.args(args)
             .args(["--listen", &addr])

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::host::HostCacheStorage;
-use crate::model::{Shard, SyntheticModel};
+use crate::model::{GroupKind, ModelProfile, Shard, SyntheticModel};
 use messages::HostRange;
 use std::fmt;
 use std::sync::Arc;
@@ -92,14 +92,31 @@ impl fmt::Display for FlatKvBenchReport {
     }
 }
 
-/// Runs the benchmark for a profile whose first group is Full (`tiny`, `llama-8b-like`).
+/// The profiles `flat_kv` runs on: one cache group, full attention.
+pub fn flat_kv_profiles() -> Vec<&'static str> {
+    ModelProfile::NAMES
+        .into_iter()
+        .filter(|n| {
+            ModelProfile::by_name(n)
+                .is_ok_and(|p| p.groups.len() == 1 && p.groups[0].kind == GroupKind::Full)
+        })
+        .collect()
+}
+
+/// Runs the benchmark for a profile of one full-attention group (`flat_kv_profiles`).
 pub fn flat_kv(profile: &str, prompt_tokens: u64) -> Result<FlatKvBenchReport, DeviceError> {
     let model = Arc::new(SyntheticModel::by_name(profile)?);
     let groups = model.profile().groups.len();
-    if groups != 1 || prompt_tokens < 2 {
-        return Err(DeviceError::Forward(
-            "flat-kv needs a single-group profile and at least 2 tokens".into(),
-        ));
+    if groups != 1 || model.profile().groups[0].kind != GroupKind::Full {
+        return Err(DeviceError::Forward(format!(
+            "bench flat-kv --profile {profile}: the profile has {groups} cache groups; flat-kv needs one full-attention group, the profiles that work are {}",
+            flat_kv_profiles().join(", ")
+        )));
+    }
+    if prompt_tokens < 2 {
+        return Err(DeviceError::Forward(format!(
+            "bench flat-kv --tokens {prompt_tokens}: must be at least 2"
+        )));
     }
     let shard = Shard::SINGLE;
     let tokens: Vec<u32> = (0..prompt_tokens)

@@ -8,6 +8,6 @@ pub mod server;
 
 pub use api::{CompletionRequest, FallbackReason, PrefixUsage, RequestLimits};
 pub use server::{
-    configure, inbox, AdminCommandKind, AdminSubmission, FrontendInbox, FrontendState, Submission,
-    TokenEvent,
+    configure, configure_observability, inbox, AdminCommandKind, AdminSubmission, FrontendInbox,
+    FrontendState, Submission, TokenEvent,
 };

@@ -1,4 +1,5 @@
-//! The actix-web routes: `POST /v1/completions` (JSON or SSE stream), `GET /health`,
+//! The actix-web routes: `POST /v1/completions` (JSON or SSE stream), `GET /health`
+//! (and `/health/live`, `/health/ready`),
 //! `GET /metrics`, and the admin endpoints behind a bearer token. Requests reach the round
 //! loop through a bounded flume inbox (full: 503, never an unbounded queue).
 
@@ -58,6 +59,9 @@ pub struct FrontendInbox {
 
 type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// The rank's health document (JSON) and whether it is ready to take traffic.
+pub type HealthRender = Arc<dyn Fn() -> (bool, String) + Send + Sync>;
+
 /// The HTTP side (shared by every worker of the actix-web server).
 #[derive(Clone)]
 pub struct FrontendState {
@@ -68,8 +72,8 @@ pub struct FrontendState {
     pub model: String,
     /// Renders the Prometheus text exposition.
     pub metrics: Render,
-    /// Renders the health document (JSON).
-    pub health: Render,
+    /// Renders the health document (JSON) and the readiness it states.
+    pub health: HealthRender,
     next_id: Arc<AtomicU64>,
 }
 
@@ -80,7 +84,7 @@ pub fn inbox(
     admin_token: String,
     model: String,
     metrics: Render,
-    health: Render,
+    health: HealthRender,
 ) -> (FrontendState, FrontendInbox) {
     let (submit, submissions) = flume::bounded(capacity);
     let (admin, admin_rx) = flume::bounded(16);
@@ -102,14 +106,21 @@ pub fn inbox(
     )
 }
 
-/// Registers every route.
+/// Registers every route (the leader's API).
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/completions", web::post().to(completions))
-        .route("/health", web::get().to(health))
-        .route("/metrics", web::get().to(metrics))
         .route("/admin/clear_cache", web::post().to(admin_clear))
         .route("/admin/weight_version", web::post().to(admin_weights))
-        .route("/admin/reset_local", web::post().to(admin_reset_local))
+        .route("/admin/reset_local", web::post().to(admin_reset_local));
+    configure_observability(cfg);
+}
+
+/// Registers `/metrics` and the health routes only (every rank's own address).
+pub fn configure_observability(cfg: &mut web::ServiceConfig) {
+    cfg.route("/health", web::get().to(health))
+        .route("/health/live", web::get().to(health_live))
+        .route("/health/ready", web::get().to(health_ready))
+        .route("/metrics", web::get().to(metrics))
         .default_service(web::to(not_found));
 }
 
@@ -334,10 +345,32 @@ fn stream_response(
         .streaming(stream)
 }
 
+/// The health document, always 200 (its `status` and `ready` say the rest).
 async fn health(state: web::Data<FrontendState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
-        .body((state.health)())
+        .body((state.health)().1)
+}
+
+/// Liveness: the process answers HTTP.
+async fn health_live() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body("{\"status\":\"live\"}")
+}
+
+/// Readiness: 200 when the rank takes traffic, 503 with the document (its `reason`)
+/// otherwise.
+async fn health_ready(state: web::Data<FrontendState>) -> HttpResponse {
+    let (ready, doc) = (state.health)();
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    HttpResponse::build(code)
+        .content_type("application/json")
+        .body(doc)
 }
 
 async fn metrics(state: web::Data<FrontendState>) -> HttpResponse {
@@ -508,7 +541,7 @@ mod tests {
             token.into(),
             "synthetic-tiny".into(),
             Arc::new(|| "tsl3_up 1\n".to_string()),
-            Arc::new(|| "{\"status\":\"ok\"}".to_string()),
+            Arc::new(|| (true, "{\"status\":\"ok\"}".to_string())),
         )
     }
 
@@ -641,7 +674,7 @@ mod tests {
             String::new(),
             "synthetic".into(),
             Arc::new(String::new),
-            Arc::new(String::new),
+            Arc::new(|| (false, String::new())),
         );
         probe(ib);
         let app =

@@ -277,6 +277,14 @@ impl ModelProfile {
         Ok(max)
     }
 
+    /// The TP sizes up to `max` that divide every group's KV heads (the world sizes this
+    /// profile can be sharded across), ascending.
+    pub fn tp_sizes(&self, max: u32) -> Vec<u32> {
+        (1..=max)
+            .filter(|n| self.groups.iter().all(|g| g.kv_heads.is_multiple_of(*n)))
+            .collect()
+    }
+
     /// Emulated device time of a step (see `CostModel`).
     pub fn device_time_us(&self, new_tokens: u64, context_tokens: u64) -> u64 {
         self.cost.device_time_us(new_tokens, context_tokens)
@@ -304,6 +312,17 @@ mod tests {
         ));
         for n in ModelProfile::NAMES {
             assert_eq!(ModelProfile::by_name(n).unwrap().name, n);
+        }
+    }
+
+    #[test]
+    fn tp_sizes_divide_every_group() {
+        assert_eq!(ModelProfile::tiny().tp_sizes(64), vec![1, 2]);
+        for n in ModelProfile::NAMES {
+            let p = ModelProfile::by_name(n).unwrap();
+            for w in p.tp_sizes(64) {
+                assert!(p.max_shard_block_bytes(w).is_ok(), "{n} at {w}");
+            }
         }
     }
 
