@@ -1,13 +1,14 @@
 //! `engine-host launch --tp N`: starts the N rank processes of one replica on this machine
 //! with generated mesh settings (free loopback ports and a fresh shared secret), passes the
 //! `serve` flags on (`--listen` to the leader), forwards SIGINT/SIGTERM, reports each rank's
-//! exit, and exits non-zero when any rank fails. It owns process supervision only.
+//! exit, stops the other ranks when one ends on its own (SIGTERM, then SIGKILL after
+//! `STOP_GRACE`), and exits non-zero when any rank fails. It owns process supervision only.
 
 use std::collections::HashMap;
 use std::process::{Child, Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn free_ports(n: u32) -> std::io::Result<Vec<u16>> {
     // Bind them all at once so they are distinct, then release them for the ranks.
@@ -116,15 +117,28 @@ pub fn run(
     }
     let mut failed = false;
     let mut forwarded = false;
+    // Set when a rank ended on its own: the replica cannot serve without it, so the others
+    // are stopped, and any still running after the grace (a SIGSTOPped rank ignores
+    // SIGTERM) is killed.
+    let mut kill_at: Option<Instant> = None;
     while !children.is_empty() {
         if stop.load(Ordering::SeqCst) && !forwarded {
             forwarded = true;
-            for (_, c) in &children {
+            signal_all(&children, libc::SIGTERM);
+        }
+        if kill_at.is_some_and(|t| Instant::now() >= t) {
+            kill_at = None;
+            for (rank, c) in &children {
+                eprintln!(
+                    "engine-host launch: rank {rank} did not stop within {} ms of SIGTERM; killing it",
+                    STOP_GRACE.as_millis()
+                );
                 // SAFETY: kill(2) on a child PID this process spawned and has not reaped.
-                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+                unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
             }
         }
         let mut i = 0;
+        let mut ended = false;
         while i < children.len() {
             match children[i].1.try_wait() {
                 Ok(Some(status)) => {
@@ -133,14 +147,30 @@ pub fn run(
                     if !status.success() {
                         failed = true;
                     }
+                    ended = true;
                 }
                 Ok(None) => i += 1,
                 Err(e) => {
                     let (rank, _) = children.remove(i);
                     eprintln!("engine-host launch: rank {rank}: {e}");
                     failed = true;
+                    ended = true;
                 }
             }
+        }
+        if ended && !forwarded && kill_at.is_none() && !children.is_empty() {
+            // A rank ended without being asked to: the replica has failed.
+            failed = true;
+            forwarded = true;
+            eprintln!(
+                "engine-host launch: the replica lost a rank; stopping the other {} (SIGTERM, SIGKILL after {} ms)",
+                children.len(),
+                STOP_GRACE.as_millis()
+            );
+            signal_all(&children, libc::SIGTERM);
+            // A stopped rank gets the SIGTERM once it runs again.
+            signal_all(&children, libc::SIGCONT);
+            kill_at = Some(Instant::now() + STOP_GRACE);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -148,6 +178,17 @@ pub fn run(
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// How long the remaining ranks of a failed replica get between SIGTERM and SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+fn signal_all(children: &[(u32, Child)], sig: i32) {
+    for (_, c) in children {
+        // SAFETY: kill(2) on a child PID this process spawned and has not reaped (reaping
+        // happens only in this thread, after which the child leaves `children`).
+        unsafe { libc::kill(c.id() as i32, sig) };
     }
 }
 

@@ -479,7 +479,7 @@ async fn round_loop(
         let local = match engine.head().await {
             Ok(l) => l,
             Err(e) => {
-                return Err(fail_round(&mut clients, &shared, engine, round, &e).await);
+                return Err(fail_round(&mut clients, &inbox, &shared, engine, round, &e).await);
             }
         };
         let mut frontend = vec![];
@@ -527,7 +527,7 @@ async fn round_loop(
         let agreed = match plane.exchange_round(report).await {
             Ok(a) => a,
             Err(e) => {
-                return Err(fail_round(&mut clients, &shared, engine, round, &e).await);
+                return Err(fail_round(&mut clients, &inbox, &shared, engine, round, &e).await);
             }
         };
         // Agreed inputs for the scheduler.
@@ -586,7 +586,7 @@ async fn round_loop(
         let work = match round_result {
             Ok(w) => w,
             Err(e) => {
-                return Err(fail_round(&mut clients, &shared, engine, round, &e).await);
+                return Err(fail_round(&mut clients, &inbox, &shared, engine, round, &e).await);
             }
         };
         // Admin work, in two agreed steps. Once quiescent (every rank reaches this in the
@@ -763,13 +763,24 @@ fn deliver(clients: &mut Clients, events: Vec<RequestEvent>, metrics: &Metrics) 
 /// the executor, and name the round.
 async fn fail_round(
     clients: &mut Clients,
+    inbox: &FrontendInbox,
     shared: &Shared,
     engine: RankActors,
     round: u64,
     e: &dyn std::fmt::Display,
 ) -> anyhow::Error {
-    fail_all(clients, &e.to_string());
+    // From this moment every waiting and every new request is answered 503 with the cause:
+    // the health document says failed (the HTTP side checks it before queueing), the
+    // requests the engine held and those still queued in the inbox fail now.
+    let why = format!("the replica failed in round {round}: {e}");
     shared.health.fail(format!("round {round}: {e}"));
+    fail_all(clients, &why);
+    while let Ok(sub) = inbox.submissions.try_recv() {
+        let _ = sub.events.send(TokenEvent::Failed(why.clone()));
+    }
+    while let Ok(a) = inbox.admin.try_recv() {
+        let _ = a.reply.send(Err(why.clone()));
+    }
     shared.stop.store(true, Ordering::SeqCst);
     let _ = engine.close().await;
     anyhow!("round {round}: {e}")

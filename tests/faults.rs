@@ -355,3 +355,86 @@ fn sigterm_on_a_full_disk_stops_at_the_drain_deadline_and_reports_what_it_droppe
         "the drop is reported: {text}"
     );
 }
+
+/// The pid `launch` printed for `rank` ("engine-host launch: rank R started (pid P)").
+fn rank_pid(log: &Path, rank: u32) -> i32 {
+    let text = std::fs::read_to_string(log).unwrap();
+    let tag = format!("rank {rank} started (pid ");
+    let at = text
+        .find(&tag)
+        .unwrap_or_else(|| panic!("no pid of rank {rank}: {text}"));
+    text[at + tag.len()..]
+        .split(')')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn signal(pid: i32, sig: &str) {
+    assert!(Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is not running: read its state, not only whether the pid exists.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false)
+}
+
+/// A TP=2 replica loses its follower (SIGKILL) or the follower stalls (SIGSTOP): the request
+/// in flight gets a prompt JSON 503 naming the failure, and `launch` stops the leader, kills
+/// what does not stop and exits non-zero within the round deadline plus its grace.
+#[test]
+fn a_killed_or_stalled_rank_fails_the_replica_promptly_and_launch_exits_non_zero() {
+    for sig in ["KILL", "STOP"] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("launch.log");
+        let mut h = Host::start_logged(
+            &["launch", "--tp", "2", "--store", "none"],
+            &[("TSL3_TP__ROUND_DEADLINE_MS", "1000"), ("RUST_LOG", "warn")],
+            &log,
+        );
+        assert_eq!(tokens(&h.complete(&prompt(16, 1), 2)).len(), 2);
+        let follower = rank_pid(&log, 1);
+        let started = std::time::Instant::now();
+        signal(follower, sig);
+        // A long generation keeps the request in the rounds when the follower goes.
+        let body = serde_json::json!({"prompt": prompt(16, 2), "max_tokens": 4000}).to_string();
+        let (code, text) = common::http(&h.addr, "POST", "/v1/completions", &body, None);
+        assert_eq!(code, 503, "{sig}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("failed"), "{sig}: the cause is named: {text}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "{sig}: prompt"
+        );
+        // launch stops the leader, kills a stalled rank after its grace, and fails.
+        let mut status = None;
+        for _ in 0..600 {
+            if let Some(st) = h.child.try_wait().unwrap() {
+                status = Some(st);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let status = status.unwrap_or_else(|| {
+            panic!(
+                "{sig}: launch still runs: {}",
+                std::fs::read_to_string(&log).unwrap()
+            )
+        });
+        assert!(!status.success(), "{sig}: launch exits non-zero");
+        assert!(!alive(follower), "{sig}: no rank is left behind");
+        if sig == "STOP" {
+            // The stalled follower outlived the leader: launch stopped it.
+            let text = std::fs::read_to_string(&log).unwrap();
+            assert!(text.contains("the replica lost a rank"), "{text}");
+        }
+    }
+}

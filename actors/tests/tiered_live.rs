@@ -205,9 +205,19 @@ fn a_corrupted_dfs_object_fails_checksum_and_nothing_lands_in_mooncake() {
     assert_eq!(r.new_writes(), before);
     assert!(!r.in_mooncake(1));
     let mut buf = vec![0u8; PAGE];
+    // The failed promotion proved the object invalid and removed it: now a miss, and the
+    // key's next backup can land.
     assert_eq!(
         r.store.get(&[r.key(1)], &mut [&mut buf[..]]).unwrap(),
-        vec![KeyResult::Invalid]
+        vec![KeyResult::Missing]
+    );
+    assert_eq!(
+        r.store
+            .dfs()
+            .stats
+            .invalid_removed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
     );
     r.quiescent();
     r.cleanup();

@@ -205,6 +205,9 @@ async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> 
         Ok(p) => p,
         Err(BadRequest(m)) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", m),
     };
+    if let Some(why) = replica_failure(&state) {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "replica_failed", why);
+    }
     let prompt_tokens = prompt.len() as u32;
     let (tx, rx) = flume::unbounded();
     let sub = Submission {
@@ -236,7 +239,7 @@ async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> 
                 return HttpResponse::Ok().json(body);
             }
             Ok(TokenEvent::Failed(m)) => {
-                return error(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", m)
+                return error(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", m)
             }
             Err(_) => {
                 return error(
@@ -247,6 +250,19 @@ async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> 
             }
         }
     }
+}
+
+/// The cause when the health document says the replica failed (a request then gets a
+/// prompt 503 instead of waiting on a round loop that ended).
+fn replica_failure(state: &FrontendState) -> Option<String> {
+    let (_, doc) = (state.health)();
+    let v: serde_json::Value = serde_json::from_str(&doc).ok()?;
+    (v.get("status")?.as_str()? == "failed").then(|| {
+        v.get("reason")
+            .and_then(|r| r.as_str())
+            .unwrap_or("the replica failed")
+            .to_string()
+    })
 }
 
 fn response(
