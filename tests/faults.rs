@@ -207,6 +207,14 @@ fn a_full_disk_rejects_puts_as_capacity_and_never_disables_reads() {
         return;
     };
     let prompts: Vec<Vec<u32>> = (0..24).map(|s| prompt(64, 100 + s)).collect();
+    // What cannot land is dropped at exit after a short drain (the drain has its own test).
+    let short_drain = [("TSL3_SERVER__SHUTDOWN_DRAIN_MS", "300")];
+    let local = |dir: &str| {
+        Host::start(
+            &["serve", "--store", "local", "--store-dir", dir],
+            &short_drain,
+        )
+    };
     let writer = local(fs.path());
     for p in &prompts {
         writer.complete(p, 1);
@@ -344,7 +352,16 @@ fn sigterm_on_a_full_disk_stops_at_the_drain_deadline_and_reports_what_it_droppe
         &log,
     );
     complete_all(&writer, &prompts);
-    assert!(writer.metric("tsl3_dfs_puts_total", &["outcome=\"capacity\""]) >= 1.0);
+    // Metrics are exported at most once a second: wait for the first rejection to show.
+    let mut capacity = 0.0;
+    for _ in 0..400 {
+        capacity = writer.metric("tsl3_dfs_puts_total", &["outcome=\"capacity\""]);
+        if capacity >= 1.0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(capacity >= 1.0, "the disk filled");
     let started = std::time::Instant::now();
     assert!(writer.stop().success());
     // Generous: the 30 s grace a stopped rank used to wait is far away.
@@ -437,4 +454,148 @@ fn a_killed_or_stalled_rank_fails_the_replica_promptly_and_launch_exits_non_zero
             assert!(text.contains("the replica lost a rank"), "{text}");
         }
     }
+}
+
+/// Waits until the rank holds nothing: no live request, no storage credit, no Ready hold,
+/// no queued or running L3 job.
+fn assert_quiescent(h: &Host, what: &str) {
+    let mut last = String::new();
+    for _ in 0..800 {
+        let (_, health) = h.get("/health");
+        let v: serde_json::Value = serde_json::from_str(&health).unwrap_or_default();
+        let live = v["live_requests"].as_u64().unwrap_or(u64::MAX);
+        let credits = h.metric("tsl3_l3_credits_in_use", &[]);
+        let holds = h.metric("tsl3_l3_ready_holds", &[]);
+        let jobs = h.metric("tsl3_l3_jobs", &[]);
+        if live == 0 && credits == 0.0 && holds == 0.0 && jobs == 0.0 {
+            return;
+        }
+        last = format!("live {live} credits {credits} holds {holds} jobs {jobs}");
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    panic!("{what}: never quiescent: {last}");
+}
+
+/// Opens a streamed completion, reads until the first token chunk, then drops the socket.
+fn stream_and_disconnect(addr: &str, prompt: &[u32]) {
+    use std::io::{Read, Write};
+    let body =
+        serde_json::json!({"prompt": prompt, "max_tokens": 2000, "stream": true}).to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = [0u8; 4096];
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("data: ") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    drop(s);
+}
+
+#[test]
+fn a_client_disconnect_storm_leaves_nothing_held_and_answers_stay_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let shared = prompt(64, 40);
+    let want = recompute(&shared, 4);
+    let writer = local(d);
+    writer.complete(&shared, 1);
+    writer.wait_backups_settled();
+    assert!(writer.stop().success());
+    // A fresh host: every storm request restores the shared prefix from L3 (a QUERY, a
+    // GET, Ready holds) and its client vanishes mid-stream.
+    let h = local(d);
+    std::thread::scope(|s| {
+        for i in 0..32u32 {
+            let addr = h.addr.clone();
+            let mut p = shared.clone();
+            p.extend(prompt(8, 900 + i));
+            s.spawn(move || stream_and_disconnect(&addr, &p));
+        }
+    });
+    assert_quiescent(&h, "after the disconnect storm");
+    let v = h.complete(&shared, 4);
+    assert_eq!(tokens(&v), want);
+    assert_quiescent(&h, "after a request");
+    assert!(h.stop().success());
+}
+
+#[test]
+fn a_deadline_storm_recomputes_correctly_and_releases_every_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let prompts: Vec<Vec<u32>> = (0..16).map(|s| prompt(64, 60 + s)).collect();
+    let writer = local(d);
+    for p in &prompts {
+        writer.complete(p, 1);
+    }
+    writer.wait_backups_settled();
+    assert!(writer.stop().success());
+    // A 1 ms soft deadline: preparations time out while their GETs run.
+    let h = Host::start(
+        &["serve", "--store", "local", "--store-dir", d],
+        &[
+            ("TSL3_STORAGE__CONTRACT__SOFT_DEADLINE_MS", "1"),
+            ("TSL3_STORAGE__CONTRACT__READY_HOLD_MS", "1"),
+        ],
+    );
+    let answers: Vec<serde_json::Value> = std::thread::scope(|s| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let h = &h;
+                s.spawn(move || h.complete(p, 3))
+            })
+            .collect();
+        hs.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (p, v) in prompts.iter().zip(&answers) {
+        assert_eq!(tokens(v), recompute(p, 3), "{v}");
+    }
+    let reasons: Vec<&str> = answers
+        .iter()
+        .map(|v| v["tsl3"]["fallback_reason"].as_str().unwrap())
+        .collect();
+    assert!(reasons.contains(&"deadline"), "{reasons:?}");
+    assert_quiescent(&h, "after the deadline storm");
+    assert!(h.stop().success());
+}
+
+#[test]
+fn a_clear_under_load_answers_every_request_right_and_leaves_nothing_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let token = "clear-token";
+    let h = Host::start(
+        &["serve", "--store", "local", "--store-dir", d],
+        &[("TSL3_SERVER__ADMIN_TOKEN", token)],
+    );
+    let prompts: Vec<Vec<u32>> = (0..12).map(|s| prompt(64, 700 + s)).collect();
+    let (answers, clear) = std::thread::scope(|s| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let h = &h;
+                s.spawn(move || h.complete(p, 3))
+            })
+            .collect();
+        let c = s.spawn(|| h.post("/admin/clear_cache", "", Some(token)));
+        let answers: Vec<serde_json::Value> = hs.into_iter().map(|t| t.join().unwrap()).collect();
+        (answers, c.join().unwrap())
+    });
+    assert_eq!(clear.0, 200, "{}", clear.1);
+    for (p, v) in prompts.iter().zip(&answers) {
+        assert_eq!(tokens(v), recompute(p, 3), "{v}");
+    }
+    assert_quiescent(&h, "after the clear");
+    assert!(h.stop().success());
 }
