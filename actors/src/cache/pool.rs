@@ -86,6 +86,21 @@ impl Slot {
     };
 }
 
+/// Called with a block's region range whenever the pool frees it (its last reference and
+/// pin are gone): the debug builds' poisoned-memory checker fills it (crate::host::poison).
+#[derive(Clone, Default)]
+pub struct FreeHook(Option<std::sync::Arc<dyn Fn(HostRange) + Send + Sync>>);
+
+impl std::fmt::Debug for FreeHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "FreeHook(set)"
+        } else {
+            "FreeHook(none)"
+        })
+    }
+}
+
 #[derive(Clone, Debug)]
 struct GroupPool {
     index: HashMap<ContentHash, u32, BuildContentHasher>,
@@ -98,9 +113,27 @@ struct GroupPool {
     lru_len: u32,
     block_bytes: u64,
     region_base: u64,
+    on_free: FreeHook,
 }
 
 impl GroupPool {
+    /// The ledger of a freed slot: nothing may hold it, then the free hook sees its range.
+    fn freed(&self, s: u32) {
+        let slot = &self.slots[s as usize];
+        assert!(
+            slot.refs == 0 && slot.pins == 0,
+            "pool ledger: slot {s} freed while held ({} refs, {} pins)",
+            slot.refs,
+            slot.pins
+        );
+        if let Some(hook) = &self.on_free.0 {
+            hook(HostRange::new(
+                self.region_base + s as u64 * self.block_bytes,
+                self.block_bytes,
+            ));
+        }
+    }
+
     fn unlink(&mut self, s: u32) {
         let (p, n) = (self.slots[s as usize].prev, self.slots[s as usize].next);
         if p == NIL {
@@ -142,6 +175,7 @@ impl GroupPool {
     }
 
     fn free_slot(&mut self, s: u32) {
+        self.freed(s);
         let hash = self.slots[s as usize].hash;
         self.index.remove(&hash);
         self.slots[s as usize] = Slot::EMPTY;
@@ -176,6 +210,7 @@ impl GroupPool {
             return None;
         }
         self.unlink(victim);
+        self.freed(victim);
         evicted.push(self.slots[victim as usize].hash);
         self.index.remove(&self.slots[victim as usize].hash);
         self.slots[victim as usize] = Slot::EMPTY;
@@ -210,6 +245,7 @@ impl<T: Tier> BlockPool<T> {
                     lru_len: 0,
                     block_bytes: bytes,
                     region_base: base,
+                    on_free: FreeHook::default(),
                 };
                 base = base.saturating_add(bytes.saturating_mul(capacity as u64));
                 g
@@ -218,6 +254,13 @@ impl<T: Tier> BlockPool<T> {
         Self {
             groups,
             _tier: PhantomData,
+        }
+    }
+
+    /// Calls `hook` with the region range of every block this pool frees from now on.
+    pub fn set_free_hook(&mut self, hook: std::sync::Arc<dyn Fn(HostRange) + Send + Sync>) {
+        for g in &mut self.groups {
+            g.on_free = FreeHook(Some(hook.clone()));
         }
     }
 
@@ -659,5 +702,33 @@ mod tests {
         p.allocate(a(0, 9), &mut ev).unwrap();
         assert_eq!(p.host_range(a(0, 9)).unwrap(), HostRange::new(0, 100));
         assert!(p.host_range(a(7, 1)).is_err());
+    }
+
+    #[test]
+    fn the_free_hook_sees_every_freed_slot_and_never_a_held_one() {
+        use std::sync::{Arc, Mutex};
+        let mut p = BlockPool::<Host>::new(&[2, 1], &[100, 64]);
+        let freed: Arc<Mutex<Vec<HostRange>>> = Arc::default();
+        let f = freed.clone();
+        p.set_free_hook(Arc::new(move |r| f.lock().unwrap().push(r)));
+        let mut ev = vec![];
+        p.insert_published(a(0, 1), &mut ev).unwrap();
+        p.insert_published(a(0, 2), &mut ev).unwrap();
+        p.acquire(a(0, 1)).unwrap();
+        // Group 0 is full: a third block evicts the unreferenced one (slot 1), never the
+        // referenced one.
+        p.insert_published(a(0, 3), &mut ev).unwrap();
+        assert_eq!(*freed.lock().unwrap(), vec![HostRange::new(100, 100)]);
+        // A clear frees what nothing holds; the held block is freed at its release.
+        p.clear();
+        assert_eq!(freed.lock().unwrap().len(), 2);
+        p.release(a(0, 1)).unwrap();
+        let got = freed.lock().unwrap().clone();
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[2], HostRange::new(0, 100));
+        // Group 1's region follows group 0's.
+        p.insert_published(a(1, 9), &mut ev).unwrap();
+        assert!(p.evict(a(1, 9)));
+        assert_eq!(freed.lock().unwrap()[3], HostRange::new(200, 64));
     }
 }

@@ -15,7 +15,7 @@
 
 use super::geometry::{AddressTable, DeviceGeometry};
 use super::memory::{DeviceMemory, ResolvedCopy};
-use super::ops::{DeviceCopyBatch, DeviceError, DeviceSlot, FenceId};
+use super::ops::{CopyDirection, DeviceCopyBatch, DeviceError, DeviceSlot, FenceId};
 use std::collections::VecDeque;
 
 pub struct DeviceCopyEngineCore<M: DeviceMemory> {
@@ -111,6 +111,19 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
                         size: host.len(),
                     })?;
                 let device_addr = self.slot_address(index, c.slot, c.slot_offset, c.host.len)?;
+                if crate::host::poison::enabled() && c.direction == CopyDirection::H2D {
+                    // SAFETY: the range was bounds-checked just above, and the H2D ticket
+                    // holds a reference on its Host block until the copy's fence, so no
+                    // writer touches these bytes while they are read here.
+                    if let Ok(src) = unsafe { host.range(c.host) } {
+                        crate::host::poison::check("an H2D restore", c.host.offset, src).map_err(
+                            |e| DeviceError::PoisonRead {
+                                index,
+                                reason: e.to_string(),
+                            },
+                        )?;
+                    }
+                }
                 Ok(ResolvedCopy {
                     direction: c.direction,
                     device_addr,

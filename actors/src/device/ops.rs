@@ -85,6 +85,9 @@ pub enum DeviceError {
     },
     #[error("copy {index}: zero-length copy")]
     EmptyCopy { index: usize },
+    /// Debug builds: an H2D copy's Host source is a freed (poisoned) block.
+    #[error("copy {index}: {reason}")]
+    PoisonRead { index: usize, reason: String },
     #[error("copy {index}: host range {offset}+{len} is outside the {size}-byte allocation")]
     HostRangeOutOfBounds {
         index: usize,

@@ -387,3 +387,31 @@ fn actor_submits_polls_and_runs_forward_in_order() {
         assert_eq!(first, model.recompute_output(&tokens, 1).unwrap()[0]);
     });
 }
+
+#[test]
+fn an_h2d_from_a_poisoned_host_block_is_refused_in_debug_builds() {
+    let (host, mut e) = engine(8192, 2, 512);
+    let mut poisoned = vec![0u8; 512];
+    crate::host::poison::fill(&mut poisoned);
+    host.write(1024, &poisoned).unwrap();
+    host.write(2048, &pattern(512, 3)).unwrap();
+    let copy = |offset| {
+        DeviceCopyBatch::new(vec![DeviceCopy::h2d(
+            HostRange::new(offset, 512),
+            DeviceSlot(0),
+            0,
+        )])
+    };
+    let r = e.submit(&copy(1024));
+    if crate::host::poison::enabled() {
+        assert!(
+            matches!(r, Err(DeviceError::PoisonRead { index: 0, .. })),
+            "{r:?}"
+        );
+        assert_eq!(e.outstanding(), 0, "nothing was enqueued");
+    } else {
+        assert!(r.is_ok());
+    }
+    // Real data passes.
+    e.submit(&copy(2048)).unwrap();
+}

@@ -166,5 +166,17 @@ pub fn build_rank(
         model,
     )
     .map_err(|e| e.to_string())?;
+    let mut scheduler = scheduler;
+    if crate::host::poison::enabled() {
+        let h = host.clone();
+        scheduler.set_host_free_hook(Arc::new(move |r| {
+            // SAFETY: the pool calls this only for a block it frees, after its last
+            // reference and pin are gone (the pool's ledger asserts it): no GET, PUT or
+            // copy holds the range, so nothing else reads or writes these bytes now.
+            if let Ok(bytes) = unsafe { h.range_mut(r) } {
+                crate::host::poison::fill(bytes);
+            }
+        }));
+    }
     Ok(RankEngine::new(scheduler, executor, device, host, clock))
 }

@@ -518,3 +518,47 @@ fn a_longer_prompt_reuses_the_aligned_prefix_of_a_shorter_one() {
         e.close();
     }
 }
+
+/// The poisoned-memory checker is live in test builds: Host blocks evicted by a small Host
+/// pool are poisoned at once (the pool's free hook), and serving through evictions, L3
+/// restores and backups never reads poison (an H2D, PUT or GET over poison fails the round
+/// or aborts) and still matches recomputation.
+#[test]
+fn serving_through_host_evictions_never_reads_a_poisoned_block() {
+    if !crate::host::poison::enabled() {
+        return; // release builds carry no checker
+    }
+    let store = Arc::new(MemoryStore::new());
+    let model = SyntheticModel::by_name("tiny").unwrap();
+    let small = |s: &mut RankSpec| {
+        s.host_blocks = 48;
+        s.device_blocks = 24;
+    };
+    let prompts: Vec<Vec<u32>> = (0..10).map(|i| prompt(41, 30 + i)).collect();
+    let before = crate::host::poison::filled();
+    let mut writer = engine_with(Some(store.clone() as Arc<dyn Store>), small);
+    for (i, p) in prompts.iter().enumerate() {
+        let o = serve(&mut writer, i as u64 + 1, p, 3);
+        assert_eq!(o.tokens, model.recompute_output(p, 3).unwrap());
+    }
+    assert!(
+        crate::host::poison::filled() > before,
+        "the Host pool evicted, and poisoned, blocks"
+    );
+    drop(writer);
+    // A fresh engine restores through the same small pool: GETs land in reused (poisoned)
+    // slots, H2D reads them only once published.
+    let mut reader = engine_with(Some(store as Arc<dyn Store>), small);
+    for (i, p) in prompts.iter().enumerate().rev() {
+        let o = serve(&mut reader, 100 + i as u64, p, 3);
+        assert_eq!(
+            o.tokens,
+            model.recompute_output(p, 3).unwrap(),
+            "prompt {i}"
+        );
+        assert!(
+            o.split.l3 + o.split.host + o.split.device > 0,
+            "prompt {i} reused KV"
+        );
+    }
+}

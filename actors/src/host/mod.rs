@@ -1,3 +1,5 @@
-//! Host (L2) memory: the shared Host allocation that holds L2 pages and L3 destinations.
+//! Host (L2) memory: the shared Host allocation that holds L2 pages and L3 destinations,
+//! and the debug builds' poisoned-memory checker over it.
+pub mod poison;
 pub mod storage;
 pub use storage::{HostCacheStorage, HostError};

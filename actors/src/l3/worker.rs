@@ -101,7 +101,30 @@ fn get(shared: &Shared, job: &Job) -> Result<Vec<KeyResult>, StoreError> {
             .map_err(|e| StoreError::new("executor", e.to_string()))?;
         dests.push(d);
     }
-    shared.store.get(&job.keys, &mut dests)
+    let results = shared.store.get(&job.keys, &mut dests)?;
+    if crate::host::poison::enabled() {
+        // A store that answers Ok must have written the bytes: an exact-length success over
+        // a still-poisoned destination is a store that lied.
+        for ((r, d), range) in results.iter().zip(&dests).zip(&job.ranges) {
+            if matches!(r, KeyResult::Ok { bytes } if *bytes == d.len() as u64) {
+                poison_guard(crate::host::poison::check(
+                    "a GET destination",
+                    range.offset,
+                    d,
+                ));
+            }
+        }
+    }
+    Ok(results)
+}
+
+/// Debug builds: a poison read is a memory-safety bug, never a storage outcome; the process
+/// stops at once, loudly, rather than let the bytes become KV.
+fn poison_guard(r: Result<(), crate::host::poison::PoisonRead>) {
+    if let Err(e) = r {
+        eprintln!("{e}");
+        std::process::abort();
+    }
 }
 
 fn put(shared: &Shared, job: &Job) -> Result<Vec<KeyResult>, StoreError> {
@@ -112,6 +135,15 @@ fn put(shared: &Shared, job: &Job) -> Result<Vec<KeyResult>, StoreError> {
         let s = unsafe { shared.host.range(*r) }
             .map_err(|e| StoreError::new("executor", e.to_string()))?;
         srcs.push(s);
+    }
+    if crate::host::poison::enabled() {
+        for (s, range) in srcs.iter().zip(&job.ranges) {
+            poison_guard(crate::host::poison::check(
+                "a backup PUT's source",
+                range.offset,
+                s,
+            ));
+        }
     }
     shared.store.put(&job.keys, &srcs)
 }

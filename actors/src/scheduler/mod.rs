@@ -283,6 +283,14 @@ impl Scheduler {
     pub fn cache(&self) -> &CacheCoordinator {
         &self.cache
     }
+    /// Calls `hook` with the Host range of every Host block the cache frees (the debug
+    /// builds' poisoned-memory checker; see crate::host::poison).
+    pub fn set_host_free_hook(
+        &mut self,
+        hook: std::sync::Arc<dyn Fn(messages::HostRange) + Send + Sync>,
+    ) {
+        self.cache.host_mut().set_free_hook(hook);
+    }
     /// The storage contract (None: storage disabled; no StorageTransferManager serves
     /// this scheduler).
     pub fn storage_config(&self) -> Option<&StorageConfig> {
