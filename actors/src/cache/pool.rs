@@ -86,10 +86,13 @@ impl Slot {
     };
 }
 
-/// Called with a block's region range whenever the pool frees it (its last reference and
-/// pin are gone): the debug builds' poisoned-memory checker fills it (crate::host::poison).
+/// Called with (group, slot index, the slot's region range) whenever the pool frees a block
+/// (its last reference and pin are gone): the debug builds' poisoned-memory checker fills
+/// it (crate::host::poison).
+pub type FreeFn = dyn Fn(u32, u32, HostRange) + Send + Sync;
+
 #[derive(Clone, Default)]
-pub struct FreeHook(Option<std::sync::Arc<dyn Fn(HostRange) + Send + Sync>>);
+pub struct FreeHook(Option<std::sync::Arc<FreeFn>>);
 
 impl std::fmt::Debug for FreeHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -113,6 +116,7 @@ struct GroupPool {
     lru_len: u32,
     block_bytes: u64,
     region_base: u64,
+    group: u32,
     on_free: FreeHook,
 }
 
@@ -127,10 +131,14 @@ impl GroupPool {
             slot.pins
         );
         if let Some(hook) = &self.on_free.0 {
-            hook(HostRange::new(
-                self.region_base + s as u64 * self.block_bytes,
-                self.block_bytes,
-            ));
+            hook(
+                self.group,
+                s,
+                HostRange::new(
+                    self.region_base + s as u64 * self.block_bytes,
+                    self.block_bytes,
+                ),
+            );
         }
     }
 
@@ -233,7 +241,8 @@ impl<T: Tier> BlockPool<T> {
         let groups = capacities
             .iter()
             .zip(block_bytes)
-            .map(|(&capacity, &bytes)| {
+            .enumerate()
+            .map(|(group, (&capacity, &bytes))| {
                 let capacity = capacity.min(MAX_GROUP_SLOTS);
                 let g = GroupPool {
                     index: HashMap::with_hasher(BuildContentHasher),
@@ -245,6 +254,7 @@ impl<T: Tier> BlockPool<T> {
                     lru_len: 0,
                     block_bytes: bytes,
                     region_base: base,
+                    group: group as u32,
                     on_free: FreeHook::default(),
                 };
                 base = base.saturating_add(bytes.saturating_mul(capacity as u64));
@@ -257,8 +267,8 @@ impl<T: Tier> BlockPool<T> {
         }
     }
 
-    /// Calls `hook` with the region range of every block this pool frees from now on.
-    pub fn set_free_hook(&mut self, hook: std::sync::Arc<dyn Fn(HostRange) + Send + Sync>) {
+    /// Calls `hook` for every block this pool frees from now on.
+    pub fn set_free_hook(&mut self, hook: std::sync::Arc<FreeFn>) {
         for g in &mut self.groups {
             g.on_free = FreeHook(Some(hook.clone()));
         }
@@ -710,7 +720,7 @@ mod tests {
         let mut p = BlockPool::<Host>::new(&[2, 1], &[100, 64]);
         let freed: Arc<Mutex<Vec<HostRange>>> = Arc::default();
         let f = freed.clone();
-        p.set_free_hook(Arc::new(move |r| f.lock().unwrap().push(r)));
+        p.set_free_hook(Arc::new(move |_, _, r| f.lock().unwrap().push(r)));
         let mut ev = vec![];
         p.insert_published(a(0, 1), &mut ev).unwrap();
         p.insert_published(a(0, 2), &mut ev).unwrap();

@@ -55,6 +55,18 @@ impl Handler<WaitFence> for DeviceCopyEngine {
     }
 }
 
+/// Debug builds: poison freed slots before the round's device work (`Plan::poison`).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), DeviceError>")]
+pub struct PoisonSlots(pub Vec<super::ops::DeviceSlot>);
+
+impl Handler<PoisonSlots> for DeviceCopyEngine {
+    type Result = Result<(), DeviceError>;
+    fn handle(&mut self, msg: PoisonSlots, _: &mut Self::Context) -> Self::Result {
+        self.core.poison_slots(&msg.0)
+    }
+}
+
 /// Run a forward step over device blocks.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Result<ForwardOutcome, DeviceError>")]

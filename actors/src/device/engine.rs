@@ -201,6 +201,40 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         Ok(out)
     }
 
+    /// Debug builds: fills freed slots with the poison pattern (the plan's `poison` list,
+    /// applied before the round's device work), after all submitted work.
+    pub fn poison_slots(&mut self, slots: &[DeviceSlot]) -> Result<(), DeviceError> {
+        if !crate::host::poison::enabled() || slots.is_empty() {
+            return Ok(());
+        }
+        let mut block = vec![0u8; self.geometry().slot_bytes as usize];
+        crate::host::poison::fill(&mut block);
+        for s in slots {
+            self.write_slot(*s, 0, &block)?;
+        }
+        Ok(())
+    }
+
+    /// Debug builds: a slot the forward reads as context must not be a poisoned (freed,
+    /// never rewritten) block; its first page is checked.
+    pub(super) fn check_context(&mut self, slot: DeviceSlot) -> Result<(), DeviceError> {
+        if !crate::host::poison::enabled() {
+            return Ok(());
+        }
+        let len = self.geometry().slot_bytes.min(4096);
+        let bytes = self.read_slot(slot, 0, len)?;
+        if crate::host::poison::is_poison(&bytes) {
+            return Err(DeviceError::PoisonRead {
+                index: slot.0 as usize,
+                reason: format!(
+                    "poisoned-memory checker: a forward read device slot {} as context, but it is a freed block",
+                    slot.0
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Writes bytes into a slot from `offset`, after all submitted work.
     pub fn write_slot(
         &mut self,

@@ -148,6 +148,7 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
             }
             for slot in &table.context {
                 self.check_slot(*slot)?;
+                self.check_context(*slot)?;
             }
             for (k, slot) in table.written.iter().enumerate() {
                 let b = wr.start + k as u64;

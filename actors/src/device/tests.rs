@@ -415,3 +415,18 @@ fn an_h2d_from_a_poisoned_host_block_is_refused_in_debug_builds() {
     // Real data passes.
     e.submit(&copy(2048)).unwrap();
 }
+
+#[test]
+fn a_forward_over_a_poisoned_context_slot_is_refused_in_debug_builds() {
+    let (_host, mut e) = engine(8192, 4, 512);
+    e.poison_slots(&[DeviceSlot(2)]).unwrap();
+    let got = e.read_slot(DeviceSlot(2), 0, 512).unwrap();
+    assert_eq!(
+        crate::host::poison::is_poison(&got),
+        crate::host::poison::enabled()
+    );
+    let r = e.check_context(DeviceSlot(2));
+    assert_eq!(r.is_err(), crate::host::poison::enabled(), "{r:?}");
+    e.write_slot(DeviceSlot(2), 0, &pattern(512, 9)).unwrap();
+    e.check_context(DeviceSlot(2)).unwrap();
+}

@@ -106,7 +106,14 @@ impl RankActors {
             ..RoundWork::default()
         };
         let device_start = std::time::Instant::now();
-        // Device: H2D, then each forward (ordered after the copies), then D2H.
+        // Device: freed slots poisoned (debug builds), H2D, then each forward (ordered
+        // after the copies), then D2H.
+        if !plan.poison.is_empty() {
+            let slots = std::mem::take(&mut plan.poison);
+            self.device
+                .send(crate::device::actor::PoisonSlots(slots))
+                .await??;
+        }
         if !plan.h2d.is_empty() {
             let batch = DeviceCopyBatch::new(std::mem::take(&mut plan.h2d));
             self.device.send(SubmitDeviceCopies(batch)).await??;

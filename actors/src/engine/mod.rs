@@ -187,7 +187,9 @@ impl RankEngine {
             )));
         }
         let device_start = std::time::Instant::now();
-        // Device: H2D, then each forward (ordered after the copies), then D2H.
+        // Device: freed slots poisoned (debug builds), H2D, then each forward (ordered
+        // after the copies), then D2H.
+        self.device.poison_slots(&plan.poison)?;
         if !plan.h2d.is_empty() {
             self.device.submit(&DeviceCopyBatch::new(plan.h2d))?;
         }

@@ -76,6 +76,9 @@ pub struct Plan<S = StorageIntent> {
     /// The context length of every decode token this round produced (the device time of
     /// the round's decode steps is charged from them).
     pub decode_contexts: Vec<u64>,
+    /// Debug builds: Device slots freed since the last plan, poisoned before this round's
+    /// device work (crate::host::poison).
+    pub poison: Vec<DeviceSlot>,
 }
 
 impl<S> Default for Plan<S> {
@@ -86,6 +89,7 @@ impl<S> Default for Plan<S> {
             forwards: Vec::new(),
             d2h: Vec::new(),
             decode_contexts: Vec::new(),
+            poison: Vec::new(),
         }
     }
 }
@@ -106,6 +110,7 @@ impl<S> Plan<S> {
             forwards: self.forwards,
             d2h: self.d2h,
             decode_contexts: self.decode_contexts,
+            poison: self.poison,
         }
     }
 
@@ -236,6 +241,8 @@ pub struct Scheduler {
     decode_contexts: Vec<u64>,
     /// Request spans (observation only).
     trace: RequestTrace,
+    /// Debug builds: Device slots freed since the last plan (see `Plan::poison`).
+    freed_device: std::sync::Arc<parking_lot::Mutex<Vec<DeviceSlot>>>,
 }
 
 fn fallback_name(f: FallbackReason) -> &'static str {
@@ -256,7 +263,7 @@ impl Scheduler {
         let storage = cfg.storage.clone().map(StoragePlanner::new);
         let free_scratch = (0..cfg.layout.scratch_slots).rev().collect();
         let trace = RequestTrace::new(cfg.layout.shard.index);
-        Ok(Self {
+        let mut me = Self {
             cfg,
             model,
             cache,
@@ -277,7 +284,12 @@ impl Scheduler {
             pending_admin: VecDeque::new(),
             decode_contexts: Vec::new(),
             trace,
-        })
+            freed_device: Default::default(),
+        };
+        if crate::host::poison::enabled() {
+            me.poison_freed_device_blocks();
+        }
+        Ok(me)
     }
 
     pub fn cache(&self) -> &CacheCoordinator {
@@ -289,7 +301,21 @@ impl Scheduler {
         &mut self,
         hook: std::sync::Arc<dyn Fn(messages::HostRange) + Send + Sync>,
     ) {
-        self.cache.host_mut().set_free_hook(hook);
+        self.cache
+            .host_mut()
+            .set_free_hook(std::sync::Arc::new(move |_, _, r| hook(r)));
+    }
+
+    /// Debug builds: every Device block the cache frees is named in the next plan's
+    /// `poison` list, so the device fills it before any new owner writes it.
+    fn poison_freed_device_blocks(&mut self) {
+        let freed = self.freed_device.clone();
+        let layout = self.cfg.layout.clone();
+        self.cache
+            .device_mut()
+            .set_free_hook(std::sync::Arc::new(move |g, s, _| {
+                freed.lock().push(layout.cached_slot(g as usize, s));
+            }));
     }
     /// The storage contract (None: storage disabled; no StorageTransferManager serves
     /// this scheduler).
@@ -844,6 +870,7 @@ impl Scheduler {
         if let Some(planner) = self.storage.as_mut() {
             plan.storage = planner.take_intents();
         }
+        plan.poison = std::mem::take(&mut *self.freed_device.lock());
         plan
     }
 
