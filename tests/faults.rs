@@ -599,3 +599,61 @@ fn a_clear_under_load_answers_every_request_right_and_leaves_nothing_held() {
     assert_quiescent(&h, "after the clear");
     assert!(h.stop().success());
 }
+
+/// A weight update under load: every request is answered (by the weights in effect when it
+/// ran), the update applies once idle, and afterwards nothing computed under the old
+/// weights is reused: a prompt served before the update is a miss after it, and its answer
+/// equals a host started with the new weight version.
+#[test]
+fn a_weight_update_under_load_never_reuses_kv_of_the_old_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let token = "weights-token";
+    let h = Host::start(
+        &["serve", "--store", "local", "--store-dir", d],
+        &[("TSL3_SERVER__ADMIN_TOKEN", token)],
+    );
+    // Served and backed up under the old weights, before the load.
+    let old = prompt(64, 799);
+    h.complete(&old, 2);
+    h.wait_backups_settled();
+    let prompts: Vec<Vec<u32>> = (0..10).map(|s| prompt(64, 800 + s)).collect();
+    let (answers, update) = std::thread::scope(|s| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let h = &h;
+                s.spawn(move || h.complete(p, 2))
+            })
+            .collect();
+        let u = s.spawn(|| h.post("/admin/weight_version", r#"{"target":5}"#, Some(token)));
+        let answers: Vec<serde_json::Value> = hs.into_iter().map(|t| t.join().unwrap()).collect();
+        (answers, u.join().unwrap())
+    });
+    assert_eq!(update.0, 200, "{}", update.1);
+    assert_eq!(answers.len(), prompts.len());
+    assert_quiescent(&h, "after the weight update");
+    let after = h.complete(&old, 2);
+    assert_eq!(
+        after["tsl3"]["device"], 0,
+        "no old-weight KV on the Device: {after}"
+    );
+    assert_eq!(after["tsl3"]["host"], 0, "none in Host: {after}");
+    assert_eq!(after["tsl3"]["l3"], 0, "none from L3: {after}");
+    let fresh = Host::start(
+        &["serve", "--store", "none"],
+        &[("TSL3_MODEL__WEIGHT_VERSION", "5")],
+    );
+    assert_eq!(tokens(&after), tokens(&fresh.complete(&old, 2)));
+    // Requests that ran after the update answered with the new weights, the others with
+    // the old: each answer is one of the two recomputations.
+    let v1 = Host::start(&["serve", "--store", "none"], &[]);
+    for (p, a) in prompts.iter().zip(&answers) {
+        let t = tokens(a);
+        assert!(
+            t == tokens(&v1.complete(p, 2)) || t == tokens(&fresh.complete(p, 2)),
+            "{a}"
+        );
+    }
+    assert!(h.stop().success());
+}
