@@ -140,6 +140,8 @@ impl Exporter {
             }
             m.l3_admission_gate_open
                 .set(if st.gate_closed { 0 } else { 1 });
+            let d = self.advance("gate_closed_us".into(), st.gate_closed_us);
+            m.l3_admission_gate_closed_seconds.inc_by(d as f64 / 1e6);
             m.l3_credits_in_use
                 .with_label_values(&["operation"])
                 .set(st.operation_credits_in_use as i64);

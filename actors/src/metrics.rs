@@ -121,6 +121,7 @@ pub struct Metrics {
     pub l3_pressure_bypasses: IntCounter,
     pub l3_dropped_backup_keys: IntCounterVec,
     pub l3_admission_gate_open: IntGauge,
+    pub l3_admission_gate_closed_seconds: prometheus::Counter,
     pub l3_credits_in_use: IntGaugeVec,
     pub promotion_attempted: IntCounter,
     pub promotion_committed: IntCounter,
@@ -293,6 +294,10 @@ impl Metrics {
             l3_admission_gate_open: reg!(IntGauge::with_opts(opts(
                 m::L3_ADMISSION_GATE_OPEN,
                 "1 when the L3 pressure admission gate is open"
+            ))?),
+            l3_admission_gate_closed_seconds: reg!(prometheus::Counter::with_opts(opts(
+                m::L3_ADMISSION_GATE_CLOSED_SECONDS,
+                "Agreed time the shared read/write admission gate spent closed (mirrored per TP owner)"
             ))?),
             l3_credits_in_use: reg!(IntGaugeVec::new(
                 opts(m::L3_CREDITS_IN_USE, "Storage credits in use"),

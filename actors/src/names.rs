@@ -68,6 +68,8 @@ pub mod metric {
     pub const L3_PRESSURE_BYPASSES: &str = "tsl3_l3_pressure_bypasses_total";
     pub const L3_DROPPED_BACKUP_KEYS: &str = "tsl3_l3_dropped_backup_keys_total"; // + reason
     pub const L3_ADMISSION_GATE_OPEN: &str = "tsl3_l3_admission_gate_open";
+    pub const L3_ADMISSION_GATE_CLOSED_SECONDS: &str =
+        "tsl3_l3_admission_gate_closed_seconds_total";
     pub const L3_CREDITS_IN_USE: &str = "tsl3_l3_credits_in_use"; // + credit = operation|host
                                                                   // DFS -> MEMORY promotion (local store).
     pub const PROMOTION_ATTEMPTED: &str = "tsl3_promotion_attempted_total";

@@ -314,6 +314,12 @@ def l3() -> dict:
               [(mirrored_rate("tsl3_l3_soft_timeouts_total"), "soft timeouts " + REPL),
                (mirrored_rate("tsl3_l3_ready_expirations_total"), "ready expirations " + REPL)],
               unit="ops"),
+        panel("timeseries", "Read admission gate closed",
+              "Fraction of time the shared read/write admission gate was closed (seconds closed "
+              "per second); backups yield from the low watermark on, so a slow PUT backlog "
+              "sheds backups before it closes reads.",
+              [(mirrored_rate("tsl3_l3_admission_gate_closed_seconds_total"), REPL)],
+              unit="percentunit"),
         panel("timeseries", "Pressure bypasses",
               "Requests per second that skipped L3 preparation because the pressure gate was closed.",
               [(mirrored_rate("tsl3_l3_pressure_bypasses_total"), REPL)], unit="reqps"),

@@ -299,7 +299,7 @@ fn replay(
     v
 }
 
-const COUNTERS: [(&str, &str, &[&str]); 9] = [
+const COUNTERS: [(&str, &str, &[&str]); 10] = [
     (
         "backup_dropped_overflow",
         "tsl3_l3_dropped_backup_keys_total",
@@ -327,6 +327,11 @@ const COUNTERS: [(&str, &str, &[&str]); 9] = [
     ),
     ("put_new_writes", "tsl3_l3_put_new_writes_total", &[]),
     ("pressure_bypasses", "tsl3_l3_pressure_bypasses_total", &[]),
+    (
+        "gate_closed_seconds",
+        "tsl3_l3_admission_gate_closed_seconds_total",
+        &[],
+    ),
     ("soft_timeouts", "tsl3_l3_soft_timeouts_total", &[]),
     (
         "get_operations_completed",

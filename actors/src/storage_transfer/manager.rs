@@ -237,6 +237,7 @@ impl StorageTransferManager {
             queued_backup_candidates: self.backups.len() as u64,
             negative_entries: self.negative.len() as u64,
             gate_closed: self.gate.is_closed(),
+            gate_closed_us: self.gate.closed_us(self.now_us),
             l3_enabled: !self.quarantined,
             last_operation_id: self.ids.last(),
         }
@@ -315,7 +316,7 @@ impl StorageTransferManager {
                 self.end_ready(request, fx);
             }
         }
-        if self.gate.observe(pressure) == GateTransition::Closed {
+        if self.gate.observe_at(pressure, now) == GateTransition::Closed {
             let in_query: Vec<RequestId> = self
                 .waits
                 .iter()
@@ -685,7 +686,7 @@ impl StorageTransferManager {
         Gates {
             quarantined: self.quarantined,
             gate_closed: self.gate.is_closed(),
-            backups_paused: self.now_us < self.capacity_retry_at_us,
+            backups_paused: self.now_us < self.capacity_retry_at_us || self.gate.sheds_backups(),
         }
     }
 
@@ -721,8 +722,10 @@ impl StorageTransferManager {
         if self.quarantined || self.gate.is_closed() || self.backups.is_empty() {
             return None;
         }
-        if self.now_us < self.capacity_retry_at_us {
-            return None; // the store just said it is full: wait out the backoff
+        if self.now_us < self.capacity_retry_at_us || self.gate.sheds_backups() {
+            // The store just said it is full, or the I/O backlog is past the low
+            // watermark: backups wait so reads keep their admission.
+            return None;
         }
         let room = backup_room(&self.credits, &self.cfg);
         if room == 0 {

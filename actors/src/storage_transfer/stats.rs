@@ -26,6 +26,8 @@ pub struct StmStats {
     pub queued_backup_candidates: u64,
     pub negative_entries: u64,
     pub gate_closed: bool,
+    /// Agreed time the read admission gate spent closed (the current closure included).
+    pub gate_closed_us: u64,
     pub l3_enabled: bool,
     pub last_operation_id: u64,
 }
