@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+started=$(date +%s)
 
 echo "== tsl3 test-all: $(date -u +%FT%TZ)"
 
@@ -29,12 +30,16 @@ export TSL3_REQUIRE_MOUNT=1
 
 echo "== cargo test"
 cargo test --workspace --no-fail-fast 2>&1 | tee /tmp/tsl3-cargo-test.log
+# Every check below runs this one build (the binary cargo test built for the integration
+# tests: same features and profile), never a second one (deploy/checks/tools.sh).
+export TSL3_ENGINE_HOST="${CARGO_TARGET_DIR:-$ROOT/target}/debug/engine-host"
 
 # --- observability checks (dashboards) ---
 # Offline checks of dashboards/ and deploy/observability/ (deploy/checks/run.sh; it installs
-# promtool and the grafana-foundation-sdk venv deploy/.venv-checks on first use and starts no
-# service): SDK round trip, promtool check rules on every query, metric names against
-# names.rs and a fixture exposition, panel semantics, and self-tests on broken inputs.
+# promtool (unpacked from the Debian package into deploy/.prometheus/, not installed) and the
+# grafana-foundation-sdk venv deploy/.venv-checks on first use and starts no service): SDK
+# round trip, promtool check rules on every query, metric names against names.rs and a
+# fixture exposition, panel semantics, and self-tests on broken inputs.
 # Then a live engine host (deploy/checks/live_engine.sh, < 20 s): `engine-host serve --store
 # local` on a free loopback port, a few completions (one repeated), then
 # `check_live_metrics http://127.0.0.1:PORT/metrics` and `promtool check metrics` on the
@@ -49,4 +54,5 @@ bash "$ROOT/deploy/checks/live_engine.sh"
 
 # The closing line: every cargo test that passed (a failure stops the script earlier).
 total=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tsl3-cargo-test.log | awk '{s+=$4} END {print s+0}')
-echo "test-all: ${total} passed, 0 failed"
+elapsed=$(($(date +%s) - started))
+echo "test-all: ${total} passed, 0 failed in $((elapsed / 60)) min $((elapsed % 60)) s"

@@ -5,6 +5,8 @@
 # Fetches URL (an engine host's /metrics, best after a short workload so labelled metrics
 # have samples) and fails unless every metric and matcher label the dashboards use is in it
 # and `promtool check metrics` accepts it. Needs deploy/checks/setup.sh to have run.
+# shellcheck source=deploy/checks/tools.sh
+source "$(dirname "${BASH_SOURCE[0]}")/tools.sh"
 check_live_metrics() {
   local url=${1:?usage: check_live_metrics URL}
   local root text rc=0

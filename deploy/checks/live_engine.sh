@@ -4,7 +4,8 @@
 # repeated prompt), then checks the scrape: check_live_metrics (every metric and label the
 # dashboards use, promtool lint), `promtool check metrics`, no object keys, and the repeated
 # prompt counted as a Device hit. Stops the engine host with SIGTERM and requires exit 0.
-# Needs deploy/checks/setup.sh to have run (run.sh does). Leaves nothing running.
+# Needs deploy/checks/setup.sh to have run (run.sh does). Leaves nothing running. Runs the
+# engine host the test command built ($TSL3_ENGINE_HOST; deploy/checks/tools.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -16,8 +17,9 @@ command -v curl >/dev/null 2>&1 || {
   as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq curl
 }
-cargo build --quiet --bin engine-host
-BIN="$ROOT/target/debug/engine-host"
+# The engine host `cargo test --workspace` built (deploy/checks/tools.sh): no second build.
+engine_host_bin
+BIN=$ENGINE_HOST
 
 work=$(mktemp -d)
 pid=

@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 bash deploy/checks/setup.sh
+# shellcheck source=deploy/checks/tools.sh
+source deploy/checks/tools.sh
 PY=deploy/.venv-checks/bin/python
 
 echo "-- (a) dashboards round-trip through grafana-foundation-sdk"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the dashboard checks need, idempotently: promtool (Debian's `prometheus`
-# package; its service is kept from starting) and a venv at deploy/.venv-checks with the
-# pinned grafana-foundation-sdk. Starts nothing and leaves nothing running.
+# Installs what the dashboard checks need, idempotently: promtool and the prometheus binary
+# (unpacked from Debian's `prometheus` package into deploy/.prometheus/, not installed: no
+# service) and a venv at deploy/.venv-checks with the pinned grafana-foundation-sdk.
+# Starts nothing and leaves nothing running.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -12,26 +13,23 @@ VENV=deploy/.venv-checks
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if ! command -v promtool >/dev/null 2>&1; then
-  echo "== installing promtool (Debian package prometheus)"
-  # policy-rc.d exit 101 forbids maintainer scripts from starting the service.
-  made_policy=0
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    as_root sh -c 'printf "#!/bin/sh\nexit 101\n" > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d'
-    made_policy=1
-  fi
-  status=0
-  as_root apt-get update -qq || status=$?
-  if [ "$status" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus \
-      || status=$?
-  fi
-  if [ "$made_policy" = 1 ]; then as_root rm -f /usr/sbin/policy-rc.d; fi
-  # Where systemd runs, the unit may still have been enabled: stop and disable it.
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-    as_root systemctl disable --now prometheus || true
-  fi
-  [ "$status" = 0 ] || { echo "installing prometheus failed" >&2; exit "$status"; }
+# promtool and the Prometheus server binary (deploy/checks/prometheus_live.sh) come from
+# Debian's `prometheus` package, downloaded and unpacked into deploy/.prometheus/
+# (gitignored) with `apt-get download` + `dpkg -x`: nothing is installed, so no Prometheus
+# service is enabled or started. deploy/checks/tools.sh puts them first on PATH.
+PROM_DIR=deploy/.prometheus
+if ! { "$PROM_DIR/usr/bin/promtool" --version && "$PROM_DIR/usr/bin/prometheus" --version; } >/dev/null 2>&1; then
+  echo "== unpacking promtool and prometheus (Debian package prometheus) into $PROM_DIR"
+  dl=$(mktemp -d)
+  chmod 755 "$dl"
+  fetch() { (cd "$dl" && apt-get download -qq prometheus 2>/dev/null); }
+  # A fresh container has no package lists yet.
+  if ! fetch; then as_root apt-get update -qq && fetch; fi \
+    || { rm -rf "$dl"; echo "downloading the Debian package prometheus failed" >&2; exit 1; }
+  rm -rf "$PROM_DIR"
+  dpkg-deb -x "$dl"/prometheus_*.deb "$PROM_DIR"
+  rm -rf "$dl"
+  "$PROM_DIR/usr/bin/promtool" --version >/dev/null
 fi
 
 if ! "$VENV/bin/python" -c "import sys, importlib.metadata as m, grafana_foundation_sdk
