@@ -43,13 +43,19 @@ export TSL3_ENGINE_HOST="${CARGO_TARGET_DIR:-$ROOT/target}/debug/engine-host"
 # Then a live engine host (deploy/checks/live_engine.sh, < 20 s): `engine-host serve --store
 # local` on a free loopback port, a few completions (one repeated), then
 # `check_live_metrics http://127.0.0.1:PORT/metrics` and `promtool check metrics` on the
-# scrape; SIGTERM must stop it with exit 0.
+# scrape; SIGTERM must stop it with exit 0. Then every dashboard query against a real
+# Prometheus (deploy/checks/prometheus_live.sh, < 60 s): the unpacked prometheus binary on a
+# free loopback port scraping a `launch --tp 2` replica and a single host under a short load;
+# each query valid and non-zero unless listed as may-be-zero, TP ranks 0 and 1 up and
+# labelled; everything it started is stopped.
 echo "== observability checks (dashboards)"
 # shellcheck source=deploy/checks/live.sh
 source "$ROOT/deploy/checks/live.sh"
 bash "$ROOT/deploy/checks/run.sh"
 echo "== observability: live engine host metrics"
 bash "$ROOT/deploy/checks/live_engine.sh"
+echo "== observability: dashboard queries against Prometheus scraping live engine hosts"
+bash "$ROOT/deploy/checks/prometheus_live.sh"
 # --- end observability checks ---
 
 # The closing line: every cargo test that passed (a failure stops the script earlier).
