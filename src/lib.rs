@@ -7,4 +7,5 @@ pub mod health;
 pub mod launch;
 pub mod serve;
 pub mod settings;
+pub mod settings_doc;
 pub mod telemetry;

@@ -145,6 +145,10 @@ enum Command {
         /// The settings file.
         file: String,
     },
+    /// Print the settings reference, docs/settings.md: every key with its type, default,
+    /// meaning and rule, and every benchmark option
+    /// (`engine-host settings-doc > docs/settings.md`).
+    SettingsDoc,
     /// Run a benchmark and print its figures (ratios measured side by side in one run).
     Bench {
         #[command(subcommand)]
@@ -163,10 +167,13 @@ enum BenchCommand {
         /// Python interpreter with Mooncake's client ($MOONCAKE_PYTHON by default).
         #[arg(long)]
         python: Option<String>,
+        /// Objects each client PUTs and GETs per round.
         #[arg(long, default_value_t = 1000)]
         objects: usize,
+        /// Bytes per object.
         #[arg(long, default_value_t = 65536)]
         object_bytes: usize,
+        /// Rounds the clients alternate (each on a fresh namespace); each figure is the median.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
@@ -176,12 +183,16 @@ enum BenchCommand {
         /// the directories the run created).
         #[arg(long, default_value = ".tsl3/bench")]
         dir: String,
+        /// Objects written to the DFS tier, then read and promoted.
         #[arg(long, default_value_t = 64)]
         objects: usize,
+        /// Bytes per object.
         #[arg(long, default_value_t = 4 << 20)]
         object_bytes: usize,
+        /// Promotion workers.
         #[arg(long, default_value_t = 2)]
         workers: u32,
+        /// Timed rounds of each side, alternately.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
@@ -189,28 +200,38 @@ enum BenchCommand {
     /// outstanding storage operations, beside the same round with storage disabled: µs and
     /// allocations per round, the ratio last.
     Scheduler {
+        /// Storage operations held outstanding (GETs whose completions are withheld).
         #[arg(long, default_value_t = 1000)]
         outstanding: usize,
+        /// Live requests the arrivals keep the scheduler at (most of them wait).
         #[arg(long, default_value_t = 10_000)]
         waiting: usize,
+        /// Timed rounds per scenario (after an untimed warm-up).
         #[arg(long, default_value_t = 200)]
         rounds: usize,
+        /// Prompt length in tokens (the tiny profile has 4-token blocks).
         #[arg(long, default_value_t = 32)]
         prompt_tokens: u32,
+        /// Device blocks of the cache group (small: most requests wait).
         #[arg(long, default_value_t = 256)]
         device_blocks: u32,
+        /// Requests running at once.
         #[arg(long, default_value_t = 16)]
         max_running: usize,
     },
     /// StorageTransferManager::apply_round alone with outstanding operations and waiting
     /// requests.
     Stm {
+        /// Storage operations held outstanding (at least twice --per-round).
         #[arg(long, default_value_t = 1000)]
         outstanding: usize,
+        /// Waiting requests.
         #[arg(long, default_value_t = 10_000)]
         waiting: usize,
+        /// Timed rounds.
         #[arg(long, default_value_t = 200)]
         rounds: usize,
+        /// GET and QUERY completions each round agrees (that many of each).
         #[arg(long, default_value_t = 32)]
         per_round: usize,
     },
@@ -220,6 +241,7 @@ enum BenchCommand {
         /// Rank counts to measure.
         #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
         ranks: Vec<u32>,
+        /// Timed rounds per rank count and case.
         #[arg(long, default_value_t = 200)]
         rounds: usize,
         /// Completion records each round carries in the loaded case.
@@ -229,22 +251,29 @@ enum BenchCommand {
     /// Matching and query planning against 1M Host and 100k Device blocks with 32k-token
     /// prompts: µs per request and per block, bytes per pooled block.
     Matcher {
+        /// Blocks in the Host pool.
         #[arg(long, default_value_t = 1_000_000)]
         host_blocks: u32,
+        /// Blocks in the Device pool.
         #[arg(long, default_value_t = 100_000)]
         device_blocks: u32,
+        /// Prompt length in tokens.
         #[arg(long, default_value_t = 32_768)]
         prompt_tokens: u32,
+        /// Timed requests per phase.
         #[arg(long, default_value_t = 20)]
         requests: u32,
     },
     /// GET and PUT throughput of 64 KiB objects through the L3 executor on MemoryStore,
     /// beside a plain memcpy of the same bytes.
     Executor {
+        /// Objects of 64 KiB.
         #[arg(long, default_value_t = 2048)]
         objects: usize,
+        /// Keys per operation.
         #[arg(long, default_value_t = 16)]
         batch: usize,
+        /// PUT + GET rounds.
         #[arg(long, default_value_t = 8)]
         rounds: usize,
     },
@@ -286,11 +315,13 @@ enum BenchCommand {
     /// (no-l3, shared-l3, restart): ideal against achieved cached-token rates, misses by
     /// reason, TTFT percentiles. Writes replay.json and replay.svg under --out.
     Replay {
+        /// The trace file (JSONL), e.g. ../shared/data/mooncake_conversation_trace.jsonl.
         #[arg(long)]
         trace: String,
         /// Replay only the first K requests.
         #[arg(long)]
         limit: Option<usize>,
+        /// Engine-host processes sharing the L3.
         #[arg(long, default_value_t = 2)]
         instances: usize,
         #[arg(long, default_value = "replay-small", help = profile_help())]
@@ -307,13 +338,16 @@ enum BenchCommand {
         /// Generated tokens per request: the trace's output length capped at this.
         #[arg(long, default_value_t = 16)]
         max_output: u32,
+        /// The wait budget of every request (storage.contract.soft_deadline_ms).
         #[arg(long, default_value_t = 2000)]
         soft_deadline_ms: u64,
+        /// Run the device as fast as the CPU can instead of sleeping the cost model's time.
         #[arg(long)]
         no_device_time: bool,
         /// Device blocks per group of each instance (0: twice the longest prompt).
         #[arg(long, default_value_t = 0)]
         device_blocks: u64,
+        /// Output directory (JSON, SVG, logs, store directories).
         #[arg(long, default_value = ".tsl3/bench/replay")]
         out: String,
         /// Share Mooncake Store (the instance named by the environment deploy/mooncake/
@@ -329,8 +363,10 @@ enum BenchCommand {
         /// directories the run created).
         #[arg(long, default_value = ".tsl3/bench")]
         dir: String,
+        /// Objects written per run.
         #[arg(long, default_value_t = 2048)]
         objects: usize,
+        /// Bytes per object.
         #[arg(long, default_value_t = 65536)]
         object_bytes: usize,
         /// Objects per PUT call (and per syncfs of the baseline).
@@ -342,9 +378,30 @@ enum BenchCommand {
     FlatKv {
         #[arg(long, default_value = "llama-8b-like", help = flat_kv_profile_help())]
         profile: String,
+        /// Prompt length in tokens.
         #[arg(long, default_value_t = 512)]
         tokens: u64,
     },
+}
+
+/// (name, `--help` text) of every `bench` subcommand, for the settings reference.
+fn bench_help() -> Vec<(String, String)> {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    cli.build();
+    let Some(bench) = cli.find_subcommand("bench") else {
+        return vec![];
+    };
+    bench
+        .get_subcommands()
+        .filter(|c| c.get_name() != "help")
+        .map(|c| {
+            (
+                c.get_name().to_string(),
+                c.clone().render_long_help().to_string(),
+            )
+        })
+        .collect()
 }
 
 fn run_bench(which: BenchCommand, env: &HashMap<String, String>) -> Result<(), String> {
@@ -648,6 +705,10 @@ fn main() -> ExitCode {
                 }
             }
             engine_host::launch::run(tp, flags.args(), flags.listen.clone(), metrics, &env)
+        }
+        Command::SettingsDoc => {
+            print!("{}", engine_host::settings_doc::render(&bench_help()));
+            ExitCode::SUCCESS
         }
         Command::CheckConfig { file } => {
             let loaded = settings::load(Some(&file), &env, &settings::Overrides::default())
