@@ -32,7 +32,7 @@ echo "== cargo test"
 cargo test --workspace --no-fail-fast 2>&1 | tee /tmp/tsl3-cargo-test.log
 # Every check below runs this one build (the binary cargo test built for the integration
 # tests: same features and profile), never a second one (deploy/checks/tools.sh).
-export TSL3_ENGINE_HOST="${CARGO_TARGET_DIR:-$ROOT/target}/debug/engine-host"
+export ENGINE_HOST_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/engine-host"
 
 # --- observability checks (dashboards) ---
 # Offline checks of dashboards/ and deploy/observability/ (deploy/checks/run.sh; it installs

@@ -5,7 +5,7 @@
 # dashboards use, promtool lint), `promtool check metrics`, no object keys, and the repeated
 # prompt counted as a Device hit. Stops the engine host with SIGTERM and requires exit 0.
 # Needs deploy/checks/setup.sh to have run (run.sh does). Leaves nothing running. Runs the
-# engine host the test command built ($TSL3_ENGINE_HOST; deploy/checks/tools.sh).
+# engine host the test command built ($ENGINE_HOST_BIN; deploy/checks/tools.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)

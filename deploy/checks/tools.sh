@@ -2,15 +2,16 @@
 # unpacked into deploy/.prometheus/ first on PATH (no system package is needed or used), and
 # sets ENGINE_HOST, the one engine-host build every check runs: the binary `cargo test
 # --workspace` builds (same features and profile), so no check compiles another one.
-# deploy/test-all.sh exports TSL3_ENGINE_HOST after its cargo test; run alone, a check builds
+# deploy/test-all.sh exports ENGINE_HOST_BIN after its cargo test (not a TSL3_* name: an engine
+# host refuses every TSL3_* variable that is not a setting); run alone, a check builds
 # it with `cargo test --workspace --no-run` (a no-op once the test command ran).
 _tools_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export PATH="$_tools_root/deploy/.prometheus/usr/bin:$PATH"
 
-# engine_host_bin: sets and exports ENGINE_HOST (building it when TSL3_ENGINE_HOST is unset).
+# engine_host_bin: sets and exports ENGINE_HOST (building it when ENGINE_HOST_BIN is unset).
 engine_host_bin() {
-  if [ -n "${TSL3_ENGINE_HOST:-}" ]; then
-    ENGINE_HOST=$TSL3_ENGINE_HOST
+  if [ -n "${ENGINE_HOST_BIN:-}" ]; then
+    ENGINE_HOST=$ENGINE_HOST_BIN
   else
     local log
     log=$(mktemp)
