@@ -11,8 +11,10 @@ Puts a short load on both (a miss, a Device hit, a Host hit after /admin/reset_l
 Prometheus has scraped it, then evaluates every query of dashboards/*.json through
 /api/v1/query: each must succeed, each must return series, and each not in MAY_BE_ZERO must
 have a non-zero sample. Every TP rank of the launch must be up and present in the
-tp_rank-labelled series (the TP-rank variable) and in shard-local L3 I/O. Stops everything it
-started, on success and on failure.
+tp_rank-labelled series (the TP-rank variable) and in shard-local L3 I/O. Against the same
+Prometheus, a self-test requires the judgement to fail an invalid query, an absent metric, a
+zero and a NaN result, and the rank check to fail series of one rank. Stops everything it
+started, on success, failure and signals.
 
 Usage: prometheus_live.py ENGINE_HOST_BINARY   (deploy/checks/prometheus_live.sh runs it)
 Exit 0 pass, 1 fail."""
@@ -270,6 +272,7 @@ class Check:
 
         self.check_ranks(base)
         self.check_queries()
+        self.self_test(base)
 
     def load(self, api: str) -> None:
         def complete(prompt: list[int]) -> dict:
@@ -295,6 +298,11 @@ class Check:
             if not got[tier].get(tier):
                 self.failures.append(f"{api}: the {tier} pass reused no {tier} tokens: {got[tier]}")
 
+    def rank_problem(self, expr: str) -> str | None:
+        """None when the series of expr carry exactly TP ranks 0 and 1."""
+        ranks = sorted({s.get("tp_rank") for s, _ in self.samples(expr)})
+        return None if ranks == ["0", "1"] else f"TP ranks {ranks} of the launch replica, expected ['0', '1']"
+
     def check_ranks(self, base: int) -> None:
         up = {s["instance"]: v for s, v in self.samples('up{job="tsl3-engine-host"}')}
         for rank in (0, 1):
@@ -307,15 +315,48 @@ class Check:
             ("tsl3_rounds_total (the TP-rank variable)", f"tsl3_rounds_total{{{sel}}}"),
             ("shard-local L3 PUTs", f'tsl3_l3_operations_total{{{sel}, kind="put", outcome="completed"}} > 0'),
         ]:
-            ranks = sorted({s.get("tp_rank") for s, _ in self.samples(expr)})
-            if ranks != ["0", "1"]:
-                self.failures.append(f"{name}: TP ranks {ranks} of the launch replica, expected ['0', '1']")
+            problem = self.rank_problem(expr)
+            if problem:
+                self.failures.append(f"{name}: {problem}")
         instances = sorted({s.get("instance") for s, _ in self.samples(f"tsl3_rounds_total{{{sel}}}")})
         if instances != sorted([f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]):
             self.failures.append(f"the launch replica's series come from {instances}")
         not_scraped = self.samples('count(up{job="tsl3-engine-host"} == 0) or vector(0)')
         if [v for _, v in not_scraped] != [0.0]:
             self.failures.append(f"'Ranks not scraped' is {not_scraped}, expected 0")
+
+    def judge(self, expr: str, may_be_zero: bool) -> str | None:
+        """Why a dashboard query fails under the load (None: it passes): an error, no
+        series, or (unless it may be zero) no sample that is neither 0 nor NaN."""
+        doc = self.query(expr)
+        if doc.get("status") != "success":
+            return f"error {doc.get('errorType')}: {doc.get('error')}"
+        data = doc["data"]
+        values = [float(s["value"][1]) for s in data["result"]] if data["resultType"] == "vector" \
+            else [float(data["result"][1])]
+        if not values:
+            return "no series"
+        if not may_be_zero and not any(v != 0 and not math.isnan(v) for v in values):
+            return f"every sample is 0 or NaN under load: {values}"
+        return None
+
+    def self_test(self, base: int) -> None:
+        """The judgement and the rank check fail on broken inputs, against the same
+        Prometheus (so a check that cannot fail does not pass unnoticed)."""
+        cases = [
+            ("invalid PromQL", "sum by (kind (tsl3_rounds_total)", False, "error"),
+            ("absent metric", "sum(rate(tsl3_no_such_metric_total[2m]))", False, "no series"),
+            ("zero under load", "sum(tsl3_l3_ready_holds)", False, "every sample is 0"),
+            ("NaN under load", "sum(tsl3_l3_ready_holds) / sum(tsl3_l3_ready_holds)", False, "every sample is 0"),
+        ]
+        for name, expr, may_be_zero, want in cases:
+            got = self.judge(expr, may_be_zero)
+            if not got or want not in got:
+                self.failures.append(f"self-test '{name}': judge({expr!r}) = {got!r}, expected {want!r}")
+        if self.judge("sum(tsl3_l3_ready_holds)", True) is not None:
+            self.failures.append("self-test: a may-be-zero query at 0 was failed")
+        if self.rank_problem(f'tsl3_rounds_total{{replica=~".*:{base}", tp_rank="0"}}') is None:
+            self.failures.append("self-test: series of rank 0 alone passed the TP-rank check")
 
     def check_queries(self) -> None:
         used = set()
@@ -333,22 +374,11 @@ class Check:
                     if where.startswith("panel "):
                         title = where.split("'")[1]
                         key = (path.name, title, where.rsplit(" ", 1)[1])
-                    doc = self.query(expr)
-                    label = f"{path.name} {where}"
-                    if doc.get("status") != "success":
-                        self.failures.append(f"{label}: error {doc.get('errorType')}: {doc.get('error')}\n     {expr}")
-                        continue
-                    res = doc["data"]["result"]
-                    values = [float(s["value"][1]) for s in res] if doc["data"]["resultType"] == "vector" \
-                        else [float(res[1])]
-                    if not values:
-                        self.failures.append(f"{label}: no series\n     {expr}")
-                        continue
                     if key in MAY_BE_ZERO:
                         used.add(key)
-                        continue
-                    if not any(v != 0 and not math.isnan(v) for v in values):
-                        self.failures.append(f"{label}: every sample is 0 or NaN under load: {values}\n     {expr}")
+                    problem = self.judge(expr, may_be_zero=key in MAY_BE_ZERO)
+                    if problem:
+                        self.failures.append(f"{path.name} {where}: {problem}\n     {expr}")
         finally:
             dashlib.BUILTINS.clear()
             dashlib.BUILTINS.update(saved)
