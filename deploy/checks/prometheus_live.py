@@ -269,6 +269,9 @@ class Check:
             return len(up) == 3 and len(l3) == 2 and len(puts) == 3
         self.wait_for("Prometheus to scrape the load on every target", scraped, 30)
         time.sleep(2.5)
+        # Scrapes time out after the 1 s interval; on a loaded machine one may: evaluate
+        # once the latest scrape of every target succeeded.
+        self.wait_for("the latest scrape of every target to succeed", up_all, 15)
 
         self.check_ranks(base)
         self.check_queries()
