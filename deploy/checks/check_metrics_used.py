@@ -59,7 +59,8 @@ def against_exposition(text: str, files: list[pathlib.Path]) -> list[str]:
 
 
 def against_declared(names_rs: str, files: list[pathlib.Path]) -> tuple[list[str], list[str]]:
-    declared = set(re.findall(r'pub const [A-Z0-9_]+: &str = "(tsl3_[a-z0-9_]+)"', names_rs))
+    # rustfmt may wrap a long declaration after the '='.
+    declared = set(re.findall(r'pub const [A-Z0-9_]+: &str =\s*"(tsl3_[a-z0-9_]+)"', names_rs))
     problems, shown = [], set()
     for where, name, _ in used(files):
         base = name
