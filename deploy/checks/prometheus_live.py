@@ -71,8 +71,10 @@ MAY_BE_ZERO = {
     ("tsl3-l3.json", "Health epoch", "A"),
     ("tsl3-l3.json", "Unproven retirement", "A"),
     ("tsl3-l3.json", "Ready holds and quarantine", "B"),
-    # Faults and pressure this load does not cause: soft timeouts, Ready expirations,
-    # pressure bypasses, dropped backup keys, invalid DFS objects.
+    # Faults and pressure this load does not cause: the read admission gate never closes,
+    # no soft timeouts, Ready expirations, pressure bypasses, dropped backup keys or invalid
+    # DFS objects.
+    ("tsl3-l3.json", "Read admission gate closed", "A"),
     ("tsl3-l3.json", "Soft timeouts vs Ready expirations", "A"),
     ("tsl3-l3.json", "Soft timeouts vs Ready expirations", "B"),
     ("tsl3-l3.json", "Pressure bypasses", "A"),
