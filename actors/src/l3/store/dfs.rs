@@ -503,9 +503,8 @@ impl DfsStore {
             let h = Self::read_header(key, f)?;
             let len = usize::try_from(h.identity.len)
                 .map_err(|_| ReadError::Invalid(InvalidReason::Length))?;
-            let mut buf = vec![0u8; len];
-            read_payload(f, &mut buf)?;
-            if xxh3_64(&buf) != h.identity.checksum {
+            let (buf, sum) = read_payload_owned(f, len)?;
+            if sum != h.identity.checksum {
                 return Err(ReadError::Invalid(InvalidReason::Checksum));
             }
             Ok((h.identity, buf))
@@ -529,8 +528,7 @@ impl DfsStore {
                 return Err(ReadError::Invalid(InvalidReason::TooLong));
             }
             let body = &mut dest[..len as usize];
-            read_payload(f, body)?;
-            if xxh3_64(body) != h.identity.checksum {
+            if read_payload_hashed(f, body)? != h.identity.checksum {
                 return Err(ReadError::Invalid(InvalidReason::Checksum));
             }
             Ok(len)
@@ -784,14 +782,49 @@ impl DfsStore {
     }
 }
 
-fn read_payload(f: &mut File, buf: &mut [u8]) -> Result<(), ReadError> {
-    match f.read_exact(buf) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            Err(ReadError::Invalid(InvalidReason::Length))
-        }
-        Err(e) => Err(ReadError::Io(e)),
+/// Bytes read (and hashed) per step of a validated read: small enough that each chunk is
+/// still in cache when it is hashed, so the payload crosses memory once.
+const READ_CHUNK: usize = 256 * 1024;
+
+fn eof_is_truncation(e: io::Error) -> ReadError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        ReadError::Invalid(InvalidReason::Length)
+    } else {
+        ReadError::Io(e)
     }
+}
+
+/// Reads exactly `buf.len()` payload bytes into `buf`, hashing each chunk as it lands (one
+/// pass over the bytes); returns the payload's xxh3-64.
+fn read_payload_hashed(f: &mut File, buf: &mut [u8]) -> Result<u64, ReadError> {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for chunk in buf.chunks_mut(READ_CHUNK) {
+        f.read_exact(chunk).map_err(eof_is_truncation)?;
+        h.update(chunk);
+    }
+    Ok(h.digest())
+}
+
+/// Reads exactly `len` payload bytes into a fresh buffer (its memory is written once, by
+/// the read, never zeroed first), hashing each chunk as it lands; returns it and its
+/// xxh3-64.
+fn read_payload_owned(f: &mut File, len: usize) -> Result<(Vec<u8>, u64), ReadError> {
+    let mut buf: Vec<u8> = Vec::new();
+    buf.try_reserve_exact(len)
+        .map_err(|_| ReadError::Invalid(InvalidReason::Length))?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    while buf.len() < len {
+        let start = buf.len();
+        let want = (len - start).min(READ_CHUNK) as u64;
+        let got = Read::take(&mut *f, want)
+            .read_to_end(&mut buf)
+            .map_err(ReadError::Io)?;
+        if got as u64 != want {
+            return Err(ReadError::Invalid(InvalidReason::Length));
+        }
+        h.update(&buf[start..]);
+    }
+    Ok((buf, h.digest()))
 }
 
 impl Store for DfsStore {

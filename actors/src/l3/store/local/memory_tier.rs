@@ -91,6 +91,25 @@ impl MemoryTarget {
         Ok(())
     }
 
+    /// `write_chunk`, then hashes the bytes now in the target (still in cache) into `h`:
+    /// the writer's checksum of what it wrote, in the same pass as the copy.
+    pub fn write_chunk_hashed(
+        &self,
+        offset: usize,
+        bytes: &[u8],
+        h: &mut xxhash_rust::xxh3::Xxh3,
+    ) -> Result<(), Fenced> {
+        let mut d = self.data.write();
+        if self.fenced.load(Ordering::Acquire) {
+            return Err(Fenced);
+        }
+        let end = offset.checked_add(bytes.len()).ok_or(Fenced)?;
+        let dst = d.get_mut(offset..end).ok_or(Fenced)?;
+        dst.copy_from_slice(bytes);
+        h.update(dst);
+        Ok(())
+    }
+
     /// Stops every later write. Idempotent.
     pub fn fence(&self) {
         let d = self.data.write();

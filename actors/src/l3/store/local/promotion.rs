@@ -666,9 +666,13 @@ impl PromotionEngine {
             st.target = Some(target.clone());
         }
         self.hooks.pass(PromotionStage::Target);
-        // 4. Write through the fence.
+        // 4. Write through the fence, hashing what landed in the target chunk by chunk.
+        let mut written = xxhash_rust::xxh3::Xxh3::new();
         for (i, chunk) in staged.chunks(PROMOTION_CHUNK).enumerate() {
-            if target.write_chunk(i * PROMOTION_CHUNK, chunk).is_err() {
+            if target
+                .write_chunk_hashed(i * PROMOTION_CHUNK, chunk, &mut written)
+                .is_err()
+            {
                 self.stats.fenced_writers.fetch_add(1, Ordering::Relaxed);
                 return;
             }
@@ -676,8 +680,9 @@ impl PromotionEngine {
                 self.hooks.pass(PromotionStage::Write);
             }
         }
-        // 5. Exact bytes and checksum before publication.
-        if target.len() != identity.len || target.checksum() != identity.checksum {
+        // 5. Exact bytes and checksum before publication (of the target's bytes, hashed as
+        // they were written: only this writer writes a target, and the fence stops it).
+        if target.len() != identity.len || written.digest() != identity.checksum {
             return self.fail(&a, PromotionFailure::Checksum);
         }
         if !a.transition(AttemptState::Staged, AttemptState::Verified) {
