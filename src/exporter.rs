@@ -251,32 +251,50 @@ impl Exporter {
         let s = &dfs.stats;
         let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         let reads = [
-            load(&s.reads_ok),
-            load(&s.reads_missing),
-            load(&s.reads_invalid),
-            load(&s.reads_failed),
+            &s.reads_ok,
+            &s.reads_missing,
+            &s.reads_invalid,
+            &s.reads_failed,
         ];
-        for (r, v) in DFS_READ_RESULTS.into_iter().zip(reads) {
-            let d = self.advance(format!("dfs_read/{r}"), v);
-            m.dfs_reads.with_label_values(&[r]).inc_by(d);
-        }
+        self.advance_each(
+            "dfs_read",
+            |l, d| m.dfs_reads.with_label_values(&[l]).inc_by(d),
+            DFS_READ_RESULTS,
+            reads.map(load),
+        );
         let puts = [
-            load(&s.objects_written),
-            load(&s.already_exists),
-            load(&s.puts_capacity),
-            load(&s.puts_failed),
+            &s.objects_written,
+            &s.already_exists,
+            &s.puts_capacity,
+            &s.puts_failed,
         ];
-        for (r, v) in DFS_PUT_RESULTS.into_iter().zip(puts) {
-            let d = self.advance(format!("dfs_put/{r}"), v);
-            m.dfs_puts.with_label_values(&[r]).inc_by(d);
-        }
-        for r in InvalidReason::ALL {
-            let d = self.advance(format!("dfs_invalid/{}", r.as_str()), s.invalid(r));
-            m.dfs_invalid_objects
-                .with_label_values(&[r.as_str()])
-                .inc_by(d);
-        }
+        self.advance_each(
+            "dfs_put",
+            |l, d| m.dfs_puts.with_label_values(&[l]).inc_by(d),
+            DFS_PUT_RESULTS,
+            puts.map(load),
+        );
+        self.advance_each(
+            "dfs_invalid",
+            |l, d| m.dfs_invalid_objects.with_label_values(&[l]).inc_by(d),
+            InvalidReason::ALL.map(|r| r.as_str()),
+            InvalidReason::ALL.map(|r| s.invalid(r)),
+        );
         let d = self.advance("dfs_invalid_removed".into(), load(&s.invalid_removed));
         m.dfs_invalid_removed.inc_by(d);
+    }
+
+    /// Advances one labelled counter per (label, cumulative value).
+    fn advance_each<const N: usize>(
+        &mut self,
+        key: &str,
+        inc: impl Fn(&str, u64),
+        labels: [&str; N],
+        values: [u64; N],
+    ) {
+        for (label, v) in labels.into_iter().zip(values) {
+            let d = self.advance(format!("{key}/{label}"), v);
+            inc(label, d);
+        }
     }
 }

@@ -63,12 +63,21 @@ impl RankHealth {
         self.state.lock().stopping = true;
     }
 
+    /// The replica's failure, once recorded.
+    pub fn failure(&self) -> Option<String> {
+        self.state
+            .lock()
+            .failed
+            .as_ref()
+            .map(|why| failed_reason(why))
+    }
+
     /// (ready, the JSON document).
     pub fn render(&self) -> (bool, String) {
         let st = self.state.lock();
         let storage = st.round.as_ref().and_then(|r| r.storage);
         let (status, reason): (&str, Option<String>) = if let Some(why) = &st.failed {
-            ("failed", Some(format!("the replica failed: {why}")))
+            ("failed", Some(failed_reason(why)))
         } else if st.stopping {
             ("stopping", Some("the engine host is shutting down".into()))
         } else if st.round.is_none() {
@@ -107,6 +116,19 @@ impl RankHealth {
             "l3_enabled": st.round.as_ref().map(|r| r.l3_enabled),
         });
         (ready, doc.to_string())
+    }
+}
+
+fn failed_reason(why: &str) -> String {
+    format!("the replica failed: {why}")
+}
+
+impl actors::frontend::HealthSource for RankHealth {
+    fn render(&self) -> (bool, String) {
+        RankHealth::render(self)
+    }
+    fn failure(&self) -> Option<String> {
+        RankHealth::failure(self)
     }
 }
 

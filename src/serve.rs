@@ -187,7 +187,7 @@ fn limits(s: &Settings, model: &SyntheticModel) -> RequestLimits {
 /// What the round loop shares with the HTTP side.
 struct Shared {
     metrics: Metrics,
-    health: crate::health::RankHealth,
+    health: Arc<crate::health::RankHealth>,
     stop: AtomicBool,
     /// The round loop ended (drained, failed or never started its mesh).
     done: AtomicBool,
@@ -228,21 +228,22 @@ pub fn run(settings: Settings) -> Result<()> {
             replica: settings.replica_label(),
         })
         .context("metrics registry")?,
-        health: crate::health::RankHealth::new(settings.server.not_ready_on_storage_outage),
+        health: Arc::new(crate::health::RankHealth::new(
+            settings.server.not_ready_on_storage_outage,
+        )),
         stop: AtomicBool::new(false),
         done: AtomicBool::new(false),
         local_store: local_store.lock().take(),
     });
     let (state, inbox) = {
         let m = shared.clone();
-        let h = shared.clone();
         actors::frontend::inbox(
             1024,
             limits(&settings, &model),
             settings.server.admin_token.expose().to_string(),
             format!("synthetic-{}", settings.model.profile),
             Arc::new(move || m.metrics.render()),
-            Arc::new(move || h.health.render()),
+            shared.health.clone(),
         )
     };
     tracing::info!(
@@ -781,7 +782,6 @@ async fn fail_round(
     while let Ok(a) = inbox.admin.try_recv() {
         let _ = a.reply.send(Err(why.clone()));
     }
-    shared.stop.store(true, Ordering::SeqCst);
     let _ = engine.close().await;
     anyhow!("round {round}: {e}")
 }

@@ -276,17 +276,12 @@ fn a_read_only_directory_fails_puts_as_failed_and_keeps_serving_reads() {
     // A new prompt's backups cannot land: counted as failed PUTs.
     let q = prompt(64, 8);
     assert_eq!(tokens(&reader.complete(&q, 2)), recompute(&q, 2));
-    let mut failed = 0.0;
-    for _ in 0..400 {
-        failed = reader.metric(
-            "tsl3_l3_operations_total",
-            &["kind=\"put\"", "outcome=\"failed\""],
-        );
-        if failed >= 1.0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
+    let failed = wait_for_metric(
+        &reader,
+        "tsl3_l3_operations_total",
+        &["kind=\"put\"", "outcome=\"failed\""],
+        1.0,
+    );
     assert!(
         failed >= 1.0,
         "a PUT on a read-only directory is a failed operation"
@@ -299,13 +294,41 @@ fn a_read_only_directory_fails_puts_as_failed_and_keeps_serving_reads() {
     assert!(reader.stop().success());
 }
 
-/// Completes every prompt at once from its own client thread.
-fn complete_all(h: &Host, prompts: &[Vec<u32>]) {
+/// Completes every prompt at once, each from its own client thread, while `beside` runs
+/// on one more; the answers in prompt order and what `beside` returned.
+fn complete_concurrently<R: Send>(
+    h: &Host,
+    prompts: &[Vec<u32>],
+    max_tokens: u32,
+    beside: impl FnOnce() -> R + Send,
+) -> (Vec<serde_json::Value>, R) {
     std::thread::scope(|s| {
-        for p in prompts {
-            s.spawn(move || h.complete(p, 1));
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| s.spawn(move || h.complete(p, max_tokens)))
+            .collect();
+        let b = s.spawn(beside);
+        let answers = hs.into_iter().map(|t| t.join().unwrap()).collect();
+        (answers, b.join().unwrap())
+    })
+}
+
+fn complete_all(h: &Host, prompts: &[Vec<u32>]) {
+    complete_concurrently(h, prompts, 1, || ());
+}
+
+/// Waits (metrics are exported at most once a second) until a metric reaches `at_least`;
+/// its last value.
+fn wait_for_metric(h: &Host, name: &str, labels: &[&str], at_least: f64) -> f64 {
+    let mut v = 0.0;
+    for _ in 0..400 {
+        v = h.metric(name, labels);
+        if v >= at_least {
+            break;
         }
-    });
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    v
 }
 
 #[test]
@@ -352,15 +375,12 @@ fn sigterm_on_a_full_disk_stops_at_the_drain_deadline_and_reports_what_it_droppe
         &log,
     );
     complete_all(&writer, &prompts);
-    // Metrics are exported at most once a second: wait for the first rejection to show.
-    let mut capacity = 0.0;
-    for _ in 0..400 {
-        capacity = writer.metric("tsl3_dfs_puts_total", &["outcome=\"capacity\""]);
-        if capacity >= 1.0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
+    let capacity = wait_for_metric(
+        &writer,
+        "tsl3_dfs_puts_total",
+        &["outcome=\"capacity\""],
+        1.0,
+    );
     assert!(capacity >= 1.0, "the disk filled");
     let started = std::time::Instant::now();
     assert!(writer.stop().success());
@@ -548,16 +568,7 @@ fn a_deadline_storm_recomputes_correctly_and_releases_every_hold() {
             ("TSL3_STORAGE__CONTRACT__READY_HOLD_MS", "1"),
         ],
     );
-    let answers: Vec<serde_json::Value> = std::thread::scope(|s| {
-        let hs: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let h = &h;
-                s.spawn(move || h.complete(p, 3))
-            })
-            .collect();
-        hs.into_iter().map(|t| t.join().unwrap()).collect()
-    });
+    let (answers, ()) = complete_concurrently(&h, &prompts, 3, || ());
     for (p, v) in prompts.iter().zip(&answers) {
         assert_eq!(tokens(v), recompute(p, 3), "{v}");
     }
@@ -580,17 +591,8 @@ fn a_clear_under_load_answers_every_request_right_and_leaves_nothing_held() {
         &[("TSL3_SERVER__ADMIN_TOKEN", token)],
     );
     let prompts: Vec<Vec<u32>> = (0..12).map(|s| prompt(64, 700 + s)).collect();
-    let (answers, clear) = std::thread::scope(|s| {
-        let hs: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let h = &h;
-                s.spawn(move || h.complete(p, 3))
-            })
-            .collect();
-        let c = s.spawn(|| h.post("/admin/clear_cache", "", Some(token)));
-        let answers: Vec<serde_json::Value> = hs.into_iter().map(|t| t.join().unwrap()).collect();
-        (answers, c.join().unwrap())
+    let (answers, clear) = complete_concurrently(&h, &prompts, 3, || {
+        h.post("/admin/clear_cache", "", Some(token))
     });
     assert_eq!(clear.0, 200, "{}", clear.1);
     for (p, v) in prompts.iter().zip(&answers) {
@@ -618,17 +620,8 @@ fn a_weight_update_under_load_never_reuses_kv_of_the_old_weights() {
     h.complete(&old, 2);
     h.wait_backups_settled();
     let prompts: Vec<Vec<u32>> = (0..10).map(|s| prompt(64, 800 + s)).collect();
-    let (answers, update) = std::thread::scope(|s| {
-        let hs: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let h = &h;
-                s.spawn(move || h.complete(p, 2))
-            })
-            .collect();
-        let u = s.spawn(|| h.post("/admin/weight_version", r#"{"target":5}"#, Some(token)));
-        let answers: Vec<serde_json::Value> = hs.into_iter().map(|t| t.join().unwrap()).collect();
-        (answers, u.join().unwrap())
+    let (answers, update) = complete_concurrently(&h, &prompts, 2, || {
+        h.post("/admin/weight_version", r#"{"target":5}"#, Some(token))
     });
     assert_eq!(update.0, 200, "{}", update.1);
     assert_eq!(answers.len(), prompts.len());

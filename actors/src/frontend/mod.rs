@@ -9,5 +9,5 @@ pub mod server;
 pub use api::{CompletionRequest, FallbackReason, PrefixUsage, RequestLimits};
 pub use server::{
     configure, configure_observability, inbox, AdminCommandKind, AdminSubmission, FrontendInbox,
-    FrontendState, Submission, TokenEvent,
+    FrontendState, HealthSource, Submission, TokenEvent,
 };

@@ -60,7 +60,16 @@ pub struct FrontendInbox {
 type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// The rank's health document (JSON) and whether it is ready to take traffic.
-pub type HealthRender = Arc<dyn Fn() -> (bool, String) + Send + Sync>;
+/// What the HTTP side reads of the rank's health.
+pub trait HealthSource: Send + Sync {
+    /// (ready, the JSON health document).
+    fn render(&self) -> (bool, String);
+    /// Why the replica failed, once it has (read before queueing every request, so it is
+    /// a lookup, not a render).
+    fn failure(&self) -> Option<String>;
+}
+
+pub type HealthRender = Arc<dyn HealthSource>;
 
 /// The HTTP side (shared by every worker of the actix-web server).
 #[derive(Clone)]
@@ -205,7 +214,9 @@ async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> 
         Ok(p) => p,
         Err(BadRequest(m)) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", m),
     };
-    if let Some(why) = replica_failure(&state) {
+    // A replica that failed answers at once instead of queueing for a round loop that
+    // ended.
+    if let Some(why) = state.health.failure() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "replica_failed", why);
     }
     let prompt_tokens = prompt.len() as u32;
@@ -250,19 +261,6 @@ async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> 
             }
         }
     }
-}
-
-/// The cause when the health document says the replica failed (a request then gets a
-/// prompt 503 instead of waiting on a round loop that ended).
-fn replica_failure(state: &FrontendState) -> Option<String> {
-    let (_, doc) = (state.health)();
-    let v: serde_json::Value = serde_json::from_str(&doc).ok()?;
-    (v.get("status")?.as_str()? == "failed").then(|| {
-        v.get("reason")
-            .and_then(|r| r.as_str())
-            .unwrap_or("the replica failed")
-            .to_string()
-    })
 }
 
 fn response(
@@ -365,7 +363,7 @@ fn stream_response(
 async fn health(state: web::Data<FrontendState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
-        .body((state.health)().1)
+        .body(state.health.render().1)
 }
 
 /// Liveness: the process answers HTTP.
@@ -378,7 +376,7 @@ async fn health_live() -> HttpResponse {
 /// Readiness: 200 when the rank takes traffic, 503 with the document (its `reason`)
 /// otherwise.
 async fn health_ready(state: web::Data<FrontendState>) -> HttpResponse {
-    let (ready, doc) = (state.health)();
+    let (ready, doc) = state.health.render();
     let code = if ready {
         StatusCode::OK
     } else {
@@ -546,6 +544,18 @@ mod tests {
     use super::*;
     use actix_web::{test, App};
 
+    /// A health source that never changes and never fails.
+    struct FixedHealth(bool, &'static str);
+
+    impl HealthSource for FixedHealth {
+        fn render(&self) -> (bool, String) {
+            (self.0, self.1.to_string())
+        }
+        fn failure(&self) -> Option<String> {
+            None
+        }
+    }
+
     fn state(token: &str) -> (FrontendState, FrontendInbox) {
         inbox(
             4,
@@ -557,7 +567,7 @@ mod tests {
             token.into(),
             "synthetic-tiny".into(),
             Arc::new(|| "tsl3_up 1\n".to_string()),
-            Arc::new(|| (true, "{\"status\":\"ok\"}".to_string())),
+            Arc::new(FixedHealth(true, "{\"status\":\"ok\"}")),
         )
     }
 
@@ -690,7 +700,7 @@ mod tests {
             String::new(),
             "synthetic".into(),
             Arc::new(String::new),
-            Arc::new(|| (false, String::new())),
+            Arc::new(FixedHealth(false, "")),
         );
         probe(ib);
         let app =

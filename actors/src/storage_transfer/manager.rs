@@ -135,6 +135,12 @@ impl StorageTransferManager {
         }
     }
 
+    /// New backup PUTs wait: the store just said it is full (the capacity backoff), or the
+    /// I/O backlog is past the low watermark (backups yield so reads keep admission).
+    fn backups_paused(&self) -> bool {
+        self.now_us < self.capacity_retry_at_us || self.gate.sheds_backups()
+    }
+
     /// Backups wait for the capacity backoff until this agreed tick (0: none).
     pub fn capacity_retry_at_us(&self) -> u64 {
         self.capacity_retry_at_us
@@ -686,7 +692,7 @@ impl StorageTransferManager {
         Gates {
             quarantined: self.quarantined,
             gate_closed: self.gate.is_closed(),
-            backups_paused: self.now_us < self.capacity_retry_at_us || self.gate.sheds_backups(),
+            backups_paused: self.backups_paused(),
         }
     }
 
@@ -722,9 +728,7 @@ impl StorageTransferManager {
         if self.quarantined || self.gate.is_closed() || self.backups.is_empty() {
             return None;
         }
-        if self.now_us < self.capacity_retry_at_us || self.gate.sheds_backups() {
-            // The store just said it is full, or the I/O backlog is past the low
-            // watermark: backups wait so reads keep their admission.
+        if self.backups_paused() {
             return None;
         }
         let room = backup_room(&self.credits, &self.cfg);

@@ -285,7 +285,7 @@ pub struct DfsStats {
     /// PUT keys that failed otherwise (read-only directory, permissions, I/O).
     pub puts_failed: AtomicU64,
     /// Invalid objects found, by `InvalidReason::index`.
-    invalid: [AtomicU64; 7],
+    invalid: [AtomicU64; InvalidReason::ALL.len()],
     /// Invalid objects removed so that a later PUT of their key lands.
     pub invalid_removed: AtomicU64,
     pub bytes_written: AtomicU64,
@@ -329,12 +329,7 @@ pub struct DfsStore {
 
 /// No space or quota left: ENOSPC, EDQUOT (a capacity rejection, not an outage).
 pub fn is_capacity(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(c) if c == libc_errno::ENOSPC || c == libc_errno::EDQUOT)
-}
-
-mod libc_errno {
-    pub const ENOSPC: i32 = rustix::io::Errno::NOSPC.raw_os_error();
-    pub const EDQUOT: i32 = rustix::io::Errno::DQUOT.raw_os_error();
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 fn io_code(e: &io::Error) -> i64 {

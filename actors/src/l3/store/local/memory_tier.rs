@@ -81,14 +81,7 @@ impl MemoryTarget {
     /// Writes one chunk unless fenced; the check and the copy happen under the write lock,
     /// so no byte lands after `fence` returned.
     pub fn write_chunk(&self, offset: usize, bytes: &[u8]) -> Result<(), Fenced> {
-        let mut d = self.data.write();
-        if self.fenced.load(Ordering::Acquire) {
-            return Err(Fenced);
-        }
-        let end = offset.checked_add(bytes.len()).ok_or(Fenced)?;
-        let dst = d.get_mut(offset..end).ok_or(Fenced)?;
-        dst.copy_from_slice(bytes);
-        Ok(())
+        self.write_with(offset, bytes, |_| {})
     }
 
     /// `write_chunk`, then hashes the bytes now in the target (still in cache) into `h`:
@@ -99,6 +92,15 @@ impl MemoryTarget {
         bytes: &[u8],
         h: &mut xxhash_rust::xxh3::Xxh3,
     ) -> Result<(), Fenced> {
+        self.write_with(offset, bytes, |landed| h.update(landed))
+    }
+
+    fn write_with(
+        &self,
+        offset: usize,
+        bytes: &[u8],
+        then: impl FnOnce(&[u8]),
+    ) -> Result<(), Fenced> {
         let mut d = self.data.write();
         if self.fenced.load(Ordering::Acquire) {
             return Err(Fenced);
@@ -106,7 +108,7 @@ impl MemoryTarget {
         let end = offset.checked_add(bytes.len()).ok_or(Fenced)?;
         let dst = d.get_mut(offset..end).ok_or(Fenced)?;
         dst.copy_from_slice(bytes);
-        h.update(dst);
+        then(dst);
         Ok(())
     }
 
