@@ -2,8 +2,6 @@
 //! knows every actor and wires them.
 
 pub mod bench;
-pub mod exporter;
-pub mod health;
 pub mod launch;
 pub mod serve;
 pub mod settings;

@@ -1,21 +1,20 @@
-//! `engine-host serve`: one rank. It builds the rank (startup factory), establishes the
-//! ControlPlane mesh (a world of one uses the same path), runs the round loop on its own
-//! thread, and — on the leader — serves the HTTP API. Shutdown (SIGTERM, Ctrl-C) stops new
-//! requests, lets in-flight ones finish, closes the L3 executor, then the device engine.
+//! `engine-host serve`: the wiring of one rank. It turns settings into the rank's spec and
+//! store, builds the rank (startup factory), establishes the ControlPlane mesh (a world of
+//! one uses the same path), starts the event loop (`actors::engine::event_loop`) on its own
+//! thread and — on the leader — serves the HTTP API. Signals (SIGTERM, Ctrl-C) ask the loop
+//! to drain. It holds no loop, protocol or type translation of its own.
 
-use crate::exporter::{Exporter, PromotingStore};
 use crate::settings::Settings;
 use actors::clock::{SharedClock, SystemClock};
 use actors::control_plane::mesh::MeshSettings;
 use actors::control_plane::plane::ControlPlaneCore;
 use actors::device::DeviceBackendChoice;
-use actors::engine::actors::RankActors;
-use actors::engine::factory::{build_rank, identity, RankSpec};
-use actors::engine::RoundWork;
-use actors::frontend::{
-    AdminCommandKind, AdminSubmission, FrontendInbox, FrontendState, PrefixUsage, RequestLimits,
-    Submission, TokenEvent,
-};
+use actors::engine::admin::AdminContext;
+use actors::engine::event_loop::{self, LoopConfig, LoopShared};
+use actors::engine::exporter::PromotingStore;
+use actors::engine::factory::{build_rank, RankSpec};
+use actors::frontend::health::RankHealth;
+use actors::frontend::{FrontendState, RequestLimits};
 use actors::l3::store::local::{LocalStore, LocalStoreConfig};
 use actors::l3::store::memory::MemoryStore;
 use actors::l3::store::mooncake::MooncakeStore;
@@ -23,16 +22,12 @@ use actors::l3::store::tiered::{TieredConfig, TieredStore};
 use actors::l3::store::Store;
 use actors::metrics::{MetricLabels, Metrics};
 use actors::model::SyntheticModel;
-use actors::scheduler::{AdminCommand, AgreedInputs, RequestEvent};
-use actors::storage_transfer::ClearKind;
 use anyhow::{anyhow, Context, Result};
-use messages::round::{AdminCommand as WireAdmin, FrontendMessage, PrefillDigest, RoundReport};
 use messages::settings::StoreKind;
-use messages::{Namespace, RequestId};
-use std::collections::BTreeMap;
+use messages::Namespace;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The rank spec and store factory from settings.
 pub fn rank_spec(s: &Settings) -> Result<RankSpec> {
@@ -184,16 +179,6 @@ fn limits(s: &Settings, model: &SyntheticModel) -> RequestLimits {
     }
 }
 
-/// What the round loop shares with the HTTP side.
-struct Shared {
-    metrics: Metrics,
-    health: Arc<crate::health::RankHealth>,
-    stop: AtomicBool,
-    /// The round loop ended (drained, failed or never started its mesh).
-    done: AtomicBool,
-    local_store: Option<PromotingStore>,
-}
-
 /// Every startup validation that needs no hardware (what `check-config` runs after the
 /// settings rules): the rank spec, the cache layout of the profile at this TP size, and the
 /// resident memory of the startup allocations on this machine.
@@ -201,6 +186,24 @@ pub fn preflight(settings: &Settings) -> Result<RankSpec> {
     let spec = rank_spec(settings)?;
     check_startup_memory(settings, &spec)?;
     Ok(spec)
+}
+
+/// The ControlPlane mesh of this rank (a world of one binds an ephemeral loopback port).
+fn mesh_settings(settings: &Settings, namespace: Namespace) -> MeshSettings {
+    let secret = if settings.tp.secret.is_empty() {
+        b"tsl3-single-rank".to_vec()
+    } else {
+        settings.tp.secret.expose().as_bytes().to_vec()
+    };
+    let peers = if settings.tp.world == 1 {
+        vec!["127.0.0.1:0".to_string()]
+    } else {
+        settings.tp.peers.clone()
+    };
+    let mut mesh = MeshSettings::new(settings.tp.rank, peers, namespace, secret);
+    mesh.connect_deadline = Duration::from_millis(settings.tp.connect_deadline_ms);
+    mesh.round_deadline = Duration::from_millis(settings.tp.round_deadline_ms);
+    mesh
 }
 
 pub fn run(settings: Settings) -> Result<()> {
@@ -219,7 +222,7 @@ pub fn run(settings: Settings) -> Result<()> {
     })
     .map_err(|e| anyhow!("startup: {e}"))?;
     let model = engine.scheduler().model().clone();
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(LoopShared {
         metrics: Metrics::new(&MetricLabels {
             model: settings.telemetry.metrics_labels_model.clone(),
             role: settings.telemetry.role.clone(),
@@ -228,9 +231,7 @@ pub fn run(settings: Settings) -> Result<()> {
             replica: settings.replica_label(),
         })
         .context("metrics registry")?,
-        health: Arc::new(crate::health::RankHealth::new(
-            settings.server.not_ready_on_storage_outage,
-        )),
+        health: Arc::new(RankHealth::new(settings.server.not_ready_on_storage_outage)),
         stop: AtomicBool::new(false),
         done: AtomicBool::new(false),
         local_store: local_store.lock().take(),
@@ -255,32 +256,47 @@ pub fn run(settings: Settings) -> Result<()> {
         namespace = %engine.scheduler().namespace().as_str(),
         "engine host starting"
     );
-    let loop_settings = settings.clone();
+    let mesh = mesh_settings(&settings, engine.scheduler().namespace().clone());
+    let cfg = LoopConfig {
+        leader: settings.tp.rank == 0,
+        shutdown_drain: Duration::from_millis(settings.server.shutdown_drain_ms),
+        emulate_device_time: settings.model.emulate_device_time,
+        admin: AdminContext {
+            spec,
+            store: store_holder.lock().clone(),
+        },
+    };
     let loop_shared = shared.clone();
+    let tp = settings.tp.clone();
     let round_loop = std::thread::Builder::new()
         .name("tsl3-rounds".into())
         .spawn(move || {
-            // The rank's actors live on this thread's arbiter; the loop drives their rounds.
+            // The rank's executor and device engine live on this thread's arbiter as actors;
+            // the event loop drives their rounds.
             let sys = actix_rt::System::new();
             sys.block_on(async move {
-                let engine = engine.into_actors();
-                let stop = loop_shared.clone();
-                let r = round_loop(
-                    loop_settings,
-                    engine,
-                    inbox,
-                    loop_shared,
-                    store_holder,
-                    clock,
-                )
+                let r = async {
+                    let plane = ControlPlaneCore::establish(&mesh).await.map_err(|e| {
+                        anyhow!(
+                            "rank {} of {}: {e} (tp.connect_deadline_ms = {}; start every rank of tp.peers, or use `engine-host launch`)",
+                            tp.rank,
+                            tp.world,
+                            tp.connect_deadline_ms
+                        )
+                    })?;
+                    let engine = engine.into_actors();
+                    event_loop::run(cfg, engine, plane, inbox, loop_shared.clone())
+                        .await
+                        .map_err(|e| anyhow!("{e}"))
+                }
                 .await;
                 // However the loop ended (a mesh that never formed included), the rank
                 // stops serving and exits with its result.
                 if let Err(e) = &r {
-                    stop.health.fail(format!("{e:#}"));
+                    loop_shared.health.fail(format!("{e:#}"));
                 }
-                stop.stop.store(true, Ordering::SeqCst);
-                stop.done.store(true, Ordering::SeqCst);
+                loop_shared.stop.store(true, Ordering::SeqCst);
+                loop_shared.done.store(true, Ordering::SeqCst);
                 r
             })
         })
@@ -325,7 +341,7 @@ fn listeners(settings: &Settings) -> Result<Vec<Listener>> {
     Ok(v)
 }
 
-fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<Shared>) -> Result<()> {
+fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<LoopShared>) -> Result<()> {
     let listeners = listeners(settings)?;
     let rank = settings.tp.rank;
     let sys = actix_web::rt::System::new();
@@ -409,461 +425,4 @@ async fn futures_join(servers: Vec<actix_web::dev::Server>) -> Vec<std::io::Resu
         );
     }
     out
-}
-
-/// The leader's frontend bookkeeping.
-struct Clients {
-    next_id: u64,
-    pending: BTreeMap<RequestId, flume::Sender<TokenEvent>>,
-    admin: std::collections::VecDeque<flume::Sender<Result<String, String>>>,
-    started: BTreeMap<RequestId, Instant>,
-}
-
-async fn round_loop(
-    settings: Settings,
-    mut engine: RankActors,
-    inbox: FrontendInbox,
-    shared: Arc<Shared>,
-    store: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
-    _clock: SharedClock,
-) -> Result<()> {
-    let ns = engine.namespace().await.map_err(|e| anyhow!("{e}"))?;
-    let secret = if settings.tp.secret.is_empty() {
-        b"tsl3-single-rank".to_vec()
-    } else {
-        settings.tp.secret.expose().as_bytes().to_vec()
-    };
-    let peers = if settings.tp.world == 1 {
-        vec!["127.0.0.1:0".to_string()]
-    } else {
-        settings.tp.peers.clone()
-    };
-    let mut mesh = MeshSettings::new(settings.tp.rank, peers, ns.clone(), secret);
-    mesh.connect_deadline = Duration::from_millis(settings.tp.connect_deadline_ms);
-    mesh.round_deadline = Duration::from_millis(settings.tp.round_deadline_ms);
-    let mut plane = ControlPlaneCore::establish(&mesh).await.map_err(|e| {
-        anyhow!(
-            "rank {} of {}: {e} (tp.connect_deadline_ms = {}; start every rank of tp.peers, or use `engine-host launch`)",
-            settings.tp.rank,
-            settings.tp.world,
-            settings.tp.connect_deadline_ms
-        )
-    })?;
-    let leader = settings.tp.rank == 0;
-    let mut clients = Clients {
-        next_id: 1,
-        pending: BTreeMap::new(),
-        admin: Default::default(),
-        started: BTreeMap::new(),
-    };
-    let mut exporter = Exporter::with_local(shared.local_store.clone());
-    let mut round: u64 = 0;
-    let mut stopping_since: Option<Instant> = None;
-    let mut idle_rounds: u32 = 0;
-    // Shutdown drain (leader): when the last request finished, and what the last round saw.
-    let drain_limit = Duration::from_millis(settings.server.shutdown_drain_ms);
-    let mut drain_since: Option<Instant> = None;
-    let mut storage_idle = true;
-    let mut backups_queued: u64 = 0;
-    // The admin preflight: this rank's result, reported with the next round; set while
-    // the agreed result is awaited.
-    let mut preflight: Option<Result<(), String>> = None;
-    let mut awaiting_preflight = false;
-    loop {
-        round += 1;
-        let stopping = shared.stop.load(Ordering::SeqCst);
-        if stopping && stopping_since.is_none() {
-            stopping_since = Some(Instant::now());
-            shared.health.stopping();
-        }
-        // Head feedback point.
-        let local = match engine.head().await {
-            Ok(l) => l,
-            Err(e) => {
-                return Err(fail_round(&mut clients, &inbox, &shared, engine, round, &e).await);
-            }
-        };
-        let mut frontend = vec![];
-        if leader {
-            collect_frontend(&inbox, &mut clients, &mut frontend, stopping);
-            if stopping && engine.summary().live_requests == 0 && frontend.is_empty() {
-                // Drain: queued backups land first, within server.shutdown_drain_ms of the
-                // last request finishing; what is left then is dropped and reported.
-                let since = *drain_since.get_or_insert_with(Instant::now);
-                let expired = since.elapsed() >= drain_limit;
-                if storage_idle || expired {
-                    if !storage_idle {
-                        tracing::warn!(
-                            drain_ms = drain_limit.as_millis() as u64,
-                            "shutdown: the drain deadline passed; {backups_queued} queued backup keys are dropped (storage operations in flight retire before exit)"
-                        );
-                    } else {
-                        tracing::info!("shutdown: every queued backup landed");
-                    }
-                    frontend.push(FrontendMessage::Shutdown);
-                }
-            }
-        }
-        let report = RoundReport {
-            admin_preflight: preflight.take(),
-            rank: settings.tp.rank,
-            round,
-            clock_us: local.clock_us,
-            pressure: local.pressure,
-            completions: local.completions,
-            error: local.error,
-            frontend,
-            digests: local
-                .digests
-                .iter()
-                .map(|(id, d)| PrefillDigest {
-                    request: *id,
-                    shard_index: d.shard.index,
-                    shard_count: d.shard.count,
-                    tokens: d.tokens,
-                    value: d.value,
-                })
-                .collect(),
-        };
-        let agreed = match plane.exchange_round(report).await {
-            Ok(a) => a,
-            Err(e) => {
-                return Err(fail_round(&mut clients, &inbox, &shared, engine, round, &e).await);
-            }
-        };
-        // Agreed inputs for the scheduler.
-        let mut inputs = AgreedInputs {
-            tick_us: agreed.tick_us,
-            pressure: agreed.pressure,
-            completions: agreed.completions,
-            ..AgreedInputs::default()
-        };
-        let agreed_preflight = agreed.admin_preflight;
-        let mut admin_cmds = vec![];
-        let mut shutdown = false;
-        for m in agreed.frontend {
-            match m {
-                FrontendMessage::NewRequest {
-                    id,
-                    prompt,
-                    max_tokens,
-                } => inputs.new_requests.push((id, prompt, max_tokens)),
-                FrontendMessage::Cancel { id } => inputs.cancellations.push(id),
-                FrontendMessage::Admin(a) => admin_cmds.push(a),
-                FrontendMessage::Shutdown => shutdown = true,
-            }
-        }
-        let mut by_req: BTreeMap<RequestId, Vec<actors::model::RankDigest>> = BTreeMap::new();
-        for d in agreed.digests {
-            by_req
-                .entry(d.request)
-                .or_default()
-                .push(actors::model::RankDigest {
-                    shard: actors::model::Shard {
-                        index: d.shard_index,
-                        count: d.shard_count,
-                    },
-                    tokens: d.tokens,
-                    value: d.value,
-                });
-        }
-        inputs.digests = by_req.into_iter().collect();
-        let mut round_result = Ok(RoundWork::default());
-        for a in admin_cmds {
-            let cmd = match a {
-                WireAdmin::ClearCache => AdminCommand::ClearCache,
-                WireAdmin::SetWeightVersion { target, draft } => {
-                    AdminCommand::SetWeightVersion { target, draft }
-                }
-                WireAdmin::ResetLocal { host } => AdminCommand::ResetLocal { host },
-            };
-            if let Err(e) = engine.queue_admin(cmd).await {
-                round_result = Err(e);
-            }
-        }
-        if round_result.is_ok() {
-            round_result = engine.run_round(inputs).await;
-        }
-        let work = match round_result {
-            Ok(w) => w,
-            Err(e) => {
-                return Err(fail_round(&mut clients, &inbox, &shared, engine, round, &e).await);
-            }
-        };
-        // Admin work, in two agreed steps. Once quiescent (every rank reaches this in the
-        // same round), each rank runs the preflight (a clear's synchronous remote namespace
-        // deletion) and reports its result with the next round; the agreed result (Ok only
-        // when every rank's deletion succeeded) then applies or refuses the command on
-        // every rank alike. New work stays held until then.
-        if let Some(agreed_preflight) = agreed_preflight {
-            awaiting_preflight = false;
-            if let Some(cmd) = engine.summary().admin_pending {
-                let result = apply_admin(&mut engine, cmd, agreed_preflight, &settings).await;
-                // Commands apply one at a time in arrival order: the result answers the
-                // client that sent this one.
-                if leader {
-                    if let Some(tx) = clients.admin.pop_front() {
-                        let _ = tx.send(result);
-                    }
-                }
-            }
-        } else if !awaiting_preflight {
-            let summary = engine.summary();
-            if let (Some(cmd), true) = (summary.admin_pending, summary.quiescent) {
-                // A local reset also waits for storage to be idle (the backups in flight
-                // land first); every rank sees the same agreed state, so all start alike.
-                if !cmd.waits_for_idle_storage() || work.storage_idle() {
-                    preflight = Some(run_preflight(&engine, cmd, &store).await);
-                    awaiting_preflight = true;
-                }
-            }
-        }
-        storage_idle = work.storage_idle();
-        backups_queued = work.backups_queued;
-        let events = engine.take_events();
-        if leader {
-            deliver(&mut clients, events, &shared.metrics);
-        }
-        if exporter.due(work.storage_pending) {
-            match engine.view().await {
-                Ok(view) => exporter.export(&shared.metrics, &view, &shared.health, round),
-                Err(e) => tracing::warn!("metrics export skipped: {e}"),
-            }
-        }
-        // An emulated device step lasts max(modeled time, the emulator's own work): the
-        // work already ran, so only the difference is waited.
-        let wait_us = work.emulated_wait_us();
-        if settings.model.emulate_device_time && wait_us > 0 {
-            tokio::time::sleep(Duration::from_micros(wait_us.min(5_000_000))).await;
-        }
-        let busy = engine.summary().live_requests > 0 || work.storage_ops > 0;
-        if shutdown {
-            // Agreed: every rank stops after this round.
-            shared.stop.store(true, Ordering::SeqCst);
-            break;
-        }
-        if stopping {
-            // The leader drains and then sends the agreed Shutdown; a rank stopped alone
-            // gives up after a grace period (the others then see it leave).
-            let overdue =
-                stopping_since.is_some_and(|t| t.elapsed() > Duration::from_secs(30) + drain_limit);
-            if overdue {
-                break;
-            }
-        }
-        if busy {
-            idle_rounds = 0;
-        } else {
-            // Idle: tick again shortly (the agreed tick is delivered every round); the pause
-            // grows from 1 ms to 4 ms over a quiet stretch and resets on any work.
-            idle_rounds = idle_rounds.saturating_add(1);
-            let pause = 1u64 << (idle_rounds / 64).min(2);
-            tokio::time::sleep(Duration::from_millis(pause)).await;
-        }
-    }
-    fail_all(&mut clients, "the engine host is shutting down");
-    if let Some(report) = engine.close().await {
-        if report.restart_required {
-            tracing::error!("L3 native retirement is unproven: the store and Host allocation are kept; restart the process to reclaim them");
-        }
-    }
-    let _ = plane;
-    Ok(())
-}
-
-fn collect_frontend(
-    inbox: &FrontendInbox,
-    clients: &mut Clients,
-    out: &mut Vec<FrontendMessage>,
-    stopping: bool,
-) {
-    // Client cancellations: a client that went away.
-    for (id, tx) in &clients.pending {
-        if tx.is_disconnected() {
-            out.push(FrontendMessage::Cancel { id: *id });
-        }
-    }
-    for _ in 0..256 {
-        let Ok(Submission {
-            prompt,
-            max_tokens,
-            events,
-        }) = inbox.submissions.try_recv()
-        else {
-            break;
-        };
-        if stopping {
-            let _ = events.send(TokenEvent::Failed(
-                "the engine host is shutting down".into(),
-            ));
-            continue;
-        }
-        let id = RequestId(clients.next_id);
-        clients.next_id += 1;
-        clients.pending.insert(id, events);
-        clients.started.insert(id, Instant::now());
-        out.push(FrontendMessage::NewRequest {
-            id,
-            prompt,
-            max_tokens,
-        });
-    }
-    while let Ok(AdminSubmission { command, reply }) = inbox.admin.try_recv() {
-        clients.admin.push_back(reply);
-        out.push(FrontendMessage::Admin(match command {
-            AdminCommandKind::ClearCache => WireAdmin::ClearCache,
-            AdminCommandKind::SetWeightVersion { target, draft } => {
-                WireAdmin::SetWeightVersion { target, draft }
-            }
-            AdminCommandKind::ResetLocal { host } => WireAdmin::ResetLocal { host },
-        }));
-    }
-}
-
-fn deliver(clients: &mut Clients, events: Vec<RequestEvent>, metrics: &Metrics) {
-    for ev in events {
-        match ev {
-            RequestEvent::Token(id, t) => {
-                if let Some(start) = clients.started.remove(&id) {
-                    metrics.ttft_seconds.observe(start.elapsed().as_secs_f64());
-                }
-                if let Some(tx) = clients.pending.get(&id) {
-                    let _ = tx.send(TokenEvent::Token(t));
-                }
-            }
-            RequestEvent::Finished {
-                id,
-                split,
-                fallback,
-            } => {
-                clients.started.remove(&id);
-                if let Some(tx) = clients.pending.remove(&id) {
-                    let _ = tx.send(TokenEvent::Done {
-                        usage: PrefixUsage {
-                            device: split.device,
-                            host: split.host,
-                            l3: split.l3,
-                            computed: split.computed,
-                            fallback_reason: fallback,
-                        },
-                        finish_reason: "length",
-                    });
-                }
-            }
-            RequestEvent::Aborted(id, why) => {
-                clients.started.remove(&id);
-                if let Some(tx) = clients.pending.remove(&id) {
-                    let _ = tx.send(TokenEvent::Failed(why));
-                }
-            }
-        }
-    }
-}
-
-/// A round failed on this rank (every rank fails it alike): fail every client, stop, close
-/// the executor, and name the round.
-async fn fail_round(
-    clients: &mut Clients,
-    inbox: &FrontendInbox,
-    shared: &Shared,
-    engine: RankActors,
-    round: u64,
-    e: &dyn std::fmt::Display,
-) -> anyhow::Error {
-    // From this moment every waiting and every new request is answered 503 with the cause:
-    // the health document says failed (the HTTP side checks it before queueing), the
-    // requests the engine held and those still queued in the inbox fail now.
-    let why = format!("the replica failed in round {round}: {e}");
-    shared.health.fail(format!("round {round}: {e}"));
-    fail_all(clients, &why);
-    while let Ok(sub) = inbox.submissions.try_recv() {
-        let _ = sub.events.send(TokenEvent::Failed(why.clone()));
-    }
-    while let Ok(a) = inbox.admin.try_recv() {
-        let _ = a.reply.send(Err(why.clone()));
-    }
-    let _ = engine.close().await;
-    anyhow!("round {round}: {e}")
-}
-
-fn fail_all(clients: &mut Clients, why: &str) {
-    for (_, tx) in std::mem::take(&mut clients.pending) {
-        let _ = tx.send(TokenEvent::Failed(why.to_string()));
-    }
-    for tx in clients.admin.drain(..) {
-        let _ = tx.send(Err(why.to_string()));
-    }
-}
-
-/// This rank's admin preflight: a clear deletes the namespace in the remote store
-/// (synchronously; Ok without a store); a weight update has nothing to delete.
-async fn run_preflight(
-    engine: &RankActors,
-    cmd: AdminCommand,
-    store: &Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>>,
-) -> Result<(), String> {
-    match cmd {
-        AdminCommand::ClearCache => {
-            let ns = engine.namespace().await.map_err(|e| e.to_string())?;
-            let store = store.lock().clone();
-            match store {
-                Some(s) => s
-                    .remove_namespace(&ns)
-                    .map(|_| ())
-                    .map_err(|e| format!("remote namespace deletion failed: {e}")),
-                None => Ok(()),
-            }
-        }
-        AdminCommand::SetWeightVersion { .. } | AdminCommand::ResetLocal { .. } => Ok(()),
-    }
-}
-
-/// Applies (or, after a failed agreed preflight, refuses) the pending admin command.
-async fn apply_admin(
-    engine: &mut RankActors,
-    cmd: AdminCommand,
-    preflight: Result<(), String>,
-    settings: &Settings,
-) -> Result<String, String> {
-    let ns = engine.namespace().await.map_err(|e| e.to_string())?;
-    match cmd {
-        AdminCommand::ResetLocal { host } => {
-            engine
-                .apply_admin(ClearKind::LocalReset, Some(preflight), None)
-                .await?;
-            Ok(format!(
-                "reset the local caches ({}) of namespace {}; L3 untouched",
-                if host { "device and host" } else { "device" },
-                ns.as_str()
-            ))
-        }
-        AdminCommand::ClearCache => {
-            // A failed deletion on any rank refuses the clear (nothing is cleared locally).
-            engine
-                .apply_admin(ClearKind::FullClear, Some(preflight), None)
-                .await?;
-            Ok(format!("cleared the cache of namespace {}", ns.as_str()))
-        }
-        AdminCommand::SetWeightVersion { target, draft } => {
-            let spec = rank_spec(settings).map_err(|e| e.to_string())?;
-            if let Err(e) = preflight {
-                engine
-                    .apply_admin(ClearKind::WeightUpdate, Some(Err(e.clone())), None)
-                    .await?;
-                return Err(e);
-            }
-            let mut id = identity(&spec, &engine.layout);
-            id = id.with_weight_versions(target, draft);
-            let new_ns: Namespace = id.namespace();
-            engine
-                .apply_admin(ClearKind::WeightUpdate, None, Some(new_ns.clone()))
-                .await?;
-            Ok(format!(
-                "weights {target}{}: namespace {} (was {})",
-                draft.map(|d| format!("/draft {d}")).unwrap_or_default(),
-                new_ns.as_str(),
-                ns.as_str()
-            ))
-        }
-    }
 }

@@ -14,8 +14,5 @@ pub mod l3;
 pub mod metrics;
 pub mod model;
 pub mod names;
-pub mod pipeline;
-#[cfg(test)]
-mod pipeline_tests;
 pub mod scheduler;
 pub mod storage_transfer;

@@ -1,31 +1,31 @@
-//! The actor form of a rank (what `engine-host serve` runs): the Scheduler and the
-//! StorageTransferManager behind typed mailboxes, driven round by round by RankActors, on a
-//! real L3 executor and MemoryStore. Also one actor wired to a probe: the
-//! StorageTransferManagerActor sends committed operations to its executor recipient in plan
-//! order.
+//! The round owner through its two adapters. The actor form (what `engine-host serve` runs:
+//! the L3 executor and the DeviceCopyEngine as actors on the loop's arbiter) restores from
+//! L3 what another rank backed up; the round submits committed operations to its executor
+//! port in plan order, each inside its span; and one trace driven through the synchronous
+//! and the actor adapters emits the same rounds — reports, operations, work and events.
 
-use actix::{Actor, Context, Handler};
-use actors::clock::SystemClock;
-use actors::engine::actors::RankActors;
-use actors::engine::agree_single;
-use actors::engine::factory::{build_rank, small_storage, RankSpec};
-use actors::l3::actor::SubmitTraced;
+use actors::clock::{ManualClock, SharedClock, SystemClock};
+use actors::engine::factory::{build_rank, RankSpec};
+use actors::engine::ports::{ExecutorPoll, ExecutorPort, ExecutorSnapshot, TracedOp};
+use actors::engine::sync_ports::Loopback;
+use actors::engine::{agree_single, ActorRank, EngineError, RankEngine, RoundWork};
+use actors::l3::actor::Snapshot;
 use actors::l3::store::memory::MemoryStore;
 use actors::l3::store::Store;
+use actors::l3::{CloseReport, ExecutorStats};
 use actors::scheduler::request::PrefixSplit;
 use actors::scheduler::RequestEvent;
-use actors::storage_transfer::actor::{BeginRound, CommitPlan, StorageTransferManagerActor};
-use actors::storage_transfer::{RoundInput, StorageIntent, StoragePlanner, StorageTransferManager};
-use messages::{OperationId, RequestId, StorageKey, StorageOp};
+use messages::{FrontendMessage, OperationId, RequestId, StorageOpKind};
 use std::sync::Arc;
+use std::time::Duration;
 
-fn rank(store: Arc<MemoryStore>) -> RankActors {
+fn sync_rank(store: Arc<MemoryStore>, clock: SharedClock) -> RankEngine {
     let s: Arc<dyn Store> = store;
-    build_rank(&RankSpec::small(true), SystemClock::shared(), move |_| {
-        Ok(s)
-    })
-    .unwrap()
-    .into_actors()
+    build_rank(&RankSpec::small(true), clock, move |_| Ok(s)).unwrap()
+}
+
+fn rank(store: Arc<MemoryStore>) -> ActorRank {
+    sync_rank(store, SystemClock::shared()).into_actors()
 }
 
 fn prompt() -> Vec<u32> {
@@ -34,7 +34,7 @@ fn prompt() -> Vec<u32> {
 
 /// Serves one request to completion, then rounds until no storage ticket is outstanding
 /// and no backup candidate waits (the backups have retired).
-async fn serve(r: &mut RankActors, id: u64, prompt: &[u32]) -> (Vec<u32>, PrefixSplit) {
+async fn serve(r: &mut ActorRank, id: u64, prompt: &[u32]) -> (Vec<u32>, PrefixSplit) {
     let mut tokens = vec![];
     let mut split = None;
     let mut frontend = vec![(RequestId(id), prompt.to_vec(), 3)];
@@ -42,7 +42,7 @@ async fn serve(r: &mut RankActors, id: u64, prompt: &[u32]) -> (Vec<u32>, Prefix
         let head = r.head().await.unwrap();
         let agreed = agree_single(head, std::mem::take(&mut frontend), vec![]).unwrap();
         r.run_round(agreed).await.unwrap();
-        for ev in r.take_events() {
+        for ev in r.drain_events() {
             match ev {
                 RequestEvent::Token(_, t) => tokens.push(t),
                 RequestEvent::Finished { split: s, .. } => split = Some(s),
@@ -69,13 +69,7 @@ async fn a_fresh_rank_of_actors_restores_from_l3_what_another_backed_up() {
     assert_eq!(split.l3, 0, "nothing to restore yet: {split:?}");
     assert!(split.computed > 0);
     let view = writer.view().await.unwrap();
-    assert!(
-        view.executor
-            .unwrap()
-            .kind(messages::StorageOpKind::Put)
-            .completed
-            > 0
-    );
+    assert!(view.executor.unwrap().kind(StorageOpKind::Put).completed > 0);
     assert!(writer.close().await.is_some());
 
     let mut reader = rank(store);
@@ -93,104 +87,169 @@ async fn a_fresh_rank_of_actors_restores_from_l3_what_another_backed_up() {
     reader.close().await;
 }
 
-/// Records what the manager sends to its executor.
-#[derive(Default)]
-struct ProbeExecutor {
-    seen: Arc<parking_lot::Mutex<Vec<(StorageOp, bool)>>>,
+/// What crossed an executor port: (operation, kind, key count, inside a span).
+type Seen = Vec<(OperationId, Option<StorageOpKind>, usize, bool)>;
+
+/// An executor port that records every submitted operation, then hands it on.
+struct Probe<X> {
+    inner: X,
+    seen: Arc<parking_lot::Mutex<Seen>>,
 }
 
-impl Actor for ProbeExecutor {
-    type Context = Context<Self>;
+impl<X: ExecutorPort> ExecutorPort for Probe<X> {
+    async fn submit(&mut self, ops: Vec<TracedOp>) -> Result<(), EngineError> {
+        self.seen.lock().extend(
+            ops.iter()
+                .map(|(op, span)| (op.id(), op.kind(), op.keys().len(), span.is_some())),
+        );
+        self.inner.submit(ops).await
+    }
+    async fn poll(&mut self) -> Result<ExecutorPoll, EngineError> {
+        self.inner.poll().await
+    }
+    async fn snapshot(&mut self) -> Result<ExecutorSnapshot, EngineError> {
+        self.inner.snapshot().await
+    }
+    async fn close(self) -> Option<CloseReport> {
+        self.inner.close().await
+    }
 }
 
-impl Handler<SubmitTraced> for ProbeExecutor {
-    type Result = ();
-    fn handle(&mut self, m: SubmitTraced, _: &mut Context<Self>) {
-        let mut seen = self.seen.lock();
-        for (op, span) in m.0 {
-            seen.push((op, span.is_some()));
+fn idle(stats: &ExecutorStats) -> bool {
+    stats.jobs.iter().all(|j| j.queued + j.running == 0)
+}
+
+/// One emitted round: this rank's report (completions and digests), the operations
+/// submitted, the work and the request events.
+#[derive(Debug, PartialEq)]
+struct Emitted {
+    completions: Vec<messages::StorageDone>,
+    digests: Vec<messages::round::PrefillDigest>,
+    ops: Seen,
+    work: (usize, u64, usize, bool, u64, bool),
+    events: Vec<RequestEvent>,
+}
+
+fn work_of(w: &RoundWork) -> (usize, u64, usize, bool, u64, bool) {
+    (
+        w.forwards,
+        w.device_time_us,
+        w.storage_ops,
+        w.storage_pending,
+        w.backups_queued,
+        w.shutdown,
+    )
+}
+
+/// The trace: four requests (two sharing a prefix, one cancelled while it runs), arriving
+/// over the first rounds.
+fn trace(round: u64) -> Vec<FrontendMessage> {
+    let req = |id: u64, salt: u32, n: u32| FrontendMessage::NewRequest {
+        id: RequestId(id),
+        prompt: (0..n).map(|i| (i * 37 + salt) % 991).collect(),
+        max_tokens: 3,
+    };
+    match round {
+        1 => vec![req(1, 5, 40), req(2, 9, 24)],
+        3 => vec![req(3, 5, 40)],
+        4 => vec![FrontendMessage::Cancel { id: RequestId(2) }],
+        6 => vec![req(4, 13, 56)],
+        _ => vec![],
+    }
+}
+
+#[actix_rt::test]
+async fn one_trace_through_the_sync_and_the_actor_adapters_emits_the_same_rounds() {
+    // Both ranks read one manual clock (advanced 1 ms per round) and wait, before each head,
+    // until their executor finished every submitted job: both then poll the same records.
+    let clock = ManualClock::new(1_000);
+    let shared: SharedClock = clock.clone();
+    let sync_seen = Arc::new(parking_lot::Mutex::new(Seen::new()));
+    let actor_seen = Arc::new(parking_lot::Mutex::new(Seen::new()));
+    let s = sync_seen.clone();
+    let mut a = sync_rank(Arc::new(MemoryStore::new()), shared.clone())
+        .map_ports(|inner| Probe { inner, seen: s }, |d| d);
+    let s = actor_seen.clone();
+    let mut b = sync_rank(Arc::new(MemoryStore::new()), shared)
+        .into_actors()
+        .map_ports(|inner| Probe { inner, seen: s }, |d| d);
+    let (mut mesh_a, mut mesh_b) = (Loopback::default(), Loopback::default());
+    let mut ended = std::collections::BTreeSet::new();
+    let mut rounds = 0;
+    let mut submitted = 0;
+    let mut forwards = 0;
+    for round in 1..=400u64 {
+        for _ in 0..10_000 {
+            let a_idle = idle(&a.executor().unwrap().inner.stats());
+            let b_stats = b.executor().unwrap().inner.send(Snapshot).await.unwrap();
+            if a_idle && idle(b_stats.stats.as_ref().unwrap()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // Idle executors: every completion is waiting to be polled.
+        let mut report_a = actors::engine::sync_ports::now(a.head()).unwrap();
+        let mut report_b = b.head().await.unwrap();
+        report_a.frontend = trace(round);
+        report_b.frontend = trace(round);
+        let mut emitted = vec![];
+        for (report, seen) in [(&report_a, &sync_seen), (&report_b, &actor_seen)] {
+            seen.lock().clear();
+            // Records of different worker pools arrive in any order; the agreement orders them.
+            let mut completions = report.completions.clone();
+            completions.sort_by_key(|d| d.op);
+            emitted.push(Emitted {
+                completions,
+                digests: report.digests.clone(),
+                ops: vec![],
+                work: Default::default(),
+                events: vec![],
+            });
+        }
+        let agreed_a = mesh_a.agree(report_a).unwrap();
+        let agreed_b = mesh_b.agree(report_b).unwrap();
+        assert_eq!(
+            agreed_a, agreed_b,
+            "round {round}: the agreed rounds differ"
+        );
+        let work_a = actors::engine::sync_ports::now(a.run_round(agreed_a)).unwrap();
+        let work_b = b.run_round(agreed_b).await.unwrap();
+        for (e, (w, events, seen)) in emitted.iter_mut().zip([
+            (work_a, a.drain_events(), &sync_seen),
+            (work_b, b.drain_events(), &actor_seen),
+        ]) {
+            e.work = work_of(&w);
+            e.ops = seen.lock().clone();
+            for ev in &events {
+                match ev {
+                    RequestEvent::Finished { id, .. } | RequestEvent::Aborted(id, _) => {
+                        ended.insert(*id);
+                    }
+                    RequestEvent::Token(..) => {}
+                }
+            }
+            e.events = events;
+        }
+        assert_eq!(emitted[0], emitted[1], "round {round}");
+        submitted += emitted[0].ops.len();
+        forwards += emitted[0].work.0;
+        clock.advance_ms(1);
+        rounds = round;
+        if ended.len() == 4 && work_a.storage_idle() {
+            break;
         }
     }
-}
-
-fn key(i: u32) -> StorageKey {
-    StorageKey::new(format!("tsl3-0000000000000000/k{i}"))
-}
-
-#[actix_rt::test]
-async fn the_manager_actor_commits_a_plan_and_submits_it_in_plan_order() {
-    let cfg = small_storage().0;
-    let probe = ProbeExecutor::default();
-    let seen = probe.seen.clone();
-    let probe = probe.start();
-    let stm = StorageTransferManagerActor::new(
-        StorageTransferManager::new(cfg.clone()),
-        probe.recipient(),
-    )
-    .start();
-    let report = stm
-        .send(BeginRound(RoundInput {
-            tick_us: 1_000,
-            ..RoundInput::default()
-        }))
-        .await
-        .unwrap()
-        .unwrap();
-    let mut planner = StoragePlanner::new(cfg);
-    planner.begin(report.view, report.put_candidates);
-    let mut planned = vec![];
-    for r in 1..=3u64 {
-        let (op, lease) = planner
-            .issue_query(RequestId(r), vec![key(r as u32)], None)
-            .unwrap();
-        planned.push(op);
-        let _ = lease; // the requests stay waiting
-    }
-    let committed = stm
-        .send(CommitPlan(planner.take_intents()))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(committed.submitted, 3);
-    assert_eq!(committed.outstanding_tickets, 3);
-    // The probe handles the submission after the commit's reply: a round trip through its
-    // mailbox orders after it.
-    probe_drain(&stm).await;
-    let seen = seen.lock();
-    let ids: Vec<OperationId> = seen.iter().map(|(op, _)| op.id()).collect();
-    assert_eq!(ids, planned, "submitted in plan order with the planned IDs");
-    assert!(seen.iter().all(|(op, _)| matches!(op, StorageOp::Query(_))));
-    assert_eq!(
-        seen.iter().map(|(op, _)| op.request()).collect::<Vec<_>>(),
-        vec![Some(RequestId(1)), Some(RequestId(2)), Some(RequestId(3))]
+    assert_eq!(ended.len(), 4, "every request of the trace ended");
+    assert!(rounds < 400, "the trace settles");
+    assert!(
+        submitted >= 4 && forwards >= 4,
+        "the trace exercised storage and the device: {submitted} operations, {forwards} forwards in {rounds} rounds"
     );
-}
-
-/// A second, empty commit through the same mailboxes: its reply comes after the probe
-/// handled the first commit's submission (both actors share this test's arbiter).
-async fn probe_drain(stm: &actix::Addr<StorageTransferManagerActor>) {
-    for _ in 0..4 {
-        tokio::task::yield_now().await;
-    }
-    let _ = stm.send(CommitPlan(Vec::new())).await;
-    for _ in 0..4 {
-        tokio::task::yield_now().await;
-    }
-}
-
-#[actix_rt::test]
-async fn a_plan_the_manager_would_decide_differently_is_a_protocol_error() {
-    let cfg = small_storage().0;
-    let probe = ProbeExecutor::default().start();
-    let stm = StorageTransferManagerActor::new(StorageTransferManager::new(cfg), probe.recipient())
-        .start();
-    // The planner believes operation 7 comes next; the manager's next ID is 1.
-    let intents = vec![StorageIntent::Query {
-        request: RequestId(1),
-        keys: vec![key(1)],
-        parent: None,
-        expect: Ok((OperationId(7), 1)),
-    }];
-    let err = stm.send(CommitPlan(intents)).await.unwrap().unwrap_err();
-    assert!(err.to_string().contains("diverged"), "{err}");
+    let stm = a.stm().unwrap().stats();
+    assert!(
+        stm.last_operation_id > 0,
+        "the trace exercised storage: {stm:?}"
+    );
+    assert!(a.close().await.is_some());
+    assert!(b.close().await.is_some());
 }

@@ -104,8 +104,9 @@ fn serve(e: &mut RankEngine, id: u64, prompt: &[u32]) {
     let mut done = false;
     let mut first = Some((RequestId(id), prompt.to_vec(), 2));
     for _ in 0..20_000 {
-        let agreed = agree_single(e.head(), first.take().into_iter().collect(), vec![]).unwrap();
-        e.run_round(agreed).unwrap();
+        let agreed =
+            agree_single(e.head_now(), first.take().into_iter().collect(), vec![]).unwrap();
+        e.run_round_now(agreed).unwrap();
         for ev in e.drain_events() {
             match ev {
                 RequestEvent::Finished { id: r, .. } if r.0 == id => done = true,
@@ -197,12 +198,12 @@ fn a_read_and_a_backup_trace_their_storage_lifecycle() {
         // The writer misses (QUERY) and backs its blocks up (PUT).
         let mut writer = engine(store.clone());
         serve(&mut writer, 1, &p);
-        writer.close();
+        writer.close_now();
         // A fresh reader restores the prefix: QUERY → GET → publish.
         let mut reader = engine(store.clone());
         serve(&mut reader, 2, &p);
         assert_eq!(reader.scheduler().stats().prefix_l3, 40);
-        reader.close();
+        reader.close_now();
     });
     let tree = Tree(capture.0.lock().unwrap().clone());
 
@@ -274,11 +275,12 @@ fn a_detached_read_ends_with_detach() {
     tracing::subscriber::with_default(subscriber, || {
         let mut e = engine(store.clone());
         // The request arrives and is cancelled in the round its QUERY completes.
-        let agreed = agree_single(e.head(), vec![(RequestId(5), prompt(30), 2)], vec![]).unwrap();
-        e.run_round(agreed).unwrap();
+        let agreed =
+            agree_single(e.head_now(), vec![(RequestId(5), prompt(30), 2)], vec![]).unwrap();
+        e.run_round_now(agreed).unwrap();
         let mut cancelled = false;
         for _ in 0..20_000 {
-            let report = e.head();
+            let report = e.head_now();
             let cancel = if !cancelled && !report.completions.is_empty() {
                 cancelled = true;
                 vec![RequestId(5)]
@@ -286,7 +288,7 @@ fn a_detached_read_ends_with_detach() {
                 vec![]
             };
             let agreed = agree_single(report, vec![], cancel).unwrap();
-            e.run_round(agreed).unwrap();
+            e.run_round_now(agreed).unwrap();
             e.drain_events();
             let idle = e.stm().is_none_or(|s| s.stats().outstanding_tickets == 0);
             if cancelled && idle {
@@ -295,7 +297,7 @@ fn a_detached_read_ends_with_detach() {
             std::thread::yield_now();
         }
         assert!(cancelled);
-        e.close();
+        e.close_now();
     });
     let tree = Tree(capture.0.lock().unwrap().clone());
     let queries = tree.ops("query");

@@ -21,8 +21,8 @@ fn without_a_subscriber_no_span_is_kept() {
     })
     .unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 31 + 11) % 997).collect();
-    let agreed = agree_single(e.head(), vec![(RequestId(1), prompt, 2)], vec![]).unwrap();
-    e.run_round(agreed).unwrap();
+    let agreed = agree_single(e.head_now(), vec![(RequestId(1), prompt, 2)], vec![]).unwrap();
+    e.run_round_now(agreed).unwrap();
     assert_eq!(e.scheduler().live_requests(), 1);
     assert!(e.scheduler().request_span(RequestId(1)).is_none());
     let stm = e.stm().unwrap();
@@ -32,5 +32,5 @@ fn without_a_subscriber_no_span_is_kept() {
         stm.op_span(op).is_none(),
         "no bookkeeping when no subscriber is interested"
     );
-    e.close();
+    e.close_now();
 }

@@ -11,8 +11,9 @@ use crate::ops::StorageDone;
 use crate::pressure::PressureObservation;
 use serde::{Deserialize, Serialize};
 
-/// An administrative command entered at the leader's frontend.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// An administrative command entered at the leader's frontend: the one vocabulary of the
+/// HTTP side, the relay and the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AdminCommand {
     /// Drop every cached prefix (Device and Host) on every rank.
     ClearCache,
@@ -22,6 +23,14 @@ pub enum AdminCommand {
     /// resources, no storage operation is outstanding, no backup candidate is queued):
     /// the Device (L1) always, the Host (L2) when `host`. L3 is untouched.
     ResetLocal { host: bool },
+}
+
+impl AdminCommand {
+    /// A local reset waits for storage to be idle as well as for quiescence (the backups in
+    /// flight land first).
+    pub fn waits_for_idle_storage(&self) -> bool {
+        matches!(self, AdminCommand::ResetLocal { .. })
+    }
 }
 
 /// A message from the leader rank's frontend. It rides the leader's report so every rank

@@ -60,8 +60,8 @@ fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcom
         if idle {
             break;
         }
-        let agreed = agree_single(e.head(), vec![], vec![]).unwrap();
-        e.run_round(agreed).unwrap();
+        let agreed = agree_single(e.head_now(), vec![], vec![]).unwrap();
+        e.run_round_now(agreed).unwrap();
         e.drain_events();
         std::thread::yield_now();
     }
@@ -80,9 +80,9 @@ fn serve_until(
     let mut done = None;
     let mut first = Some((RequestId(id), prompt.to_vec(), max_tokens));
     for round in 0..200_000u64 {
-        let report = e.head();
+        let report = e.head_now();
         let agreed = agree_single(report, first.take().into_iter().collect(), vec![]).unwrap();
-        e.run_round(agreed).unwrap();
+        e.run_round_now(agreed).unwrap();
         for ev in e.drain_events() {
             match ev {
                 RequestEvent::Token(r, t) if r.0 == id => tokens.push(t),
@@ -378,8 +378,8 @@ fn a_clear_with_a_backup_in_flight_proceeds_and_frees_the_source_at_retirement()
         if gate.entered() >= 1 {
             break;
         }
-        let agreed = agree_single(e.head(), vec![], vec![]).unwrap();
-        e.run_round(agreed).unwrap();
+        let agreed = agree_single(e.head_now(), vec![], vec![]).unwrap();
+        e.run_round_now(agreed).unwrap();
         std::thread::yield_now();
     }
     assert!(gate.entered() >= 1, "a PUT is in flight");
@@ -398,7 +398,7 @@ fn a_clear_with_a_backup_in_flight_proceeds_and_frees_the_source_at_retirement()
     };
     e.scheduler_mut().admin(AdminCommand::ClearCache);
     assert!(e.scheduler().quiescent());
-    e.apply_admin(ClearKind::FullClear, Some(Ok(())), None)
+    e.apply_admin_now(ClearKind::FullClear, Some(Ok(())), None)
         .expect("a clear does not wait for in-flight I/O");
     assert!(
         available(&e) < capacity,
@@ -410,8 +410,8 @@ fn a_clear_with_a_backup_in_flight_proceeds_and_frees_the_source_at_retirement()
         if idle {
             break;
         }
-        let agreed = agree_single(e.head(), vec![], vec![]).unwrap();
-        e.run_round(agreed).unwrap();
+        let agreed = agree_single(e.head_now(), vec![], vec![]).unwrap();
+        e.run_round_now(agreed).unwrap();
         std::thread::yield_now();
     }
     assert_eq!(e.stm().unwrap().stats().outstanding_tickets, 0);
@@ -425,7 +425,7 @@ fn a_clear_with_a_backup_in_flight_proceeds_and_frees_the_source_at_retirement()
         again.split
     );
     assert_eq!(again.tokens, first.tokens);
-    e.close();
+    e.close_now();
 }
 
 #[test]
@@ -438,7 +438,7 @@ fn a_failed_preflight_refuses_the_clear_keeps_the_cache_and_resumes_work() {
     let first = serve(&mut e, 1, &p, 2);
     e.scheduler_mut().admin(AdminCommand::ClearCache);
     assert!(e.scheduler().quiescent());
-    let refused = e.apply_admin(
+    let refused = e.apply_admin_now(
         ClearKind::FullClear,
         Some(Err("rank 1: store unreachable".into())),
         None,
@@ -453,7 +453,7 @@ fn a_failed_preflight_refuses_the_clear_keeps_the_cache_and_resumes_work() {
     let again = serve(&mut e, 2, &p, 2);
     assert!(again.split.device > 0, "{:?}", again.split);
     assert_eq!(again.tokens, first.tokens);
-    e.close();
+    e.close_now();
 }
 
 #[test]
@@ -481,8 +481,8 @@ fn a_capacity_rejected_backup_is_offered_again_and_lands() {
         again.split
     );
     assert_eq!(again.tokens, first.tokens);
-    e.close();
-    reader.close();
+    e.close_now();
+    reader.close_now();
 }
 
 #[test]
@@ -515,7 +515,7 @@ fn a_longer_prompt_reuses_the_aligned_prefix_of_a_shorter_one() {
             "{profile}: the aligned prefix is reused: {:?}",
             out.split
         );
-        e.close();
+        e.close_now();
     }
 }
 

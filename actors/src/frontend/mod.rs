@@ -4,10 +4,12 @@
 //! It never touches the cache, storage or the device, and never blocks the round loop.
 
 pub mod api;
+pub mod clients;
+pub mod health;
 pub mod server;
 
 pub use api::{CompletionRequest, FallbackReason, PrefixUsage, RequestLimits};
 pub use server::{
-    configure, configure_observability, inbox, AdminCommandKind, AdminSubmission, FrontendInbox,
+    configure, configure_observability, inbox, AdminCommand, AdminSubmission, FrontendInbox,
     FrontendState, HealthSource, Submission, TokenEvent,
 };

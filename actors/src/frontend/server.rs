@@ -32,22 +32,12 @@ pub struct Submission {
     pub events: flume::Sender<TokenEvent>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AdminCommandKind {
-    ClearCache,
-    SetWeightVersion {
-        target: u64,
-        draft: Option<u64>,
-    },
-    /// Drop the local caches once idle: the Device always, the Host when `host`.
-    ResetLocal {
-        host: bool,
-    },
-}
+pub use messages::AdminCommand;
 
+/// One admin command from the HTTP side, with the channel its result answers.
 #[derive(Debug)]
 pub struct AdminSubmission {
-    pub command: AdminCommandKind,
+    pub command: AdminCommand,
     pub reply: flume::Sender<Result<String, String>>,
 }
 
@@ -425,7 +415,7 @@ fn authorized(state: &FrontendState, req: &HttpRequest) -> Result<(), Box<HttpRe
     }
 }
 
-async fn admin(state: &FrontendState, command: AdminCommandKind) -> HttpResponse {
+async fn admin(state: &FrontendState, command: AdminCommand) -> HttpResponse {
     let (tx, rx) = flume::bounded(1);
     if state
         .admin
@@ -453,7 +443,7 @@ async fn admin_clear(state: web::Data<FrontendState>, req: HttpRequest) -> HttpR
     if let Err(r) = authorized(&state, &req) {
         return *r;
     }
-    admin(&state, AdminCommandKind::ClearCache).await
+    admin(&state, AdminCommand::ClearCache).await
 }
 
 #[derive(serde::Deserialize)]
@@ -494,7 +484,7 @@ async fn admin_reset_local(
             }
         }
     };
-    admin(&state, AdminCommandKind::ResetLocal { host: r.host }).await
+    admin(&state, AdminCommand::ResetLocal { host: r.host }).await
 }
 
 /// Fuzzing (crate::fuzz): the admin bodies parse as their handlers parse them.
@@ -530,7 +520,7 @@ async fn admin_weights(
     };
     admin(
         &state,
-        AdminCommandKind::SetWeightVersion {
+        AdminCommand::SetWeightVersion {
             target: w.target,
             draft: w.draft,
         },

@@ -32,15 +32,19 @@ pub struct Poll;
 #[rtype(result = "Option<CloseReport>")]
 pub struct Close;
 
-/// Health without consuming the probe. After close the state reads Quarantined when close
-/// required a restart, Healthy otherwise.
+/// One consistent read of the executor: its counters (None once closed) and its health,
+/// without consuming the recovery probe. After close the health reads Quarantined when
+/// close required a restart, Healthy otherwise.
 #[derive(Debug, Message)]
-#[rtype(result = "HealthState")]
-pub struct Health;
+#[rtype(result = "ExecutorSnapshot")]
+pub struct Snapshot;
 
-#[derive(Debug, Message)]
-#[rtype(result = "Option<ExecutorStats>")]
-pub struct Stats;
+/// What `Snapshot` answers.
+#[derive(Clone, Debug)]
+pub struct ExecutorSnapshot {
+    pub stats: Option<ExecutorStats>,
+    pub health: HealthState,
+}
 
 /// Blocks the actor until at least `0` completions await Poll or `1` passes (tests and
 /// tools; the engine host's round polls instead). Returns whether they do.
@@ -136,20 +140,16 @@ impl Handler<Close> for L3ExecutorActor {
     }
 }
 
-impl Handler<Health> for L3ExecutorActor {
-    type Result = MessageResult<Health>;
-    fn handle(&mut self, _: Health, _: &mut Context<Self>) -> Self::Result {
+impl Handler<Snapshot> for L3ExecutorActor {
+    type Result = MessageResult<Snapshot>;
+    fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
         if let Some(e) = &self.exec {
             self.last_health = e.health();
         }
-        MessageResult(self.last_health)
-    }
-}
-
-impl Handler<Stats> for L3ExecutorActor {
-    type Result = MessageResult<Stats>;
-    fn handle(&mut self, _: Stats, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.exec.as_ref().map(|e| e.stats()))
+        MessageResult(ExecutorSnapshot {
+            stats: self.exec.as_ref().map(|e| e.stats()),
+            health: self.last_health,
+        })
     }
 }
 

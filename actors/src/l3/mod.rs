@@ -15,6 +15,6 @@ pub mod store;
 mod tests;
 mod worker;
 
-pub use actor::L3ExecutorActor;
+pub use actor::{ExecutorSnapshot, L3ExecutorActor};
 pub use executor::{CloseReport, L3Executor, StartError, Submitted};
 pub use stats::{ExecutorStats, JobGauges, KindStats};

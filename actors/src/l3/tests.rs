@@ -658,7 +658,7 @@ fn queue_and_backend_time_follow_the_injected_clock() {
 
 mod actor {
     use super::*;
-    use crate::l3::actor::{Close, Health, Poll, Submit, WaitUndelivered};
+    use crate::l3::actor::{Close, Poll, Snapshot, Submit, WaitUndelivered};
     use crate::l3::L3ExecutorActor;
     use actix::Actor;
 
@@ -680,7 +680,7 @@ mod actor {
             let (done, _) = addr.send(Poll).await.unwrap();
             assert_eq!(done.len(), 2);
             assert_eq!(
-                addr.send(Health).await.unwrap().state,
+                addr.send(Snapshot).await.unwrap().health.state,
                 HealthStatus::Healthy
             );
             addr.send(Submit(vec![get(3, &[("a", 4096, 16)])]))

@@ -12,8 +12,8 @@
 
 use super::geometry::RankLayout;
 use super::{AgreedInputs, Scheduler, SchedulerConfig};
+use crate::engine::pipeline::RoundPipeline;
 use crate::model::{RankDigest, SyntheticModel};
-use crate::pipeline::RoundPipeline;
 use messages::settings::StorageConfig;
 use messages::{Namespace, OperationId, PressureObservation, RequestId, StorageDone, StorageOp};
 use std::collections::BTreeMap;

@@ -11,7 +11,6 @@
 //! manager: it plans against the manager's StorageView (`StoragePlanner`). It never performs
 //! I/O, never touches Host or device bytes and never reads a clock: time is the agreed tick.
 
-pub mod actor;
 pub mod bench;
 pub mod geometry;
 pub mod request;

@@ -11,7 +11,6 @@
 //! opaque `HostRef` handles supplied by the caller (the CacheCoordinator); the manager only
 //! reports which references to publish, release or keep quarantined.
 
-pub mod actor;
 pub mod admission;
 pub mod backup;
 pub mod bench;

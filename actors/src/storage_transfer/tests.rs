@@ -879,3 +879,18 @@ fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff(
         .unwrap();
     assert_eq!(m.capacity_retry_at_us(), t + 5 + CAPACITY_BACKOFF_MIN_US);
 }
+
+#[test]
+fn a_plan_the_manager_would_decide_differently_is_a_protocol_error() {
+    let mut m = StorageTransferManager::new(config());
+    m.begin_round(round(1_000)).unwrap();
+    // The planner believes operation 7 comes next; the manager's next ID is 1.
+    let intents = vec![StorageIntent::Query {
+        request: RequestId(1),
+        keys: vec![key("k1")],
+        parent: None,
+        expect: Ok((OperationId(7), 1)),
+    }];
+    let err = m.commit(intents).unwrap_err();
+    assert!(err.to_string().contains("diverged"), "{err}");
+}

@@ -4,8 +4,8 @@
 //! references. The executor here is a deterministic function of the committed plan: no
 //! clock, no I/O, no threads.
 
+use crate::engine::pipeline::{RoundPipeline, RoundPlan};
 use crate::model::{RankDigest, SyntheticModel};
-use crate::pipeline::{RoundPipeline, RoundPlan};
 use crate::scheduler::geometry::RankLayout;
 use crate::scheduler::{AgreedInputs, RequestEvent, Scheduler, SchedulerConfig};
 use crate::storage_transfer::{ClearKind, DropReason};

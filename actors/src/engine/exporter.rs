@@ -4,18 +4,18 @@
 //! feed a decision; this module only reads. The local store's promotion funnel and GET tiers
 //! come from the `LocalStore` the serve code hands over (`Exporter::with_local`).
 
-use actors::engine::actors::RankView;
-use actors::frontend::FallbackReason;
-use actors::l3::store::dfs::{DfsStore, InvalidReason};
-use actors::l3::store::local::stats::PromotionStats;
-use actors::l3::store::local::LocalStore;
-use actors::l3::store::tiered::TieredStore;
-use actors::metrics::{
+use crate::engine::RankView;
+use crate::frontend::FallbackReason;
+use crate::l3::store::dfs::{DfsStore, InvalidReason};
+use crate::l3::store::local::stats::PromotionStats;
+use crate::l3::store::local::LocalStore;
+use crate::l3::store::tiered::TieredStore;
+use crate::metrics::{
     capacity_label, fail_reason_label, Metrics, CAPACITY_REASONS, DFS_PUT_RESULTS,
     DFS_READ_RESULTS, L3_JOB_STATES, L3_OUTCOMES, LOCAL_GET_TIERS, PREFIX_TIERS,
     PROMOTION_FAIL_REASONS,
 };
-use actors::storage_transfer::DropReason;
+use crate::storage_transfer::DropReason;
 use messages::StorageOpKind;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -107,7 +107,7 @@ impl Exporter {
         &mut self,
         m: &Metrics,
         view: &RankView,
-        health: &crate::health::RankHealth,
+        health: &crate::frontend::health::RankHealth,
         round: u64,
     ) {
         let s = &view.scheduler.stats;
@@ -204,7 +204,7 @@ impl Exporter {
         if let Some(local) = self.local.clone() {
             self.export_local(m, &local);
         }
-        health.record_round(crate::health::RoundHealth {
+        health.record_round(crate::frontend::health::RoundHealth {
             round,
             namespace: view.scheduler.namespace.as_str().to_string(),
             live_requests: view.scheduler.live_requests,

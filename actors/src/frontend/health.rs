@@ -123,7 +123,7 @@ fn failed_reason(why: &str) -> String {
     format!("the replica failed: {why}")
 }
 
-impl actors::frontend::HealthSource for RankHealth {
+impl super::HealthSource for RankHealth {
     fn render(&self) -> (bool, String) {
         RankHealth::render(self)
     }
