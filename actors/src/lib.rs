@@ -1,6 +1,21 @@
-//! tsl3 actors: one module per actor, each owning its state and logic, plus the pure logic
-//! beside the actor that owns it. Actors talk only through `messages` types; only the
-//! binary wires them together.
+//! tsl3 actors: one module per actor or core, each owning its state and logic, plus the
+//! pure logic beside the one that owns it. The dependency graph is layered, as the code has
+//! it (docs/architecture.md draws it):
+//!
+//! - leaves: `clock`, `names`, `host` (the pinned Host allocation), `model` (the synthetic
+//!   model and its cost model), and the `messages` crate (everything that crosses a mailbox
+//!   or a socket);
+//! - cores over the leaves: `cache` (pools, matcher, tail table), `storage_transfer` (the
+//!   StorageTransferManager), `device` (the DeviceCopyEngine), `l3` (the executor, its pools
+//!   and the stores), `control_plane` (mesh, relay, agreement);
+//! - `scheduler` over cache, device's plan vocabulary (copies, slots, forward steps), model
+//!   and storage_transfer's planner; `frontend` (HTTP API, client registry, health
+//!   document) over the scheduler's request events; `metrics` (every metric name; its label
+//!   values come from the enums of the modules that own them);
+//! - `engine` on top: the round's one owner (`engine::round`) over the ports of the
+//!   executor, the device and the mesh, the event loop, the admin protocol, the exporter and
+//!   the startup factory. Only `engine` knows every part; the binary only wires settings to
+//!   it.
 
 pub mod cache;
 pub mod clock;

@@ -174,7 +174,7 @@ async fn the_loop_serves_answers_admin_and_quits_cleanly_on_stop() {
     assert!(text.contains("tsl3_rounds_total"), "metrics exported");
     let (ready, doc) = shared.health.render();
     assert!(!ready, "a stopped rank is not ready: {doc}");
-    assert!(rig.store.len() > 0, "the drain landed the backups");
+    assert!(!rig.store.is_empty(), "the drain landed the backups");
 }
 
 /// A mesh that fails at a given round (a dead peer).

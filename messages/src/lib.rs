@@ -24,5 +24,6 @@ pub use pressure::{
     HealthState, HealthStatus, KindPressure, PressureObservation, PressureSnapshot,
 };
 pub use round::{
-    AdminCommand, AgreedRound, ControlError, ExchangeRound, FrontendMessage, RoundReport,
+    AdminCommand, AgreedRound, ControlError, ExchangeRound, FrontendMessage, PrefillDigest,
+    RankDigest, RoundReport, Shard,
 };

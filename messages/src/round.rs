@@ -51,16 +51,37 @@ pub enum FrontendMessage {
     Shutdown,
 }
 
-/// One rank's partial digest of a prefill (the synthetic model's all-reduce input), sent
-/// at the tail feedback point of the round that ran the forward and gathered with the next
-/// round's reports.
+/// Which part of the KV heads a rank holds: shard `index` of `count` (TP rank of TP size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Shard {
+    /// The whole model on one rank.
+    pub const SINGLE: Shard = Shard { index: 0, count: 1 };
+
+    pub fn new(index: u32, count: u32) -> Self {
+        Self { index, count }
+    }
+}
+
+/// One rank's partial digest of a prefill (the synthetic model's all-reduce input): what a
+/// forward computes on this rank's shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RankDigest {
+    pub shard: Shard,
+    pub tokens: u64,
+    pub value: u64,
+}
+
+/// A rank's digest of one request's prefill, sent at the tail feedback point of the round
+/// that ran the forward and gathered with the next round's reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PrefillDigest {
     pub request: RequestId,
-    pub shard_index: u32,
-    pub shard_count: u32,
-    pub tokens: u64,
-    pub value: u64,
+    pub digest: RankDigest,
 }
 
 /// One owner's report for one round (the head feedback point).

@@ -5,9 +5,9 @@
 //! StorageTransferManager (offer). One direction per step: the scheduler never holds the
 //! manager, it plans against the report's StorageView.
 //!
-//! The actors (`scheduler::actor`, `storage_transfer::actor`) run exactly these steps
-//! through their mailboxes; this synchronous form drives the unit tests, the benchmarks and
-//! the determinism checks. It never performs I/O.
+//! The round owner (`engine::round`) drives these steps for both forms of a rank (the
+//! synchronous adapters and `engine-host serve`'s actors); the unit tests, the scheduler
+//! benchmark and the determinism checks drive it directly. It never performs I/O.
 
 use crate::scheduler::{AgreedInputs, Plan, Scheduler};
 use crate::storage_transfer::{ClearKind, RoundInput, StorageIntent, StorageTransferManager};

@@ -15,14 +15,14 @@ use crate::clock::SharedClock;
 use crate::device::{DeviceCopyBatch, DeviceCopyEngine, DeviceCopyEngineCore, DeviceMemory};
 use crate::host::HostCacheStorage;
 use crate::l3::{CloseReport, ExecutorStats, L3Executor, L3ExecutorActor};
-use crate::model::{CostModel, RankDigest, Shard, SyntheticModel};
+use crate::model::{CostModel, RankDigest, SyntheticModel};
 use crate::scheduler::{AdminCommand, AgreedInputs, RequestEvent, Scheduler, SchedulerStats};
 use crate::storage_transfer::{ClearKind, StmStats, StorageTransferManager};
 use actix::Addr;
-use messages::round::{AdminCommand as WireAdmin, PrefillDigest};
+use messages::round::AdminCommand as WireAdmin;
 use messages::{
-    AgreedRound, ControlError, FrontendMessage, HealthState, Namespace, PressureSnapshot,
-    RequestId, RoundReport,
+    AgreedRound, ControlError, FrontendMessage, HealthState, Namespace, PrefillDigest,
+    PressureSnapshot, RequestId, RoundReport,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -233,7 +233,11 @@ impl<X: ExecutorPort, D: DevicePort> RankEngine<X, D> {
         for (id, step) in plan.forwards {
             let out = self.device.forward(step).await?;
             work.forwards += 1;
-            self.digests.push(prefill_digest(id, shard, out.digest));
+            debug_assert_eq!(shard, out.digest.shard);
+            self.digests.push(PrefillDigest {
+                request: id,
+                digest: out.digest,
+            });
         }
         if !plan.d2h.is_empty() {
             let fence = self.device.copy(DeviceCopyBatch::new(plan.d2h)).await?;
@@ -400,17 +404,6 @@ impl RankEngine<L3Executor, SyncDevice> {
     }
 }
 
-fn prefill_digest(request: RequestId, shard: Shard, d: RankDigest) -> PrefillDigest {
-    debug_assert_eq!(shard, d.shard);
-    PrefillDigest {
-        request,
-        shard_index: d.shard.index,
-        shard_count: d.shard.count,
-        tokens: d.tokens,
-        value: d.value,
-    }
-}
-
 /// The scheduler's view of an agreed round: its inputs, the admin commands to queue (in
 /// arrival order) and whether the leader's Shutdown rides it.
 fn agreed_inputs(agreed: AgreedRound) -> (AgreedInputs, Vec<AdminCommand>, bool) {
@@ -442,14 +435,7 @@ fn agreed_inputs(agreed: AgreedRound) -> (AgreedInputs, Vec<AdminCommand>, bool)
     }
     let mut by_req: BTreeMap<RequestId, Vec<RankDigest>> = BTreeMap::new();
     for d in agreed.digests {
-        by_req.entry(d.request).or_default().push(RankDigest {
-            shard: Shard {
-                index: d.shard_index,
-                count: d.shard_count,
-            },
-            tokens: d.tokens,
-            value: d.value,
-        });
+        by_req.entry(d.request).or_default().push(d.digest);
     }
     inputs.digests = by_req.into_iter().collect();
     (inputs, admin, shutdown)

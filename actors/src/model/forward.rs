@@ -29,13 +29,7 @@ pub struct GroupContext<'a> {
     pub blocks: Vec<&'a [u8]>,
 }
 
-/// One rank's partial digest of a prefill.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct RankDigest {
-    pub shard: Shard,
-    pub tokens: u64,
-    pub value: u64,
-}
+pub use messages::RankDigest;
 
 /// The all-reduced digest of a prefill (every shard's rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -9,21 +9,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-/// Which part of the KV heads a rank holds: shard `index` of `count` (TP rank of TP size).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct Shard {
-    pub index: u32,
-    pub count: u32,
-}
-
-impl Shard {
-    /// The whole model on one rank.
-    pub const SINGLE: Shard = Shard { index: 0, count: 1 };
-
-    pub fn new(index: u32, count: u32) -> Self {
-        Self { index, count }
-    }
-}
+pub use messages::Shard;
 
 /// Seed of one group's prefix chain: distinct per profile, group index and kind.
 pub fn group_seed(profile: &str, group: usize, kind_tag: u64) -> u64 {
