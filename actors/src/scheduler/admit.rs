@@ -8,7 +8,7 @@
 //! Ready hold's lease is only handed back) and never performs I/O.
 
 use super::plan::Plan;
-use super::request::{PrefixSplit, RequestState};
+use super::request::{AdmissionResources, PrefixSplit, RequestState};
 use super::Scheduler;
 use crate::cache::keys::{BlockAddr, PromptIndex};
 use crate::device::{DeviceCopy, DeviceSlot, ForwardStep, GroupBlockTable};
@@ -51,6 +51,7 @@ impl Scheduler {
 
     /// Admits one request: matches the real cache again, copies Host blocks to the Device,
     /// allocates the written blocks and emits the forward and the D2H of new blocks.
+    /// `Ok(false)`: something did not fit (nothing is kept; the request stays queued).
     fn try_admit(&mut self, id: RequestId, plan: &mut Plan) -> Result<bool, String> {
         let (prompt, reusable) = match self.requests.get(&id) {
             Some(r) => (r.prompt.clone(), r.reusable()),
@@ -59,22 +60,53 @@ impl Scheduler {
         // Only aligned boundaries are restored (a tail block is recomputed): match over
         // aligned candidates, so a tail hit never hides the aligned prefix below it.
         let m = self.cache.admission_match_aligned(&prompt, reusable);
-        let (boundary, device_tokens) = (m.boundary, m.device_tokens);
-        let len = prompt.len() as u64;
-        let geometry = self.cfg.layout.geometry.clone();
-        let index = PromptIndex::new(&geometry, &prompt, prompt.len() as u32);
-        let groups = geometry.group_count();
+        let matched = Matched {
+            boundary: m.boundary,
+            device_tokens: m.device_tokens,
+            reusable,
+            prompt_len: prompt.len() as u32,
+        };
         // Plan every block first; take nothing until everything fits.
-        let mut context: Vec<Vec<BlockAddr>> = vec![vec![]; groups];
-        let mut written_full: Vec<Vec<BlockAddr>> = vec![vec![]; groups];
-        let mut written_partial = vec![false; groups];
+        let needs = self.block_needs(&prompt, matched.boundary)?;
+        if !self.fits(&needs) {
+            return Ok(false);
+        }
+        let Some(mut taken) = self.take_blocks(&needs, plan)? else {
+            return Ok(false);
+        };
+        let scratch = self.take_scratch(&needs.written_partial, &mut taken.tables)?;
+        self.publish_new_blocks(&taken.new_written, plan)?;
+        self.h2d_host_refs.extend(taken.h2d_refs);
+        let step = ForwardStep {
+            shard: self.cfg.layout.shard,
+            tokens: prompt,
+            context_len: matched.boundary as u64,
+            groups: taken.tables,
+        };
+        plan.forwards.push((id, step));
+        self.account_admission(id, matched, taken.held, scratch)?;
+        Ok(true)
+    }
+
+    /// Every block the forward of `prompt` from `boundary` reads (context) and writes, per
+    /// cache group; a written block past the last full one is a partial (scratch) block.
+    fn block_needs(&self, prompt: &[u32], boundary: u32) -> Result<BlockNeeds, String> {
+        let len = prompt.len() as u64;
+        let geometry = &self.cfg.layout.geometry;
+        let index = PromptIndex::new(geometry, prompt, prompt.len() as u32);
+        let groups = geometry.group_count();
+        let mut needs = BlockNeeds {
+            context: vec![vec![]; groups],
+            written_full: vec![vec![]; groups],
+            written_partial: vec![false; groups],
+        };
         for g in 0..groups {
             let req = self
                 .model
                 .required_blocks(g, boundary as u64)
                 .map_err(|e| e.to_string())?;
             for k in req {
-                context[g].push(BlockAddr::new(g, index.block_hash(g, k as u32)));
+                needs.context[g].push(BlockAddr::new(g, index.block_hash(g, k as u32)));
             }
             let wr = self
                 .model
@@ -83,102 +115,155 @@ impl Scheduler {
             let full = index.full_blocks(g) as u64;
             for k in wr {
                 if k < full {
-                    written_full[g].push(BlockAddr::new(g, index.block_hash(g, k as u32)));
+                    needs.written_full[g].push(BlockAddr::new(g, index.block_hash(g, k as u32)));
                 } else {
-                    written_partial[g] = true;
+                    needs.written_partial[g] = true;
                 }
             }
         }
-        let scratch_needed = written_partial.iter().filter(|p| **p).count();
+        Ok(needs)
+    }
+
+    /// Whether the scratch slots and the Device blocks not yet resident are available.
+    fn fits(&self, needs: &BlockNeeds) -> bool {
+        let scratch_needed = needs.written_partial.iter().filter(|p| **p).count();
         if scratch_needed > self.free_scratch.len() {
-            return Ok(false);
+            return false;
         }
-        let new_device: usize = context
+        let new_device: usize = needs
+            .context
             .iter()
             .flatten()
-            .chain(written_full.iter().flatten())
+            .chain(needs.written_full.iter().flatten())
             .filter(|a| !self.cache.device().contains(**a))
             .count();
-        let available: u64 = (0..groups as u32)
-            .map(|g| self.cache.device().available(g))
-            .sum();
-        if new_device as u64 > available {
-            return Ok(false);
-        }
-        // Take references and allocate.
-        let mut held: Vec<BlockAddr> = vec![];
-        let mut tables: Vec<GroupBlockTable> = vec![GroupBlockTable::default(); groups];
-        let mut new_written: Vec<BlockAddr> = vec![];
-        let rollback = |s: &mut Self, held: &[BlockAddr]| {
-            for a in held {
-                let _ = s.cache.device_mut().release(*a);
-            }
+        let groups = needs.context.len() as u32;
+        let available: u64 = (0..groups).map(|g| self.cache.device().available(g)).sum();
+        new_device as u64 <= available
+    }
+
+    /// Takes a reference on (or allocates) every block of `needs`, group by group, context
+    /// first. None: a block could not be taken; the Device references taken are released.
+    fn take_blocks(
+        &mut self,
+        needs: &BlockNeeds,
+        plan: &mut Plan,
+    ) -> Result<Option<Taken>, String> {
+        let groups = needs.context.len();
+        let mut t = Taken {
+            held: vec![],
+            tables: vec![GroupBlockTable::default(); groups],
+            new_written: vec![],
+            h2d_refs: vec![],
         };
-        let mut h2d_refs = vec![];
         for g in 0..groups {
-            for a in context[g].clone() {
-                let slot = if self.cache.device().contains(a) {
-                    if self.cache.device_mut().acquire(a).is_err() {
-                        rollback(self, &held);
-                        return Ok(false);
-                    }
-                    held.push(a);
-                    self.device_slot(a)?
-                } else {
-                    // A Host hit: allocate a Device slot and copy the block in.
-                    let range = self
-                        .cache
-                        .host()
-                        .host_range(a)
-                        .map_err(|e| format!("host block vanished: {e}"))?;
-                    let mut evicted = vec![];
-                    if self.cache.device_mut().allocate(a, &mut evicted).is_err() {
-                        rollback(self, &held);
-                        return Ok(false);
-                    }
-                    held.push(a);
-                    let _ = self.cache.host_mut().acquire(a);
-                    h2d_refs.push(a);
-                    let slot = self.device_slot(a)?;
-                    plan.h2d.push(DeviceCopy::h2d(range, slot, 0));
-                    let _ = self.cache.device_mut().publish(a);
-                    slot
+            for &a in &needs.context[g] {
+                let Some(slot) = self.take_context_block(a, &mut t, plan)? else {
+                    self.release_device(&t.held);
+                    return Ok(None);
                 };
-                tables[g].context.push(slot);
+                t.tables[g].context.push(slot);
             }
-            for a in written_full[g].clone() {
-                let slot = if self.cache.device().contains(a) {
-                    let _ = self.cache.device_mut().acquire(a);
-                    held.push(a);
-                    self.device_slot(a)?
-                } else {
-                    let mut evicted = vec![];
-                    if self.cache.device_mut().allocate(a, &mut evicted).is_err() {
-                        rollback(self, &held);
-                        return Ok(false);
-                    }
-                    held.push(a);
-                    new_written.push(a);
-                    self.device_slot(a)?
+            for &a in &needs.written_full[g] {
+                let Some(slot) = self.take_written_block(a, &mut t)? else {
+                    self.release_device(&t.held);
+                    return Ok(None);
                 };
-                tables[g].written.push(slot);
+                t.tables[g].written.push(slot);
             }
         }
+        Ok(Some(t))
+    }
+
+    /// A context block: a Device hit takes a reference; a Host hit allocates a Device slot
+    /// and copies the block in (H2D; the Host source is pinned until `d2h_done`).
+    fn take_context_block(
+        &mut self,
+        a: BlockAddr,
+        t: &mut Taken,
+        plan: &mut Plan,
+    ) -> Result<Option<DeviceSlot>, String> {
+        if self.cache.device().contains(a) {
+            if self.cache.device_mut().acquire(a).is_err() {
+                return Ok(None);
+            }
+            t.held.push(a);
+            return self.device_slot(a).map(Some);
+        }
+        let range = self
+            .cache
+            .host()
+            .host_range(a)
+            .map_err(|e| format!("host block vanished: {e}"))?;
+        let mut evicted = vec![];
+        if self.cache.device_mut().allocate(a, &mut evicted).is_err() {
+            return Ok(None);
+        }
+        t.held.push(a);
+        let _ = self.cache.host_mut().acquire(a);
+        t.h2d_refs.push(a);
+        let slot = self.device_slot(a)?;
+        plan.h2d.push(DeviceCopy::h2d(range, slot, 0));
+        let _ = self.cache.device_mut().publish(a);
+        Ok(Some(slot))
+    }
+
+    /// A full block the forward writes: a resident one takes a reference, a new one is
+    /// allocated (and published once the forward is planned).
+    fn take_written_block(
+        &mut self,
+        a: BlockAddr,
+        t: &mut Taken,
+    ) -> Result<Option<DeviceSlot>, String> {
+        if self.cache.device().contains(a) {
+            let _ = self.cache.device_mut().acquire(a);
+        } else {
+            let mut evicted = vec![];
+            if self.cache.device_mut().allocate(a, &mut evicted).is_err() {
+                return Ok(None);
+            }
+            t.new_written.push(a);
+        }
+        t.held.push(a);
+        self.device_slot(a).map(Some)
+    }
+
+    /// Releases Device references taken by an admission that did not fit.
+    fn release_device(&mut self, held: &[BlockAddr]) {
+        for a in held {
+            let _ = self.cache.device_mut().release(*a);
+        }
+    }
+
+    /// One scratch slot per group whose last written block is partial.
+    fn take_scratch(
+        &mut self,
+        partial: &[bool],
+        tables: &mut [GroupBlockTable],
+    ) -> Result<Vec<u32>, String> {
         let mut scratch = vec![];
-        for (g, partial) in written_partial.iter().enumerate() {
+        for (g, partial) in partial.iter().enumerate() {
             if *partial {
                 let s = self.free_scratch.pop().ok_or("scratch slots exhausted")?;
                 scratch.push(s);
                 tables[g].written.push(self.cfg.layout.scratch_slot(s));
             }
         }
-        // The forward writes the new blocks; they are published on the Device now (the
-        // forward is ordered before any later reader of this round).
-        for a in &new_written {
+        Ok(scratch)
+    }
+
+    /// The forward writes the new blocks: they are published on the Device now (the forward
+    /// is ordered before any later reader of this round), and each not yet in Host L2 gets
+    /// a Host block and a D2H copy (published by `d2h_done`).
+    fn publish_new_blocks(
+        &mut self,
+        new_written: &[BlockAddr],
+        plan: &mut Plan,
+    ) -> Result<(), String> {
+        for a in new_written {
             let _ = self.cache.device_mut().publish(*a);
         }
-        // D2H of new full blocks into Host L2 (published by `d2h_done`).
-        for a in &new_written {
+        for a in new_written {
             if self.cache.host().state(*a).is_some() {
                 continue;
             }
@@ -193,65 +278,41 @@ impl Scheduler {
             plan.d2h.push(DeviceCopy::d2h(slot, 0, range));
             self.d2h_blocks.push(*a);
         }
-        self.h2d_host_refs.extend(h2d_refs);
-        let step = ForwardStep {
-            shard: self.cfg.layout.shard,
-            tokens: prompt.clone(),
-            context_len: boundary as u64,
-            groups: tables,
-        };
-        plan.forwards.push((id, step));
-        // Account the prefix split and hand the Ready hold back (admission now holds its
-        // own references).
-        let stm_enabled = self.storage.is_some();
-        let l3_enabled = self.l3_enabled();
-        let r = self.requests.get_mut(&id).ok_or("request vanished")?;
-        let had_ready = r.resources.ready.is_some();
-        let l3 = if had_ready {
-            boundary
-                .min(r.resources.planned_boundary)
-                .saturating_sub(r.resources.local_at_plan.max(device_tokens))
-        } else {
-            0
-        };
-        let host = boundary.saturating_sub(device_tokens).saturating_sub(l3);
-        r.split = PrefixSplit {
-            device: device_tokens,
-            host,
-            l3,
-            computed: prompt.len() as u32 - boundary,
+        Ok(())
+    }
+
+    /// The admitted request runs: its prefix split and fallback reason are recorded, it holds
+    /// `held` and `scratch`, the counters advance and its Ready hold's lease is handed back
+    /// (admission now holds its own references).
+    fn account_admission(
+        &mut self,
+        id: RequestId,
+        m: Matched,
+        held: Vec<BlockAddr>,
+        scratch: Vec<u32>,
+    ) -> Result<(), String> {
+        let storage = StorageState {
+            stm_enabled: self.storage.is_some(),
+            l3_enabled: self.l3_enabled(),
         };
         let parent = self.cfg.layout.geometry.parent_tokens().max(1);
-        let aligned = |b: u32| b / parent * parent;
-        r.fallback = if !stm_enabled {
-            FallbackReason::Disabled
-        } else if !l3_enabled {
-            FallbackReason::Quarantine
-        } else if let Some(f) = r.resources.fallback {
-            f
-        } else if boundary >= aligned(reusable) {
-            FallbackReason::None
-        } else if l3 > 0 && boundary < aligned(r.resources.planned_boundary) {
-            FallbackReason::Partial
-        } else if l3 == 0 {
-            FallbackReason::Miss
-        } else {
-            FallbackReason::None
-        };
+        let r = self.requests.get_mut(&id).ok_or("request vanished")?;
+        r.split = prefix_split(&r.resources, m);
+        r.fallback = admission_fallback(storage, &r.resources, m, r.split.l3, parent);
         r.device_refs = held;
         r.scratch = scratch;
         r.state = RequestState::Prefill;
         self.running.insert(id);
         let ready = r.resources.ready.take();
         self.stats.admitted += 1;
-        self.stats.prefix_device += device_tokens as u64;
-        self.stats.prefix_host += host as u64;
-        self.stats.prefix_l3 += l3 as u64;
-        self.stats.computed += prompt.len() as u64 - boundary as u64;
+        self.stats.prefix_device += r.split.device as u64;
+        self.stats.prefix_host += r.split.host as u64;
+        self.stats.prefix_l3 += r.split.l3 as u64;
+        self.stats.computed += m.prompt_len as u64 - m.boundary as u64;
         if let (Some(lease), Some(planner)) = (ready, self.storage.as_mut()) {
             planner.detach(lease);
         }
-        Ok(true)
+        Ok(())
     }
 
     fn device_slot(&self, a: BlockAddr) -> Result<DeviceSlot, String> {
@@ -261,5 +322,97 @@ impl Scheduler {
             .slot_index(a)
             .map_err(|e| e.to_string())?;
         Ok(self.cfg.layout.cached_slot(a.group as usize, idx))
+    }
+}
+
+/// The admission match of one request.
+#[derive(Clone, Copy, Debug)]
+struct Matched {
+    /// The aligned boundary restored (Device and Host).
+    boundary: u32,
+    /// The part of the boundary already on the Device.
+    device_tokens: u32,
+    /// The request's reusable bound (every token but the last).
+    reusable: u32,
+    prompt_len: u32,
+}
+
+/// The blocks one admission needs, per cache group.
+#[derive(Debug)]
+struct BlockNeeds {
+    /// Blocks the forward reads (below the boundary).
+    context: Vec<Vec<BlockAddr>>,
+    /// Full blocks the forward writes.
+    written_full: Vec<Vec<BlockAddr>>,
+    /// Whether the forward writes a partial (tail) block in the group: a scratch slot.
+    written_partial: Vec<bool>,
+}
+
+/// What an admission took while its blocks were being taken.
+#[derive(Debug)]
+struct Taken {
+    /// Device blocks referenced (the request holds them while running).
+    held: Vec<BlockAddr>,
+    tables: Vec<GroupBlockTable>,
+    /// Blocks allocated for the forward to write (new on the Device).
+    new_written: Vec<BlockAddr>,
+    /// Host blocks pinned as H2D sources (released by `d2h_done`).
+    h2d_refs: Vec<BlockAddr>,
+}
+
+/// Whether storage is configured and whether L3 work is enabled, at admission.
+#[derive(Clone, Copy, Debug)]
+struct StorageState {
+    stm_enabled: bool,
+    l3_enabled: bool,
+}
+
+/// Where the restored prefix came from: the Device part, the L3 part (only with a Ready
+/// hold: the planned boundary above the local hit when the read was planned), the rest
+/// from Host; the tokens past the boundary are computed.
+fn prefix_split(res: &AdmissionResources, m: Matched) -> PrefixSplit {
+    let l3 = if res.ready.is_some() {
+        m.boundary
+            .min(res.planned_boundary)
+            .saturating_sub(res.local_at_plan.max(m.device_tokens))
+    } else {
+        0
+    };
+    let host = m
+        .boundary
+        .saturating_sub(m.device_tokens)
+        .saturating_sub(l3);
+    PrefixSplit {
+        device: m.device_tokens,
+        host,
+        l3,
+        computed: m.prompt_len - m.boundary,
+    }
+}
+
+/// Why the request did not reuse its whole reusable prefix (None when it did), given
+/// `l3` tokens from L3 and `parent`-token alignment.
+fn admission_fallback(
+    storage: StorageState,
+    res: &AdmissionResources,
+    m: Matched,
+    l3: u32,
+    parent: u32,
+) -> FallbackReason {
+    let aligned = |b: u32| b / parent * parent;
+    if !storage.stm_enabled {
+        FallbackReason::Disabled
+    } else if !storage.l3_enabled {
+        FallbackReason::Quarantine
+    } else if let Some(f) = res.fallback {
+        f
+    } else if m.boundary >= aligned(m.reusable) {
+        FallbackReason::None
+    } else if l3 > 0 && m.boundary < aligned(res.planned_boundary) {
+        FallbackReason::Partial
+    } else if l3 == 0 {
+        FallbackReason::Miss
+    } else {
+        FallbackReason::None
     }
 }
