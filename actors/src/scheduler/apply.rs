@@ -254,3 +254,187 @@ impl Scheduler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::super::{AgreedInputs, RequestEvent};
+    use crate::frontend::FallbackReason;
+    use messages::{OperationId, RequestId, StorageDone, StorageOp};
+
+    fn cancel(ids: &[u64]) -> AgreedInputs {
+        AgreedInputs {
+            cancellations: ids.iter().map(|i| RequestId(*i)).collect(),
+            ..AgreedInputs::default()
+        }
+    }
+
+    #[test]
+    fn cancelling_a_queued_request_aborts_it_and_frees_its_place() {
+        let mut rig = rig_with(false, 64, 1);
+        let (a, b) = (prompt(16, 1), prompt(16, 2));
+        let plan = rig.arrive(&[(1, &a, 4), (2, &b, 4)]);
+        assert_eq!(plan.forwards.len(), 1, "max_running 1");
+        assert_eq!(rig.s.state_of(RequestId(2)), Some("submitted"));
+        rig.apply(cancel(&[2]));
+        let events = rig.s.drain_events();
+        assert!(events.contains(&RequestEvent::Aborted(
+            RequestId(2),
+            "cancelled by the client".into()
+        )));
+        assert!(finished(&events, 2).is_none());
+        assert_eq!(rig.s.state_of(RequestId(2)), None);
+        assert!(!rig.s.queue.contains(&RequestId(2)));
+        assert_eq!(rig.s.live_requests(), 1);
+        assert_eq!(rig.s.stats().aborted, 1);
+    }
+
+    #[test]
+    fn cancelling_a_running_request_releases_its_device_blocks_and_scratch() {
+        let mut rig = rig(false);
+        let scratch = rig.s.free_scratch.len();
+        let p = prompt(30, 3);
+        let plan = rig.arrive(&[(1, &p, 4)]);
+        assert_eq!(plan.forwards.len(), 1);
+        rig.d2h_done();
+        let held = rig.s.requests[&RequestId(1)].device_refs.clone();
+        assert_eq!(held.len(), 7, "seven full blocks of 30 tokens");
+        assert_eq!(rig.s.free_scratch.len(), scratch - 1, "the partial block");
+        assert_eq!(rig.s.cache().device().available(0), 64 - 7);
+        rig.apply(cancel(&[1]));
+        assert!(rig.s.running.is_empty());
+        assert_eq!(rig.s.free_scratch.len(), scratch);
+        // The blocks stay cached but unreferenced: evictable, so available again.
+        assert_eq!(rig.s.cache().device().available(0), 64);
+        assert!(held.iter().all(|a| rig.s.cache().device().contains(*a)));
+    }
+
+    #[test]
+    fn a_prefill_digest_emits_the_first_token_then_one_token_per_round() {
+        let mut rig = rig(false);
+        let p = prompt(12, 4);
+        let plan = rig.arrive(&[(1, &p, 3)]);
+        rig.d2h_done();
+        rig.apply(AgreedInputs {
+            digests: digests_of(&plan),
+            ..AgreedInputs::default()
+        });
+        let events = rig.s.drain_events();
+        assert!(matches!(events[..], [RequestEvent::Token(RequestId(1), _)]));
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("decode"));
+        // The first decode token comes the round after the digest's.
+        let plan = rig.plan();
+        assert!(plan.decode_contexts.is_empty());
+        rig.apply(AgreedInputs::default());
+        assert_eq!(rig.s.drain_events().len(), 1);
+        assert_eq!(rig.plan().decode_contexts, vec![13]);
+        rig.apply(AgreedInputs::default());
+        let events = rig.s.drain_events();
+        assert!(matches!(events[0], RequestEvent::Token(RequestId(1), _)));
+        let Some(RequestEvent::Finished { split, .. }) = finished(&events, 1) else {
+            panic!("{events:?}");
+        };
+        assert_eq!(split.computed, 12);
+        assert_eq!(rig.s.live_requests(), 0);
+        assert_eq!(rig.s.stats().finished, 1);
+    }
+
+    #[test]
+    fn disagreeing_rank_digests_abort_the_request() {
+        let mut rig = rig(false);
+        let p = prompt(12, 5);
+        let plan = rig.arrive(&[(1, &p, 3)]);
+        let mut digests = digests_of(&plan);
+        let extra = digests[0].1[0];
+        digests[0].1.push(extra); // two digests for a world of one
+        rig.apply(AgreedInputs {
+            digests,
+            ..AgreedInputs::default()
+        });
+        let events = rig.s.drain_events();
+        assert!(
+            matches!(&events[..], [RequestEvent::Aborted(RequestId(1), why)] if why.contains("rank digests disagree")),
+            "{events:?}"
+        );
+        assert!(rig.s.running.is_empty());
+    }
+
+    #[test]
+    fn a_completion_while_storage_is_disabled_is_a_protocol_error() {
+        let mut rig = rig(false);
+        let input = AgreedInputs {
+            completions: vec![StorageDone::query(OperationId(7), vec![true], true)],
+            ..AgreedInputs::default()
+        };
+        let err = rig.s.apply(input, None).unwrap_err();
+        assert!(err.to_string().contains("storage is disabled"), "{err}");
+    }
+
+    #[test]
+    fn a_tick_past_the_soft_deadline_ends_the_query_wait() {
+        let mut rig = rig(true);
+        let p = prompt(32, 6);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        assert!(matches!(plan.storage[..], [StorageOp::Query(_)]));
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
+        // The QUERY is never answered: before the deadline the wait goes on.
+        rig.apply(AgreedInputs::default());
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
+        rig.plan();
+        rig.apply(AgreedInputs {
+            tick_us: (rig.round + 1) * ROUND_US + SOFT_DEADLINE_MS * 1_000,
+            ..AgreedInputs::default()
+        });
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("admissible"));
+        let r = &rig.s.requests[&RequestId(1)];
+        assert_eq!(r.resources.fallback, Some(FallbackReason::Deadline));
+        assert!(rig.s.queue.contains(&RequestId(1)));
+        // It is admitted next, without a second QUERY.
+        let plan = rig.plan();
+        assert_eq!(plan.forwards.len(), 1);
+        assert!(!plan
+            .storage
+            .iter()
+            .any(|o| matches!(o, StorageOp::Query(_))));
+    }
+
+    #[test]
+    fn query_hits_become_a_get_whose_publication_admits_with_an_l3_split() {
+        let mut rig = rig(true);
+        let p = prompt(32, 7);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let exists = vec![true; q.keys.len()];
+        let plan = rig.round(AgreedInputs {
+            completions: vec![StorageDone::query(q.op, exists, true)],
+            ..AgreedInputs::default()
+        });
+        let [StorageOp::Get(g)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        assert!(plan.forwards.is_empty(), "still prefetching");
+        let n = g.keys.len();
+        let lens = g.destinations.iter().map(|d| d.len).collect();
+        rig.apply(AgreedInputs {
+            completions: vec![StorageDone::get(
+                g.op,
+                vec![true; n],
+                lens,
+                vec![None; n],
+                true,
+            )],
+            ..AgreedInputs::default()
+        });
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("admissible"));
+        assert!(rig.s.requests[&RequestId(1)].resources.ready.is_some());
+        let plan = rig.plan();
+        assert_eq!(plan.forwards.len(), 1);
+        assert_eq!(plan.h2d.len(), 7, "the L3 blocks are copied in from Host");
+        let r = &rig.s.requests[&RequestId(1)];
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 0, 28));
+        assert_eq!(r.fallback, FallbackReason::None);
+        assert!(r.resources.ready.is_none(), "admission took the Ready hold");
+    }
+}
