@@ -416,3 +416,175 @@ fn admission_fallback(
         FallbackReason::None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::request::AdmissionResources;
+    use super::super::tests::*;
+    use super::super::AdminCommand;
+    use super::{admission_fallback, prefix_split, Matched, StorageState};
+    use crate::frontend::FallbackReason;
+    use messages::RequestId;
+
+    #[test]
+    fn a_device_hit_prefix_is_admitted_with_the_device_split() {
+        let mut rig = rig(false);
+        let p = prompt(30, 1);
+        rig.arrive(&[(1, &p, 4)]);
+        rig.d2h_done();
+        // The same prompt while the first still runs: its blocks are on the Device.
+        let plan = rig.arrive(&[(2, &p, 4)]);
+        let [(id, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(*id, RequestId(2));
+        assert_eq!(step.context_len, 28);
+        assert_eq!(step.groups[0].context.len(), 7);
+        assert!(plan.h2d.is_empty(), "nothing comes from Host");
+        assert!(plan.d2h.is_empty(), "no new full block");
+        let r = &rig.s.requests[&RequestId(2)];
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (28, 0, 0));
+        assert_eq!(r.split.computed, 2);
+        assert_eq!(r.fallback, FallbackReason::Disabled);
+        assert_eq!(rig.s.stats().prefix_device, 28);
+    }
+
+    #[test]
+    fn a_host_hit_prefix_is_copied_in_and_admitted_with_the_host_split() {
+        let mut rig = rig(false);
+        let p = prompt(30, 2);
+        serve_one(&mut rig, 1, &p);
+        rig.s.admin(AdminCommand::ResetLocal { host: false });
+        assert!(rig.s.quiescent());
+        rig.s.apply_admin(None, None).unwrap();
+        let plan = rig.arrive(&[(2, &p, 4)]);
+        assert_eq!(plan.forwards.len(), 1);
+        assert_eq!(plan.h2d.len(), 7, "every context block from Host");
+        let r = &rig.s.requests[&RequestId(2)];
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 28, 0));
+        assert_eq!(
+            rig.s.h2d_host_refs.len(),
+            7,
+            "sources pinned until d2h_done"
+        );
+        rig.d2h_done();
+        assert!(rig.s.h2d_host_refs.is_empty());
+    }
+
+    #[test]
+    fn admission_waits_when_device_blocks_are_short_and_keeps_the_line() {
+        let mut rig = rig_with(false, 4, 4);
+        let long = prompt(32, 3); // eight full blocks: more than the pool
+        let short = prompt(8, 4);
+        let plan = rig.arrive(&[(1, &long, 2), (2, &short, 2)]);
+        assert!(plan.forwards.is_empty());
+        assert!(plan.h2d.is_empty() && plan.d2h.is_empty());
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("submitted"));
+        assert_eq!(rig.s.state_of(RequestId(2)), Some("submitted"));
+        assert_eq!(rig.s.queue.len(), 2, "both stay queued, in order");
+        assert_eq!(rig.s.stats().admitted, 0);
+        // Nothing was taken.
+        assert_eq!(rig.s.cache().device().available(0), 4);
+        assert!(rig.s.requests[&RequestId(1)].device_refs.is_empty());
+        // A later round still refuses it (it waits; it is not aborted).
+        let plan = rig.round(Default::default());
+        assert!(plan.forwards.is_empty());
+        assert_eq!(rig.s.live_requests(), 2);
+    }
+
+    #[test]
+    fn admission_stops_at_max_running() {
+        let mut rig = rig_with(false, 64, 2);
+        let ps: Vec<Vec<u32>> = (0..3).map(|i| prompt(8, 10 + i)).collect();
+        let plan = rig.arrive(&[(1, &ps[0], 4), (2, &ps[1], 4), (3, &ps[2], 4)]);
+        let ids: Vec<u64> = plan.forwards.iter().map(|(id, _)| id.0).collect();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(rig.s.state_of(RequestId(3)), Some("submitted"));
+        assert_eq!(rig.s.running.len(), 2);
+    }
+
+    #[test]
+    fn a_new_prompt_writes_its_full_blocks_and_one_scratch_slot() {
+        let mut rig = rig(false);
+        let p = prompt(30, 5);
+        let plan = rig.arrive(&[(1, &p, 4)]);
+        let [(_, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(step.context_len, 0);
+        assert_eq!(
+            step.groups[0].written.len(),
+            8,
+            "seven full blocks and the tail"
+        );
+        let scratch = rig.s.requests[&RequestId(1)].scratch.clone();
+        assert_eq!(scratch.len(), 1);
+        let tail = rig.s.cfg.layout.scratch_slot(scratch[0]);
+        assert_eq!(step.groups[0].written.last(), Some(&tail));
+        assert_eq!(plan.d2h.len(), 7, "the new full blocks go to Host");
+        assert_eq!(rig.s.stats().computed, 30);
+    }
+
+    fn matched(boundary: u32, device_tokens: u32) -> Matched {
+        Matched {
+            boundary,
+            device_tokens,
+            reusable: 31,
+            prompt_len: 32,
+        }
+    }
+
+    const ON: StorageState = StorageState {
+        stm_enabled: true,
+        l3_enabled: true,
+    };
+
+    #[test]
+    fn the_l3_part_of_a_split_needs_a_ready_hold() {
+        let mut res = AdmissionResources {
+            planned_boundary: 28,
+            local_at_plan: 8,
+            ..AdmissionResources::default()
+        };
+        let s = prefix_split(&res, matched(28, 4));
+        assert_eq!((s.device, s.host, s.l3, s.computed), (4, 24, 0, 4));
+        res.ready = Some(crate::storage_transfer::StorageLease {
+            request: RequestId(1),
+            serial: 1,
+        });
+        let s = prefix_split(&res, matched(28, 4));
+        assert_eq!((s.device, s.host, s.l3, s.computed), (4, 4, 20, 4));
+    }
+
+    #[test]
+    fn admission_fallback_reasons() {
+        let res = AdmissionResources {
+            planned_boundary: 28,
+            ..AdmissionResources::default()
+        };
+        let off = StorageState {
+            stm_enabled: false,
+            l3_enabled: false,
+        };
+        let quarantined = StorageState {
+            stm_enabled: true,
+            l3_enabled: false,
+        };
+        let f =
+            |st, res: &AdmissionResources, b, l3| admission_fallback(st, res, matched(b, 0), l3, 4);
+        assert_eq!(f(off, &res, 28, 0), FallbackReason::Disabled);
+        assert_eq!(f(quarantined, &res, 28, 0), FallbackReason::Quarantine);
+        assert_eq!(
+            f(ON, &res, 28, 28),
+            FallbackReason::None,
+            "whole reusable prefix"
+        );
+        assert_eq!(f(ON, &res, 16, 8), FallbackReason::Partial);
+        assert_eq!(f(ON, &res, 0, 0), FallbackReason::Miss);
+        let recorded = AdmissionResources {
+            fallback: Some(FallbackReason::Deadline),
+            ..AdmissionResources::default()
+        };
+        assert_eq!(f(ON, &recorded, 0, 0), FallbackReason::Deadline);
+    }
+}

@@ -166,3 +166,110 @@ impl Scheduler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::refusal_reason;
+    use crate::frontend::FallbackReason;
+    use crate::storage_transfer::Refusal;
+    use messages::{RequestId, StorageOp};
+
+    #[test]
+    fn an_eligible_arrival_gets_one_query_and_leaves_the_queue() {
+        let mut rig = rig(true);
+        let p = prompt(32, 1);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        assert_eq!(q.request, Some(RequestId(1)));
+        assert_eq!(
+            q.keys.len(),
+            8,
+            "seven aligned blocks and the tail at the reusable bound"
+        );
+        assert!(plan.forwards.is_empty());
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
+        assert!(!rig.s.queue.contains(&RequestId(1)));
+        assert!(rig.s.requests[&RequestId(1)].resources.storage_prepared);
+        assert!(rig.s.unprepared.is_empty());
+    }
+
+    #[test]
+    fn storage_disabled_plans_no_storage_and_admits_at_once() {
+        let mut rig = rig(false);
+        let p = prompt(32, 2);
+        rig.apply(arrivals(&[(1, &p, 2)]));
+        let plan = rig.s.plan();
+        assert!(plan.storage.is_empty());
+        assert_eq!(plan.forwards.len(), 1);
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefill"));
+        assert!(!rig.s.requests[&RequestId(1)].resources.storage_prepared);
+    }
+
+    #[test]
+    fn a_prompt_with_nothing_reusable_bypasses_the_query() {
+        let mut rig = rig(true);
+        let p = prompt(1, 3); // the forward computes the last token: nothing to look up
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        assert!(!plan
+            .storage
+            .iter()
+            .any(|o| matches!(o, StorageOp::Query(_))));
+        assert_eq!(plan.forwards.len(), 1);
+        assert!(rig.s.requests[&RequestId(1)].resources.storage_prepared);
+    }
+
+    #[test]
+    fn a_query_with_no_hit_falls_back_to_admission_as_a_miss() {
+        let mut rig = rig(true);
+        let p = prompt(32, 4);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let exists = vec![false; q.keys.len()];
+        let plan = rig.round(query_done(q.op, exists));
+        assert!(!plan.storage.iter().any(|o| matches!(o, StorageOp::Get(_))));
+        assert_eq!(plan.forwards.len(), 1);
+        let r = &rig.s.requests[&RequestId(1)];
+        assert_eq!(r.fallback, FallbackReason::Miss);
+        assert_eq!(r.split.computed, 32);
+    }
+
+    #[test]
+    fn a_prepared_request_is_no_longer_storage_eligible() {
+        let mut rig = rig(true);
+        let p = prompt(32, 5);
+        rig.apply(arrivals(&[(1, &p, 2)]));
+        let r = &rig.s.requests[&RequestId(1)];
+        assert!(rig.s.storage_eligible(r));
+        rig.plan();
+        let r = &rig.s.requests[&RequestId(1)];
+        assert!(!rig.s.storage_eligible(r), "prefetching, and prepared once");
+    }
+
+    #[test]
+    fn refusals_map_to_their_fallback_reasons() {
+        assert_eq!(
+            refusal_reason(&Refusal::PressureClosed),
+            FallbackReason::Pressure
+        );
+        assert_eq!(
+            refusal_reason(&Refusal::Disabled),
+            FallbackReason::Quarantine
+        );
+        assert_eq!(
+            refusal_reason(&Refusal::OperationCredits),
+            FallbackReason::Miss
+        );
+    }
+
+    fn query_done(op: messages::OperationId, exists: Vec<bool>) -> super::super::AgreedInputs {
+        super::super::AgreedInputs {
+            completions: vec![messages::StorageDone::query(op, exists, true)],
+            ..Default::default()
+        }
+    }
+}
