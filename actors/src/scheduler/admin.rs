@@ -92,3 +92,112 @@ impl Scheduler {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::AdminCommand;
+    use messages::{Namespace, RequestId};
+
+    #[test]
+    fn a_pending_command_holds_new_admissions_until_it_applies() {
+        let mut rig = rig(false);
+        rig.s.admin(AdminCommand::ClearCache);
+        let p = prompt(16, 1);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        assert!(
+            plan.forwards.is_empty(),
+            "held while the command is pending"
+        );
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("submitted"));
+        assert_eq!(rig.s.admin_pending(), Some(AdminCommand::ClearCache));
+        assert!(rig.s.quiescent(), "a submitted request holds nothing");
+        rig.s.apply_admin(None, None).unwrap();
+        assert_eq!(rig.s.admin_pending(), None);
+        let plan = rig.round(Default::default());
+        assert_eq!(plan.forwards.len(), 1);
+    }
+
+    #[test]
+    fn refuse_admin_drops_the_command_and_admission_resumes() {
+        let mut rig = rig(false);
+        rig.s.admin(AdminCommand::SetWeightVersion {
+            target: 2,
+            draft: None,
+        });
+        let p = prompt(16, 2);
+        assert!(rig.arrive(&[(1, &p, 2)]).forwards.is_empty());
+        rig.s.refuse_admin();
+        assert_eq!(rig.s.admin_pending(), None);
+        let ns = rig.s.namespace().clone();
+        assert_eq!(rig.round(Default::default()).forwards.len(), 1);
+        assert_eq!(rig.s.namespace(), &ns, "never applied");
+    }
+
+    #[test]
+    fn commands_apply_in_order_one_at_a_time() {
+        let mut rig = rig(false);
+        rig.s.admin(AdminCommand::ClearCache);
+        rig.s.admin(AdminCommand::ResetLocal { host: true });
+        rig.s.apply_admin(None, None).unwrap();
+        assert_eq!(
+            rig.s.admin_pending(),
+            Some(AdminCommand::ResetLocal { host: true })
+        );
+    }
+
+    #[test]
+    fn running_or_prefetching_requests_are_not_quiescent() {
+        let mut rig = rig(false);
+        let p = prompt(16, 3);
+        rig.arrive(&[(1, &p, 4)]);
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefill"));
+        assert!(!rig.s.quiescent());
+        let mut rig = rig_with(true, 64, 4);
+        rig.arrive(&[(1, &p, 4)]);
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
+        assert!(!rig.s.quiescent());
+    }
+
+    #[test]
+    fn a_weight_update_moves_the_namespace_and_drops_local_hits() {
+        let mut rig = rig(false);
+        let p = prompt(30, 4);
+        serve_one(&mut rig, 1, &p);
+        rig.s.admin(AdminCommand::SetWeightVersion {
+            target: 2,
+            draft: None,
+        });
+        let ns = Namespace("tsl3-00000000schedtest2".into());
+        rig.s.apply_admin(None, Some(ns.clone())).unwrap();
+        assert_eq!(rig.s.namespace(), &ns);
+        assert_eq!(rig.s.cfg.namespace, ns);
+        rig.arrive(&[(2, &p, 2)]);
+        let r = &rig.s.requests[&RequestId(2)];
+        assert_eq!((r.split.device, r.split.host), (0, 0));
+        assert_eq!(r.split.computed, 30);
+    }
+
+    #[test]
+    fn reset_local_keeps_host_unless_asked() {
+        let mut rig = rig(false);
+        let p = prompt(30, 5);
+        serve_one(&mut rig, 1, &p);
+        rig.s.admin(AdminCommand::ResetLocal { host: true });
+        rig.s.apply_admin(None, None).unwrap();
+        rig.arrive(&[(2, &p, 2)]);
+        let r = &rig.s.requests[&RequestId(2)];
+        assert_eq!((r.split.device, r.split.host, r.split.computed), (0, 0, 30));
+    }
+
+    #[test]
+    fn only_reset_local_waits_for_idle_storage() {
+        assert!(AdminCommand::ResetLocal { host: false }.waits_for_idle_storage());
+        assert!(!AdminCommand::ClearCache.waits_for_idle_storage());
+        assert!(!AdminCommand::SetWeightVersion {
+            target: 1,
+            draft: None
+        }
+        .waits_for_idle_storage());
+    }
+}

@@ -69,3 +69,83 @@ impl Scheduler {
         planner.dispatch_backups(&mut residency);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::super::RefUse;
+    use crate::cache::keys::page_key;
+    use messages::{StorageDone, StorageOp};
+
+    /// A storage rig's request admitted after its QUERY missed everywhere.
+    fn admit_after_a_miss(rig: &mut Rig, id: u64, p: &[u32]) -> Plan<StorageOp> {
+        let plan = rig.arrive(&[(id, p, 4)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let exists = vec![false; q.keys.len()];
+        rig.round(super::super::AgreedInputs {
+            completions: vec![StorageDone::query(q.op, exists, true)],
+            ..Default::default()
+        })
+    }
+    use super::super::Plan;
+
+    #[test]
+    fn d2h_done_yields_candidates_only_for_computed_blocks() {
+        let mut rig = rig(true);
+        let p = prompt(30, 1);
+        let plan = admit_after_a_miss(&mut rig, 1, &p);
+        assert_eq!(plan.d2h.len(), 7);
+        let blocks = rig.s.d2h_blocks.clone();
+        let candidates = rig.s.d2h_done();
+        assert_eq!(candidates.len(), 7, "one page per tiny block");
+        let c = rig.s.cache();
+        for (cand, a) in candidates.iter().zip(&blocks) {
+            assert_eq!(cand.key, page_key(c.namespace(), c.geometry(), *a, 0));
+            assert!(matches!(
+                rig.s.refs.get(&cand.host),
+                Some(RefUse::PutSource(b, 0)) if b == a
+            ));
+            assert!(c.host().contains(*a), "published in Host L2");
+        }
+        // The same prompt hits the Device: nothing new is computed into a full block.
+        let plan = rig.arrive(&[(2, &p, 4)]);
+        assert!(plan.d2h.is_empty());
+        assert!(rig.s.d2h_done().is_empty());
+    }
+
+    #[test]
+    fn without_storage_d2h_done_publishes_host_but_offers_nothing() {
+        let mut rig = rig(false);
+        let p = prompt(30, 2);
+        rig.arrive(&[(1, &p, 4)]);
+        let blocks = rig.s.d2h_blocks.clone();
+        assert_eq!(blocks.len(), 7);
+        assert!(blocks.iter().all(|a| !rig.s.cache().host().contains(*a)));
+        assert!(rig.s.d2h_done().is_empty());
+        assert!(blocks.iter().all(|a| rig.s.cache().host().contains(*a)));
+        assert!(rig.s.refs.is_empty());
+        assert!(rig.s.d2h_blocks.is_empty());
+    }
+
+    #[test]
+    fn offered_candidates_are_dispatched_as_one_put_of_resident_pages() {
+        let mut rig = rig(true);
+        let p = prompt(30, 3);
+        admit_after_a_miss(&mut rig, 1, &p);
+        assert_eq!(rig.d2h_done(), 7);
+        let plan = rig.round(Default::default());
+        let puts: Vec<_> = plan
+            .storage
+            .iter()
+            .filter_map(|o| match o {
+                StorageOp::Put(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(puts.len(), 1, "{:?}", plan.storage);
+        assert_eq!(puts[0].keys.len(), 7);
+        assert_eq!(puts[0].sources.len(), 7);
+    }
+}

@@ -132,3 +132,63 @@ impl Scheduler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::super::RequestEvent;
+    use crate::frontend::FallbackReason;
+    use messages::{RequestId, StorageOp};
+
+    #[test]
+    fn aborting_a_prefetching_request_cancels_its_storage_wait() {
+        let mut rig = rig(true);
+        let p = prompt(32, 1);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let op = q.op;
+        rig.apply(Default::default());
+        rig.s.abort(RequestId(1), "test");
+        assert_eq!(rig.s.state_of(RequestId(1)), None);
+        assert_eq!(
+            rig.s.drain_events(),
+            vec![RequestEvent::Aborted(RequestId(1), "test".into())]
+        );
+        // Within the round (as an admission failure aborts): the same plan cancels it.
+        let plan = rig.plan();
+        assert!(
+            plan.storage
+                .iter()
+                .any(|o| matches!(o, StorageOp::Cancel(c) if c.op == op)),
+            "{:?}",
+            plan.storage
+        );
+    }
+
+    #[test]
+    fn aborting_an_unknown_request_does_nothing() {
+        let mut rig = rig(false);
+        rig.s.abort(RequestId(9), "nobody");
+        assert!(rig.s.drain_events().is_empty());
+        assert_eq!(rig.s.stats().aborted, 0);
+    }
+
+    #[test]
+    fn finishing_counts_the_fallback_reason() {
+        let mut rig = rig(false);
+        let p = prompt(12, 2);
+        let events = serve_one(&mut rig, 1, &p);
+        let Some(RequestEvent::Finished { fallback, .. }) = finished(&events, 1) else {
+            panic!("{events:?}");
+        };
+        assert_eq!(*fallback, FallbackReason::Disabled);
+        assert_eq!(rig.s.stats().fallback.get(fallback.as_str()), Some(&1));
+        assert!(rig.s.running.is_empty());
+        assert_eq!(
+            rig.s.free_scratch.len(),
+            rig.s.cfg.layout.scratch_slots as usize
+        );
+    }
+}

@@ -112,3 +112,95 @@ impl Scheduler {
         plan
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::super::AdminCommand;
+    use super::Plan;
+    use crate::device::{DeviceCopy, DeviceSlot, ForwardStep};
+    use crate::model::Shard;
+    use messages::{HostRange, RequestId};
+
+    fn step(tokens: usize, context_len: u64) -> ForwardStep {
+        ForwardStep {
+            shard: Shard { index: 0, count: 1 },
+            tokens: vec![1; tokens],
+            context_len,
+            groups: vec![],
+        }
+    }
+
+    fn range(len: u64) -> HostRange {
+        HostRange { offset: 0, len }
+    }
+
+    #[test]
+    fn step_items_are_prefill_chunks_then_decode_tokens() {
+        let plan: Plan<()> = Plan {
+            forwards: vec![(RequestId(1), step(10, 4)), (RequestId(2), step(3, 3))],
+            decode_contexts: vec![7],
+            ..Plan::default()
+        };
+        let items: Vec<(u64, u64)> = plan
+            .step_items()
+            .iter()
+            .map(|i| (i.new, i.context))
+            .collect();
+        assert_eq!(items, vec![(6, 4), (0, 3), (1, 7)]);
+    }
+
+    #[test]
+    fn copy_bytes_sum_each_direction() {
+        let plan: Plan<()> = Plan {
+            h2d: vec![DeviceCopy::h2d(range(64), DeviceSlot(0), 0); 2],
+            d2h: vec![DeviceCopy::d2h(DeviceSlot(1), 0, range(32))],
+            ..Plan::default()
+        };
+        assert_eq!(plan.copy_bytes(), (128, 32));
+        assert!(!plan.is_empty());
+    }
+
+    #[test]
+    fn with_storage_keeps_the_device_work() {
+        let plan: Plan<u8> = Plan {
+            storage: vec![1, 2],
+            forwards: vec![(RequestId(3), step(5, 0))],
+            decode_contexts: vec![9],
+            poison: vec![DeviceSlot(4)],
+            ..Plan::default()
+        };
+        let moved = plan.with_storage(vec!["op"]);
+        assert_eq!(moved.storage, vec!["op"]);
+        assert_eq!(moved.forwards.len(), 1);
+        assert_eq!(moved.decode_contexts, vec![9]);
+        assert_eq!(moved.poison, vec![DeviceSlot(4)]);
+        let empty: Plan<u8> = Plan {
+            decode_contexts: vec![1],
+            ..Plan::default()
+        };
+        assert!(
+            empty.is_empty(),
+            "decode tokens alone are no device work to order"
+        );
+    }
+
+    #[test]
+    fn plan_hands_the_decode_contexts_over_once() {
+        let mut rig = rig(false);
+        rig.s.decode_contexts = vec![5, 6];
+        assert_eq!(rig.s.plan().decode_contexts, vec![5, 6]);
+        assert!(rig.s.plan().decode_contexts.is_empty());
+    }
+
+    #[test]
+    fn a_pending_admin_command_skips_preparation_and_admission() {
+        let mut rig = rig(true);
+        rig.s.admin(AdminCommand::ClearCache);
+        let p = prompt(32, 1);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        assert!(plan.storage.is_empty(), "no QUERY");
+        assert!(plan.forwards.is_empty());
+        assert_eq!(rig.s.unprepared.len(), 1, "still to be considered");
+    }
+}
