@@ -73,7 +73,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::super::tests::*;
-    use super::super::RefUse;
+    use super::super::{Plan, RefUse};
     use crate::cache::keys::page_key;
     use messages::{StorageDone, StorageOp};
 
@@ -89,7 +89,6 @@ mod tests {
             ..Default::default()
         })
     }
-    use super::super::Plan;
 
     #[test]
     fn d2h_done_yields_candidates_only_for_computed_blocks() {

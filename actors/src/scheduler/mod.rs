@@ -10,6 +10,12 @@
 //! `d2h_done`, whose backup candidates go to the manager. The scheduler never holds the
 //! manager: it plans against the manager's StorageView (`StoragePlanner`). It never performs
 //! I/O, never touches Host or device bytes and never reads a clock: time is the agreed tick.
+//!
+//! By concern: `apply.rs` (applying the agreed round and the manager's effects),
+//! `lifecycle.rs` (digests, decode, finish, abort), `prepare.rs` (QUERY and GET planning),
+//! `admit.rs` (Device admission), `backups.rs` (D2H publication and backup candidates),
+//! `admin.rs` (admin commands and quiescence), `plan.rs` (the Plan and the order of a
+//! round's planning). This file keeps the Scheduler's state, its constructor and accessors.
 
 pub mod actor;
 mod admin;
