@@ -19,7 +19,6 @@ use crate::model::{CostModel, RankDigest, SyntheticModel};
 use crate::scheduler::{AdminCommand, AgreedInputs, RequestEvent, Scheduler, SchedulerStats};
 use crate::storage_transfer::{ClearKind, StmStats, StorageTransferManager};
 use actix::Addr;
-use messages::round::AdminCommand as WireAdmin;
 use messages::{
     AgreedRound, ControlError, FrontendMessage, HealthState, Namespace, PrefillDigest,
     PressureSnapshot, RequestId, RoundReport,
@@ -423,13 +422,7 @@ fn agreed_inputs(agreed: AgreedRound) -> (AgreedInputs, Vec<AdminCommand>, bool)
                 max_tokens,
             } => inputs.new_requests.push((id, prompt, max_tokens)),
             FrontendMessage::Cancel { id } => inputs.cancellations.push(id),
-            FrontendMessage::Admin(a) => admin.push(match a {
-                WireAdmin::ClearCache => AdminCommand::ClearCache,
-                WireAdmin::SetWeightVersion { target, draft } => {
-                    AdminCommand::SetWeightVersion { target, draft }
-                }
-                WireAdmin::ResetLocal { host } => AdminCommand::ResetLocal { host },
-            }),
+            FrontendMessage::Admin(a) => admin.push(a),
             FrontendMessage::Shutdown => shutdown = true,
         }
     }

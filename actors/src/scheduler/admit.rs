@@ -1,0 +1,590 @@
+//! Admission: queued requests move onto the Device in arrival order, up to `max_running`.
+//! `try_admit` matches the real cache, plans every block it needs (`block_needs`), checks
+//! that they fit, takes references and allocates (rolling back when something is short),
+//! emits the H2D copies of Host hits, the forward and the D2H of new full blocks, and
+//! accounts the prefix split and the fallback reason.
+//!
+//! The only place that decides Device admission. It never plans storage operations (a
+//! Ready hold's lease is only handed back) and never performs I/O.
+
+use super::plan::Plan;
+use super::request::{AdmissionResources, PrefixSplit, RequestState};
+use super::Scheduler;
+use crate::cache::keys::{BlockAddr, PromptIndex};
+use crate::device::{DeviceCopy, DeviceSlot, ForwardStep, GroupBlockTable};
+use crate::frontend::FallbackReason;
+use messages::RequestId;
+
+impl Scheduler {
+    fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub(super) fn admit(&mut self, plan: &mut Plan) {
+        let mut running = self.running();
+        while running < self.cfg.max_running {
+            let Some(&id) = self.queue.first() else {
+                return;
+            };
+            let ready = self.requests.get(&id).is_some_and(|r| {
+                matches!(r.state, RequestState::Admissible)
+                    || (matches!(r.state, RequestState::Submitted) && !self.storage_eligible(r))
+            });
+            if !ready {
+                // A Submitted request still eligible for storage was just prepared above
+                // unless the credits refused it; never block the head of the line on it.
+                return;
+            }
+            match self.try_admit(id, plan) {
+                Ok(true) => {
+                    self.queue.pop_first();
+                    running += 1;
+                }
+                Ok(false) => return, // no Device capacity: wait for running requests
+                Err(e) => {
+                    self.queue.pop_first();
+                    self.abort(id, &format!("admission failed: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Admits one request: matches the real cache again, copies Host blocks to the Device,
+    /// allocates the written blocks and emits the forward and the D2H of new blocks.
+    /// `Ok(false)`: something did not fit (nothing is kept; the request stays queued).
+    fn try_admit(&mut self, id: RequestId, plan: &mut Plan) -> Result<bool, String> {
+        let (prompt, reusable) = match self.requests.get(&id) {
+            Some(r) => (r.prompt.clone(), r.reusable()),
+            None => return Ok(true),
+        };
+        // Only aligned boundaries are restored (a tail block is recomputed): match over
+        // aligned candidates, so a tail hit never hides the aligned prefix below it.
+        let m = self.cache.admission_match_aligned(&prompt, reusable);
+        let matched = Matched {
+            boundary: m.boundary,
+            device_tokens: m.device_tokens,
+            reusable,
+            prompt_len: prompt.len() as u32,
+        };
+        // Plan every block first; take nothing until everything fits.
+        let needs = self.block_needs(&prompt, matched.boundary)?;
+        if !self.fits(&needs) {
+            return Ok(false);
+        }
+        let Some(mut taken) = self.take_blocks(&needs, plan)? else {
+            return Ok(false);
+        };
+        let scratch = self.take_scratch(&needs.written_partial, &mut taken.tables)?;
+        self.publish_new_blocks(&taken.new_written, plan)?;
+        self.h2d_host_refs.extend(taken.h2d_refs);
+        let step = ForwardStep {
+            shard: self.cfg.layout.shard,
+            tokens: prompt,
+            context_len: matched.boundary as u64,
+            groups: taken.tables,
+        };
+        plan.forwards.push((id, step));
+        self.account_admission(id, matched, taken.held, scratch)?;
+        Ok(true)
+    }
+
+    /// Every block the forward of `prompt` from `boundary` reads (context) and writes, per
+    /// cache group; a written block past the last full one is a partial (scratch) block.
+    fn block_needs(&self, prompt: &[u32], boundary: u32) -> Result<BlockNeeds, String> {
+        let len = prompt.len() as u64;
+        let geometry = &self.cfg.layout.geometry;
+        let index = PromptIndex::new(geometry, prompt, prompt.len() as u32);
+        let groups = geometry.group_count();
+        let mut needs = BlockNeeds {
+            context: vec![vec![]; groups],
+            written_full: vec![vec![]; groups],
+            written_partial: vec![false; groups],
+        };
+        for g in 0..groups {
+            let req = self
+                .model
+                .required_blocks(g, boundary as u64)
+                .map_err(|e| e.to_string())?;
+            for k in req {
+                needs.context[g].push(BlockAddr::new(g, index.block_hash(g, k as u32)));
+            }
+            let wr = self
+                .model
+                .written_blocks(g, boundary as u64, len)
+                .map_err(|e| e.to_string())?;
+            let full = index.full_blocks(g) as u64;
+            for k in wr {
+                if k < full {
+                    needs.written_full[g].push(BlockAddr::new(g, index.block_hash(g, k as u32)));
+                } else {
+                    needs.written_partial[g] = true;
+                }
+            }
+        }
+        Ok(needs)
+    }
+
+    /// Whether the scratch slots and the Device blocks not yet resident are available.
+    fn fits(&self, needs: &BlockNeeds) -> bool {
+        let scratch_needed = needs.written_partial.iter().filter(|p| **p).count();
+        if scratch_needed > self.free_scratch.len() {
+            return false;
+        }
+        let new_device: usize = needs
+            .context
+            .iter()
+            .flatten()
+            .chain(needs.written_full.iter().flatten())
+            .filter(|a| !self.cache.device().contains(**a))
+            .count();
+        let groups = needs.context.len() as u32;
+        let available: u64 = (0..groups).map(|g| self.cache.device().available(g)).sum();
+        new_device as u64 <= available
+    }
+
+    /// Takes a reference on (or allocates) every block of `needs`, group by group, context
+    /// first. None: a block could not be taken; the Device references taken are released.
+    fn take_blocks(
+        &mut self,
+        needs: &BlockNeeds,
+        plan: &mut Plan,
+    ) -> Result<Option<Taken>, String> {
+        let groups = needs.context.len();
+        let mut t = Taken {
+            held: vec![],
+            tables: vec![GroupBlockTable::default(); groups],
+            new_written: vec![],
+            h2d_refs: vec![],
+        };
+        for g in 0..groups {
+            for &a in &needs.context[g] {
+                let Some(slot) = self.take_context_block(a, &mut t, plan)? else {
+                    self.release_device(&t.held);
+                    return Ok(None);
+                };
+                t.tables[g].context.push(slot);
+            }
+            for &a in &needs.written_full[g] {
+                let Some(slot) = self.take_written_block(a, &mut t)? else {
+                    self.release_device(&t.held);
+                    return Ok(None);
+                };
+                t.tables[g].written.push(slot);
+            }
+        }
+        Ok(Some(t))
+    }
+
+    /// A context block: a Device hit takes a reference; a Host hit allocates a Device slot
+    /// and copies the block in (H2D; the Host source is pinned until `d2h_done`).
+    fn take_context_block(
+        &mut self,
+        a: BlockAddr,
+        t: &mut Taken,
+        plan: &mut Plan,
+    ) -> Result<Option<DeviceSlot>, String> {
+        if self.cache.device().contains(a) {
+            if self.cache.device_mut().acquire(a).is_err() {
+                return Ok(None);
+            }
+            t.held.push(a);
+            return self.device_slot(a).map(Some);
+        }
+        let range = self
+            .cache
+            .host()
+            .host_range(a)
+            .map_err(|e| format!("host block vanished: {e}"))?;
+        let mut evicted = vec![];
+        if self.cache.device_mut().allocate(a, &mut evicted).is_err() {
+            return Ok(None);
+        }
+        t.held.push(a);
+        let _ = self.cache.host_mut().acquire(a);
+        t.h2d_refs.push(a);
+        let slot = self.device_slot(a)?;
+        plan.h2d.push(DeviceCopy::h2d(range, slot, 0));
+        let _ = self.cache.device_mut().publish(a);
+        Ok(Some(slot))
+    }
+
+    /// A full block the forward writes: a resident one takes a reference, a new one is
+    /// allocated (and published once the forward is planned).
+    fn take_written_block(
+        &mut self,
+        a: BlockAddr,
+        t: &mut Taken,
+    ) -> Result<Option<DeviceSlot>, String> {
+        if self.cache.device().contains(a) {
+            let _ = self.cache.device_mut().acquire(a);
+        } else {
+            let mut evicted = vec![];
+            if self.cache.device_mut().allocate(a, &mut evicted).is_err() {
+                return Ok(None);
+            }
+            t.new_written.push(a);
+        }
+        t.held.push(a);
+        self.device_slot(a).map(Some)
+    }
+
+    /// Releases Device references taken by an admission that did not fit.
+    fn release_device(&mut self, held: &[BlockAddr]) {
+        for a in held {
+            let _ = self.cache.device_mut().release(*a);
+        }
+    }
+
+    /// One scratch slot per group whose last written block is partial.
+    fn take_scratch(
+        &mut self,
+        partial: &[bool],
+        tables: &mut [GroupBlockTable],
+    ) -> Result<Vec<u32>, String> {
+        let mut scratch = vec![];
+        for (g, partial) in partial.iter().enumerate() {
+            if *partial {
+                let s = self.free_scratch.pop().ok_or("scratch slots exhausted")?;
+                scratch.push(s);
+                tables[g].written.push(self.cfg.layout.scratch_slot(s));
+            }
+        }
+        Ok(scratch)
+    }
+
+    /// The forward writes the new blocks: they are published on the Device now (the forward
+    /// is ordered before any later reader of this round), and each not yet in Host L2 gets
+    /// a Host block and a D2H copy (published by `d2h_done`).
+    fn publish_new_blocks(
+        &mut self,
+        new_written: &[BlockAddr],
+        plan: &mut Plan,
+    ) -> Result<(), String> {
+        for a in new_written {
+            let _ = self.cache.device_mut().publish(*a);
+        }
+        for a in new_written {
+            if self.cache.host().state(*a).is_some() {
+                continue;
+            }
+            let mut evicted = vec![];
+            if self.cache.host_mut().allocate(*a, &mut evicted).is_err() {
+                continue;
+            }
+            let Ok(range) = self.cache.host().host_range(*a) else {
+                continue;
+            };
+            let slot = self.device_slot(*a)?;
+            plan.d2h.push(DeviceCopy::d2h(slot, 0, range));
+            self.d2h_blocks.push(*a);
+        }
+        Ok(())
+    }
+
+    /// The admitted request runs: its prefix split and fallback reason are recorded, it holds
+    /// `held` and `scratch`, the counters advance and its Ready hold's lease is handed back
+    /// (admission now holds its own references).
+    fn account_admission(
+        &mut self,
+        id: RequestId,
+        m: Matched,
+        held: Vec<BlockAddr>,
+        scratch: Vec<u32>,
+    ) -> Result<(), String> {
+        let storage = StorageState {
+            stm_enabled: self.storage.is_some(),
+            l3_enabled: self.l3_enabled(),
+        };
+        let parent = self.cfg.layout.geometry.parent_tokens().max(1);
+        let r = self.requests.get_mut(&id).ok_or("request vanished")?;
+        r.split = prefix_split(&r.resources, m);
+        r.fallback = admission_fallback(storage, &r.resources, m, r.split.l3, parent);
+        r.device_refs = held;
+        r.scratch = scratch;
+        r.state = RequestState::Prefill;
+        self.running.insert(id);
+        let ready = r.resources.ready.take();
+        self.stats.admitted += 1;
+        self.stats.prefix_device += r.split.device as u64;
+        self.stats.prefix_host += r.split.host as u64;
+        self.stats.prefix_l3 += r.split.l3 as u64;
+        self.stats.computed += m.prompt_len as u64 - m.boundary as u64;
+        if let (Some(lease), Some(planner)) = (ready, self.storage.as_mut()) {
+            planner.detach(lease);
+        }
+        Ok(())
+    }
+
+    fn device_slot(&self, a: BlockAddr) -> Result<DeviceSlot, String> {
+        let idx = self
+            .cache
+            .device()
+            .slot_index(a)
+            .map_err(|e| e.to_string())?;
+        Ok(self.cfg.layout.cached_slot(a.group as usize, idx))
+    }
+}
+
+/// The admission match of one request.
+#[derive(Clone, Copy, Debug)]
+struct Matched {
+    /// The aligned boundary restored (Device and Host).
+    boundary: u32,
+    /// The part of the boundary already on the Device.
+    device_tokens: u32,
+    /// The request's reusable bound (every token but the last).
+    reusable: u32,
+    prompt_len: u32,
+}
+
+/// The blocks one admission needs, per cache group.
+#[derive(Debug)]
+struct BlockNeeds {
+    /// Blocks the forward reads (below the boundary).
+    context: Vec<Vec<BlockAddr>>,
+    /// Full blocks the forward writes.
+    written_full: Vec<Vec<BlockAddr>>,
+    /// Whether the forward writes a partial (tail) block in the group: a scratch slot.
+    written_partial: Vec<bool>,
+}
+
+/// What an admission took while its blocks were being taken.
+#[derive(Debug)]
+struct Taken {
+    /// Device blocks referenced (the request holds them while running).
+    held: Vec<BlockAddr>,
+    tables: Vec<GroupBlockTable>,
+    /// Blocks allocated for the forward to write (new on the Device).
+    new_written: Vec<BlockAddr>,
+    /// Host blocks pinned as H2D sources (released by `d2h_done`).
+    h2d_refs: Vec<BlockAddr>,
+}
+
+/// Whether storage is configured and whether L3 work is enabled, at admission.
+#[derive(Clone, Copy, Debug)]
+struct StorageState {
+    stm_enabled: bool,
+    l3_enabled: bool,
+}
+
+/// Where the restored prefix came from: the Device part, the L3 part (only with a Ready
+/// hold: the planned boundary above the local hit when the read was planned), the rest
+/// from Host; the tokens past the boundary are computed.
+fn prefix_split(res: &AdmissionResources, m: Matched) -> PrefixSplit {
+    let l3 = if res.ready.is_some() {
+        m.boundary
+            .min(res.planned_boundary)
+            .saturating_sub(res.local_at_plan.max(m.device_tokens))
+    } else {
+        0
+    };
+    let host = m
+        .boundary
+        .saturating_sub(m.device_tokens)
+        .saturating_sub(l3);
+    PrefixSplit {
+        device: m.device_tokens,
+        host,
+        l3,
+        computed: m.prompt_len - m.boundary,
+    }
+}
+
+/// Why the request did not reuse its whole reusable prefix (None when it did), given
+/// `l3` tokens from L3 and `parent`-token alignment.
+fn admission_fallback(
+    storage: StorageState,
+    res: &AdmissionResources,
+    m: Matched,
+    l3: u32,
+    parent: u32,
+) -> FallbackReason {
+    let aligned = |b: u32| b / parent * parent;
+    if !storage.stm_enabled {
+        FallbackReason::Disabled
+    } else if !storage.l3_enabled {
+        FallbackReason::Quarantine
+    } else if let Some(f) = res.fallback {
+        f
+    } else if m.boundary >= aligned(m.reusable) {
+        FallbackReason::None
+    } else if l3 > 0 && m.boundary < aligned(res.planned_boundary) {
+        FallbackReason::Partial
+    } else if l3 == 0 {
+        FallbackReason::Miss
+    } else {
+        FallbackReason::None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::request::AdmissionResources;
+    use super::super::tests::*;
+    use super::super::AdminCommand;
+    use super::{admission_fallback, prefix_split, Matched, StorageState};
+    use crate::frontend::FallbackReason;
+    use messages::RequestId;
+
+    #[test]
+    fn a_device_hit_prefix_is_admitted_with_the_device_split() {
+        let mut rig = rig(false);
+        let p = prompt(30, 1);
+        rig.arrive(&[(1, &p, 4)]);
+        rig.d2h_done();
+        // The same prompt while the first still runs: its blocks are on the Device.
+        let plan = rig.arrive(&[(2, &p, 4)]);
+        let [(id, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(*id, RequestId(2));
+        assert_eq!(step.context_len, 28);
+        assert_eq!(step.groups[0].context.len(), 7);
+        assert!(plan.h2d.is_empty(), "nothing comes from Host");
+        assert!(plan.d2h.is_empty(), "no new full block");
+        let r = &rig.s.requests[&RequestId(2)];
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (28, 0, 0));
+        assert_eq!(r.split.computed, 2);
+        assert_eq!(r.fallback, FallbackReason::Disabled);
+        assert_eq!(rig.s.stats().prefix_device, 28);
+    }
+
+    #[test]
+    fn a_host_hit_prefix_is_copied_in_and_admitted_with_the_host_split() {
+        let mut rig = rig(false);
+        let p = prompt(30, 2);
+        serve_one(&mut rig, 1, &p);
+        rig.s.admin(AdminCommand::ResetLocal { host: false });
+        assert!(rig.s.quiescent());
+        rig.s.apply_admin(None, None).unwrap();
+        let plan = rig.arrive(&[(2, &p, 4)]);
+        assert_eq!(plan.forwards.len(), 1);
+        assert_eq!(plan.h2d.len(), 7, "every context block from Host");
+        let r = &rig.s.requests[&RequestId(2)];
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 28, 0));
+        assert_eq!(
+            rig.s.h2d_host_refs.len(),
+            7,
+            "sources pinned until d2h_done"
+        );
+        rig.d2h_done();
+        assert!(rig.s.h2d_host_refs.is_empty());
+    }
+
+    #[test]
+    fn admission_waits_when_device_blocks_are_short_and_keeps_the_line() {
+        let mut rig = rig_with(false, 4, 4);
+        let long = prompt(32, 3); // eight full blocks: more than the pool
+        let short = prompt(8, 4);
+        let plan = rig.arrive(&[(1, &long, 2), (2, &short, 2)]);
+        assert!(plan.forwards.is_empty());
+        assert!(plan.h2d.is_empty() && plan.d2h.is_empty());
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("submitted"));
+        assert_eq!(rig.s.state_of(RequestId(2)), Some("submitted"));
+        assert_eq!(rig.s.queue.len(), 2, "both stay queued, in order");
+        assert_eq!(rig.s.stats().admitted, 0);
+        // Nothing was taken.
+        assert_eq!(rig.s.cache().device().available(0), 4);
+        assert!(rig.s.requests[&RequestId(1)].device_refs.is_empty());
+        // A later round still refuses it (it waits; it is not aborted).
+        let plan = rig.round(Default::default());
+        assert!(plan.forwards.is_empty());
+        assert_eq!(rig.s.live_requests(), 2);
+    }
+
+    #[test]
+    fn admission_stops_at_max_running() {
+        let mut rig = rig_with(false, 64, 2);
+        let ps: Vec<Vec<u32>> = (0..3).map(|i| prompt(8, 10 + i)).collect();
+        let plan = rig.arrive(&[(1, &ps[0], 4), (2, &ps[1], 4), (3, &ps[2], 4)]);
+        let ids: Vec<u64> = plan.forwards.iter().map(|(id, _)| id.0).collect();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(rig.s.state_of(RequestId(3)), Some("submitted"));
+        assert_eq!(rig.s.running.len(), 2);
+    }
+
+    #[test]
+    fn a_new_prompt_writes_its_full_blocks_and_one_scratch_slot() {
+        let mut rig = rig(false);
+        let p = prompt(30, 5);
+        let plan = rig.arrive(&[(1, &p, 4)]);
+        let [(_, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(step.context_len, 0);
+        assert_eq!(
+            step.groups[0].written.len(),
+            8,
+            "seven full blocks and the tail"
+        );
+        let scratch = rig.s.requests[&RequestId(1)].scratch.clone();
+        assert_eq!(scratch.len(), 1);
+        let tail = rig.s.cfg.layout.scratch_slot(scratch[0]);
+        assert_eq!(step.groups[0].written.last(), Some(&tail));
+        assert_eq!(plan.d2h.len(), 7, "the new full blocks go to Host");
+        assert_eq!(rig.s.stats().computed, 30);
+    }
+
+    fn matched(boundary: u32, device_tokens: u32) -> Matched {
+        Matched {
+            boundary,
+            device_tokens,
+            reusable: 31,
+            prompt_len: 32,
+        }
+    }
+
+    const ON: StorageState = StorageState {
+        stm_enabled: true,
+        l3_enabled: true,
+    };
+
+    #[test]
+    fn the_l3_part_of_a_split_needs_a_ready_hold() {
+        let mut res = AdmissionResources {
+            planned_boundary: 28,
+            local_at_plan: 8,
+            ..AdmissionResources::default()
+        };
+        let s = prefix_split(&res, matched(28, 4));
+        assert_eq!((s.device, s.host, s.l3, s.computed), (4, 24, 0, 4));
+        res.ready = Some(crate::storage_transfer::StorageLease {
+            request: RequestId(1),
+            serial: 1,
+        });
+        let s = prefix_split(&res, matched(28, 4));
+        assert_eq!((s.device, s.host, s.l3, s.computed), (4, 4, 20, 4));
+    }
+
+    #[test]
+    fn admission_fallback_reasons() {
+        let res = AdmissionResources {
+            planned_boundary: 28,
+            ..AdmissionResources::default()
+        };
+        let off = StorageState {
+            stm_enabled: false,
+            l3_enabled: false,
+        };
+        let quarantined = StorageState {
+            stm_enabled: true,
+            l3_enabled: false,
+        };
+        let f =
+            |st, res: &AdmissionResources, b, l3| admission_fallback(st, res, matched(b, 0), l3, 4);
+        assert_eq!(f(off, &res, 28, 0), FallbackReason::Disabled);
+        assert_eq!(f(quarantined, &res, 28, 0), FallbackReason::Quarantine);
+        assert_eq!(
+            f(ON, &res, 28, 28),
+            FallbackReason::None,
+            "whole reusable prefix"
+        );
+        assert_eq!(f(ON, &res, 16, 8), FallbackReason::Partial);
+        assert_eq!(f(ON, &res, 0, 0), FallbackReason::Miss);
+        let recorded = AdmissionResources {
+            fallback: Some(FallbackReason::Deadline),
+            ..AdmissionResources::default()
+        };
+        assert_eq!(f(ON, &recorded, 0, 0), FallbackReason::Deadline);
+    }
+}

@@ -1,0 +1,440 @@
+//! Applying an agreed round: the StorageTransferManager's report (its view, the backup
+//! candidates, backend trouble), cancellations, the round's effects (forgotten and
+//! re-offered candidates, query results, published GET rows becoming a Ready hold, ended
+//! waits, expired Ready holds, released Host references), new arrivals and prefill
+//! digests, then the round's decode step.
+//!
+//! It never admits a request to the Device (admit.rs) and never plans a storage operation
+//! itself (an answered QUERY goes to prepare.rs); it never performs I/O and never reads a
+//! clock: deadlines arrive as the manager's `waits_ended`.
+
+use super::request::{PrefetchPhase, Request, RequestState};
+use super::{AgreedInputs, RefUse, Scheduler};
+use crate::frontend::FallbackReason;
+use crate::storage_transfer::{BackendTrouble, HostRef, RoundEffects, StorageReport, WaitEnd};
+use messages::{OperationId, ProtocolError, RequestId};
+use std::collections::{BTreeMap, BTreeSet};
+
+impl Scheduler {
+    /// Applies one agreed round: the StorageTransferManager's report of it (which already
+    /// applied the tick, the cancellations and the completions to its tickets; None with
+    /// storage disabled), then cancellations, new requests and prefill digests.
+    pub fn apply(
+        &mut self,
+        input: AgreedInputs,
+        report: Option<StorageReport>,
+    ) -> Result<(), ProtocolError> {
+        self.stats.rounds += 1;
+        let AgreedInputs {
+            new_requests,
+            cancellations,
+            completions,
+            digests,
+            ..
+        } = input;
+        match (report, self.storage.as_mut()) {
+            (Some(report), Some(planner)) => {
+                let StorageReport {
+                    effects,
+                    trouble,
+                    view,
+                    put_candidates,
+                } = report;
+                planner.begin(view, put_candidates);
+                self.note_backend_trouble(&trouble);
+                for id in &cancellations {
+                    self.abort(*id, "cancelled by the client");
+                }
+                self.apply_effects(effects);
+            }
+            (None, None) => {
+                if let Some(d) = completions.first() {
+                    return Err(ProtocolError::new(
+                        d.op,
+                        "a storage completion arrived while storage is disabled",
+                    ));
+                }
+                for id in &cancellations {
+                    self.abort(*id, "cancelled by the client");
+                }
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ProtocolError::new(
+                    OperationId(0),
+                    "a storage report and the storage configuration disagree",
+                ));
+            }
+        }
+        for (id, prompt, max_tokens) in new_requests {
+            if self.requests.contains_key(&id) || prompt.is_empty() {
+                continue;
+            }
+            self.trace.request_arrived(id, prompt.len());
+            self.requests
+                .insert(id, Request::new(id, prompt, max_tokens.max(1)));
+            self.queue.insert(id);
+            self.unprepared.push_back(id);
+        }
+        for (id, parts) in digests {
+            self.apply_digest(id, &parts);
+        }
+        self.decode_step();
+        Ok(())
+    }
+
+    /// A read that the executor rejected as unhealthy (or that failed with a backend
+    /// exception), or rejected after quarantine, records why its request falls back.
+    fn note_backend_trouble(&mut self, trouble: &[(RequestId, BackendTrouble)]) {
+        for (req, why) in trouble {
+            let why = match why {
+                BackendTrouble::Unhealthy => FallbackReason::Unhealthy,
+                BackendTrouble::Quarantined => FallbackReason::Quarantine,
+            };
+            if let Some(r) = self.requests.get_mut(req) {
+                r.resources.fallback.get_or_insert(why);
+            }
+        }
+    }
+
+    pub(super) fn apply_effects(&mut self, fx: RoundEffects) {
+        // Candidates that left the backup queue without a PUT: forget their (nonowning)
+        // references. A PUT rejected for capacity re-queues its candidate: its source
+        // reference is released below but the candidate's record stays.
+        for h in &fx.forgotten {
+            if matches!(self.refs.get(h), Some(RefUse::PutSource(..))) {
+                self.refs.remove(h);
+            }
+        }
+        let reoffered: BTreeSet<HostRef> = fx.reoffer.iter().map(|c| c.host).collect();
+        // Query results: reserve destinations and read, or fall back to local admission.
+        for q in fx.query_results {
+            self.on_query_result(q.request, &q.exists);
+        }
+        // Publication of fully successful, retired rows of attached GETs.
+        let mut published: BTreeMap<RequestId, BTreeSet<HostRef>> = BTreeMap::new();
+        for row in &fx.publish {
+            published.entry(row.request).or_default().insert(row.host);
+        }
+        for (req, rows) in published {
+            self.on_get_published(req, &rows);
+        }
+        for (req, why) in fx.waits_ended {
+            self.on_wait_ended(req, why);
+        }
+        for req in fx.ready_expired {
+            if let Some(r) = self.requests.get_mut(&req) {
+                r.resources.ready = None;
+            }
+        }
+        for h in fx.release {
+            self.on_release(h, reoffered.contains(&h));
+        }
+    }
+
+    fn on_get_published(&mut self, id: RequestId, rows: &BTreeSet<HostRef>) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let RequestState::Prefetching {
+            phase: PrefetchPhase::Get(read),
+            ..
+        } = &r.state
+        else {
+            return;
+        };
+        let read = *read;
+        let Some(rec) = self.reads.get_mut(&read) else {
+            return;
+        };
+        let Some(res) = rec.reservation.take() else {
+            return;
+        };
+        let ok: Vec<bool> = rec.rows.iter().map(|h| rows.contains(h)).collect();
+        match self.cache.publish_host(res, &ok) {
+            Ok(hold) => rec.hold = Some(hold),
+            Err(_) => {
+                // A length mismatch keeps the destinations held (never published or freed).
+            }
+        }
+        // The wait continues as a Ready hold: the lease moves to the admission resources.
+        let state = std::mem::replace(&mut r.state, RequestState::Admissible);
+        if let RequestState::Prefetching { lease, .. } = state {
+            r.resources.ready = Some(lease);
+        }
+        self.queue_front_by_arrival(id);
+    }
+
+    fn on_wait_ended(&mut self, id: RequestId, why: WaitEnd) {
+        let reason = match why {
+            WaitEnd::Completed => None,
+            WaitEnd::SoftTimeout => Some(FallbackReason::Deadline),
+            WaitEnd::Pressure => Some(FallbackReason::Pressure),
+            WaitEnd::Detached => {
+                if self.l3_enabled() {
+                    None
+                } else {
+                    Some(FallbackReason::Quarantine)
+                }
+            }
+        };
+        let Some(r) = self.requests.get(&id) else {
+            return;
+        };
+        if matches!(r.state, RequestState::Prefetching { .. }) {
+            self.end_prefetch(id, reason);
+        } else if let Some(r) = self.requests.get_mut(&id) {
+            // A Ready hold's wait ended (admission, expiry): its lease is stale now.
+            if reason.is_some() && r.resources.fallback.is_none() {
+                r.resources.fallback = reason;
+            }
+        }
+    }
+
+    /// Ends a Prefetching state: the request continues to ordinary admission. The lease is
+    /// handed back (a stale one does nothing).
+    pub(super) fn end_prefetch(&mut self, id: RequestId, reason: Option<FallbackReason>) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        if reason.is_some() && r.resources.fallback.is_none() {
+            r.resources.fallback = reason;
+        }
+        let state = std::mem::replace(&mut r.state, RequestState::Admissible);
+        let RequestState::Prefetching {
+            lease,
+            continuation: _,
+            phase: _,
+        } = state
+        else {
+            r.state = state;
+            return;
+        };
+        self.queue_front_by_arrival(id);
+        if let Some(planner) = self.storage.as_mut() {
+            planner.detach(lease);
+        }
+    }
+
+    /// Puts a request back into the admission queue at its arrival position.
+    fn queue_front_by_arrival(&mut self, id: RequestId) {
+        self.queue.insert(id);
+    }
+
+    /// The manager no longer holds `h`. A re-queued PUT source keeps its candidate record
+    /// (the Host pin is released; dispatch rechecks residency).
+    fn on_release(&mut self, h: HostRef, reoffered: bool) {
+        match self.refs.get(&h).copied() {
+            Some(RefUse::GetRow { read }) => {
+                self.refs.remove(&h);
+                let done = match self.reads.get_mut(&read) {
+                    Some(rec) => {
+                        rec.released += 1;
+                        rec.released >= rec.rows.len()
+                    }
+                    None => false,
+                };
+                if done {
+                    if let Some(rec) = self.reads.remove(&read) {
+                        if let Some(res) = rec.reservation {
+                            let _ = self.cache.abandon(res);
+                        }
+                        if let Some(hold) = rec.hold {
+                            let _ = self.cache.release_hold(hold);
+                        }
+                    }
+                }
+            }
+            Some(RefUse::PutSource(addr, _)) => {
+                if !reoffered {
+                    self.refs.remove(&h);
+                }
+                let _ = self.cache.host_mut().release(addr);
+            }
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::super::{AgreedInputs, RequestEvent};
+    use crate::frontend::FallbackReason;
+    use messages::{OperationId, RequestId, StorageDone, StorageOp};
+
+    fn cancel(ids: &[u64]) -> AgreedInputs {
+        AgreedInputs {
+            cancellations: ids.iter().map(|i| RequestId(*i)).collect(),
+            ..AgreedInputs::default()
+        }
+    }
+
+    #[test]
+    fn cancelling_a_queued_request_aborts_it_and_frees_its_place() {
+        let mut rig = rig_with(false, 64, 1);
+        let (a, b) = (prompt(16, 1), prompt(16, 2));
+        let plan = rig.arrive(&[(1, &a, 4), (2, &b, 4)]);
+        assert_eq!(plan.forwards.len(), 1, "max_running 1");
+        assert_eq!(rig.s.state_of(RequestId(2)), Some("submitted"));
+        rig.apply(cancel(&[2]));
+        let events = rig.s.drain_events();
+        assert!(events.contains(&RequestEvent::Aborted(
+            RequestId(2),
+            "cancelled by the client".into()
+        )));
+        assert!(finished(&events, 2).is_none());
+        assert_eq!(rig.s.state_of(RequestId(2)), None);
+        assert!(!rig.s.queue.contains(&RequestId(2)));
+        assert_eq!(rig.s.live_requests(), 1);
+        assert_eq!(rig.s.stats().aborted, 1);
+    }
+
+    #[test]
+    fn cancelling_a_running_request_releases_its_device_blocks_and_scratch() {
+        let mut rig = rig(false);
+        let scratch = rig.s.free_scratch.len();
+        let p = prompt(30, 3);
+        let plan = rig.arrive(&[(1, &p, 4)]);
+        assert_eq!(plan.forwards.len(), 1);
+        rig.d2h_done();
+        let held = rig.s.requests[&RequestId(1)].device_refs.clone();
+        assert_eq!(held.len(), 7, "seven full blocks of 30 tokens");
+        assert_eq!(rig.s.free_scratch.len(), scratch - 1, "the partial block");
+        assert_eq!(rig.s.cache().device().available(0), 64 - 7);
+        rig.apply(cancel(&[1]));
+        assert!(rig.s.running.is_empty());
+        assert_eq!(rig.s.free_scratch.len(), scratch);
+        // The blocks stay cached but unreferenced: evictable, so available again.
+        assert_eq!(rig.s.cache().device().available(0), 64);
+        assert!(held.iter().all(|a| rig.s.cache().device().contains(*a)));
+    }
+
+    #[test]
+    fn a_prefill_digest_emits_the_first_token_then_one_token_per_round() {
+        let mut rig = rig(false);
+        let p = prompt(12, 4);
+        let plan = rig.arrive(&[(1, &p, 3)]);
+        rig.d2h_done();
+        rig.apply(AgreedInputs {
+            digests: digests_of(&plan),
+            ..AgreedInputs::default()
+        });
+        let events = rig.s.drain_events();
+        assert!(matches!(events[..], [RequestEvent::Token(RequestId(1), _)]));
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("decode"));
+        // The first decode token comes the round after the digest's.
+        let plan = rig.plan();
+        assert!(plan.decode_contexts.is_empty());
+        rig.apply(AgreedInputs::default());
+        assert_eq!(rig.s.drain_events().len(), 1);
+        assert_eq!(rig.plan().decode_contexts, vec![13]);
+        rig.apply(AgreedInputs::default());
+        let events = rig.s.drain_events();
+        assert!(matches!(events[0], RequestEvent::Token(RequestId(1), _)));
+        let Some(RequestEvent::Finished { split, .. }) = finished(&events, 1) else {
+            panic!("{events:?}");
+        };
+        assert_eq!(split.computed, 12);
+        assert_eq!(rig.s.live_requests(), 0);
+        assert_eq!(rig.s.stats().finished, 1);
+    }
+
+    #[test]
+    fn disagreeing_rank_digests_abort_the_request() {
+        let mut rig = rig(false);
+        let p = prompt(12, 5);
+        let plan = rig.arrive(&[(1, &p, 3)]);
+        let mut digests = digests_of(&plan);
+        let extra = digests[0].1[0];
+        digests[0].1.push(extra); // two digests for a world of one
+        rig.apply(AgreedInputs {
+            digests,
+            ..AgreedInputs::default()
+        });
+        let events = rig.s.drain_events();
+        assert!(
+            matches!(&events[..], [RequestEvent::Aborted(RequestId(1), why)] if why.contains("rank digests disagree")),
+            "{events:?}"
+        );
+        assert!(rig.s.running.is_empty());
+    }
+
+    #[test]
+    fn a_completion_while_storage_is_disabled_is_a_protocol_error() {
+        let mut rig = rig(false);
+        let input = AgreedInputs {
+            completions: vec![StorageDone::query(OperationId(7), vec![true], true)],
+            ..AgreedInputs::default()
+        };
+        let err = rig.s.apply(input, None).unwrap_err();
+        assert!(err.to_string().contains("storage is disabled"), "{err}");
+    }
+
+    #[test]
+    fn a_tick_past_the_soft_deadline_ends_the_query_wait() {
+        let mut rig = rig(true);
+        let p = prompt(32, 6);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        assert!(matches!(plan.storage[..], [StorageOp::Query(_)]));
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
+        // The QUERY is never answered: before the deadline the wait goes on.
+        rig.apply(AgreedInputs::default());
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
+        rig.plan();
+        rig.apply(AgreedInputs {
+            tick_us: (rig.round + 1) * ROUND_US + SOFT_DEADLINE_MS * 1_000,
+            ..AgreedInputs::default()
+        });
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("admissible"));
+        let r = &rig.s.requests[&RequestId(1)];
+        assert_eq!(r.resources.fallback, Some(FallbackReason::Deadline));
+        assert!(rig.s.queue.contains(&RequestId(1)));
+        // It is admitted next, without a second QUERY.
+        let plan = rig.plan();
+        assert_eq!(plan.forwards.len(), 1);
+        assert!(!plan
+            .storage
+            .iter()
+            .any(|o| matches!(o, StorageOp::Query(_))));
+    }
+
+    #[test]
+    fn query_hits_become_a_get_whose_publication_admits_with_an_l3_split() {
+        let mut rig = rig(true);
+        let p = prompt(32, 7);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let exists = vec![true; q.keys.len()];
+        let plan = rig.round(AgreedInputs {
+            completions: vec![StorageDone::query(q.op, exists, true)],
+            ..AgreedInputs::default()
+        });
+        let [StorageOp::Get(g)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        assert!(plan.forwards.is_empty(), "still prefetching");
+        let n = g.keys.len();
+        let lens = g.destinations.iter().map(|d| d.len).collect();
+        rig.apply(AgreedInputs {
+            completions: vec![StorageDone::get(
+                g.op,
+                vec![true; n],
+                lens,
+                vec![None; n],
+                true,
+            )],
+            ..AgreedInputs::default()
+        });
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("admissible"));
+        assert!(rig.s.requests[&RequestId(1)].resources.ready.is_some());
+        let plan = rig.plan();
+        assert_eq!(plan.forwards.len(), 1);
+        assert_eq!(plan.h2d.len(), 7, "the L3 blocks are copied in from Host");
+        let r = &rig.s.requests[&RequestId(1)];
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 0, 28));
+        assert_eq!(r.fallback, FallbackReason::None);
+        assert!(r.resources.ready.is_none(), "admission took the Ready hold");
+    }
+}

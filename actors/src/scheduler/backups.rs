@@ -1,0 +1,150 @@
+//! Backups, the write transaction's local half: `d2h_done` publishes this round's D2H
+//! blocks in Host L2, releases the H2D sources and turns the new blocks' pages into backup
+//! candidates; `dispatch_backups` rechecks the candidates' Host residency and pins the
+//! resident pages for their PUT.
+//!
+//! It never decides what to admit or read, never issues a PUT itself (the StoragePlanner
+//! does) and never performs I/O.
+
+use super::{RefUse, Scheduler};
+use crate::cache::keys::page_key;
+use crate::storage_transfer::{BackupCandidate, HostRef};
+
+impl Scheduler {
+    /// The engine executed this round's copies and forwards: the D2H copies completed on
+    /// every rank (the engine waits for their fence), so Host L2 publishes now and the new
+    /// blocks become backup candidates (returned, for the StorageTransferManager); the H2D
+    /// sources are released.
+    pub fn d2h_done(&mut self) -> Vec<BackupCandidate> {
+        for a in std::mem::take(&mut self.h2d_host_refs) {
+            let _ = self.cache.host_mut().release(a);
+        }
+        let mut candidates = vec![];
+        let blocks = std::mem::take(&mut self.d2h_blocks);
+        for a in blocks {
+            if self.cache.host_mut().publish(a).is_err() {
+                continue;
+            }
+            let _ = self.cache.host_mut().release(a);
+            if self.l3_enabled() {
+                let pages = self
+                    .cache
+                    .geometry()
+                    .group(a.group as usize)
+                    .pages_per_block;
+                for page in 0..pages {
+                    let key = page_key(self.cache.namespace(), self.cache.geometry(), a, page);
+                    let host = self.new_ref(RefUse::PutSource(a, page));
+                    candidates.push(BackupCandidate { key, host });
+                }
+            }
+        }
+        candidates
+    }
+
+    /// PUT dispatch of this round's candidates: rechecks Host residency and takes a source
+    /// reference on each resident page; evicted candidates are forgotten (unavailable).
+    pub(super) fn dispatch_backups(&mut self) {
+        let Some(planner) = self.storage.as_mut() else {
+            return;
+        };
+        let cache = &mut self.cache;
+        let refs = &mut self.refs;
+        let mut residency = |_key: &messages::StorageKey, h: HostRef| {
+            let Some(RefUse::PutSource(addr, page)) = refs.get(&h).copied() else {
+                return None;
+            };
+            let taken = cache.host().contains(addr).then(|| {
+                let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
+                let range = cache.host().page_range(addr, page, page_bytes).ok()?;
+                cache.host_mut().acquire(addr).ok()?;
+                Some(range)
+            });
+            let range = taken.flatten();
+            if range.is_none() {
+                refs.remove(&h);
+            }
+            range
+        };
+        planner.dispatch_backups(&mut residency);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::super::{Plan, RefUse};
+    use crate::cache::keys::page_key;
+    use messages::{StorageDone, StorageOp};
+
+    /// A storage rig's request admitted after its QUERY missed everywhere.
+    fn admit_after_a_miss(rig: &mut Rig, id: u64, p: &[u32]) -> Plan<StorageOp> {
+        let plan = rig.arrive(&[(id, p, 4)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let exists = vec![false; q.keys.len()];
+        rig.round(super::super::AgreedInputs {
+            completions: vec![StorageDone::query(q.op, exists, true)],
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn d2h_done_yields_candidates_only_for_computed_blocks() {
+        let mut rig = rig(true);
+        let p = prompt(30, 1);
+        let plan = admit_after_a_miss(&mut rig, 1, &p);
+        assert_eq!(plan.d2h.len(), 7);
+        let blocks = rig.s.d2h_blocks.clone();
+        let candidates = rig.s.d2h_done();
+        assert_eq!(candidates.len(), 7, "one page per tiny block");
+        let c = rig.s.cache();
+        for (cand, a) in candidates.iter().zip(&blocks) {
+            assert_eq!(cand.key, page_key(c.namespace(), c.geometry(), *a, 0));
+            assert!(matches!(
+                rig.s.refs.get(&cand.host),
+                Some(RefUse::PutSource(b, 0)) if b == a
+            ));
+            assert!(c.host().contains(*a), "published in Host L2");
+        }
+        // The same prompt hits the Device: nothing new is computed into a full block.
+        let plan = rig.arrive(&[(2, &p, 4)]);
+        assert!(plan.d2h.is_empty());
+        assert!(rig.s.d2h_done().is_empty());
+    }
+
+    #[test]
+    fn without_storage_d2h_done_publishes_host_but_offers_nothing() {
+        let mut rig = rig(false);
+        let p = prompt(30, 2);
+        rig.arrive(&[(1, &p, 4)]);
+        let blocks = rig.s.d2h_blocks.clone();
+        assert_eq!(blocks.len(), 7);
+        assert!(blocks.iter().all(|a| !rig.s.cache().host().contains(*a)));
+        assert!(rig.s.d2h_done().is_empty());
+        assert!(blocks.iter().all(|a| rig.s.cache().host().contains(*a)));
+        assert!(rig.s.refs.is_empty());
+        assert!(rig.s.d2h_blocks.is_empty());
+    }
+
+    #[test]
+    fn offered_candidates_are_dispatched_as_one_put_of_resident_pages() {
+        let mut rig = rig(true);
+        let p = prompt(30, 3);
+        admit_after_a_miss(&mut rig, 1, &p);
+        assert_eq!(rig.d2h_done(), 7);
+        let plan = rig.round(Default::default());
+        let puts: Vec<_> = plan
+            .storage
+            .iter()
+            .filter_map(|o| match o {
+                StorageOp::Put(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(puts.len(), 1, "{:?}", plan.storage);
+        assert_eq!(puts[0].keys.len(), 7);
+        assert_eq!(puts[0].sources.len(), 7);
+    }
+}

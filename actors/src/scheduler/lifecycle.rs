@@ -1,0 +1,194 @@
+//! A request's life after admission and its ends: the prefill digest (the first token),
+//! the decode step (one token per round), finishing and aborting (Device references and
+//! scratch slots released, counters, client events).
+//!
+//! It never allocates cache resources or plans storage: an abort only tells the
+//! StoragePlanner to cancel the request's wait. It never performs I/O.
+
+use super::request::RequestState;
+use super::{RequestEvent, Scheduler};
+use crate::frontend::FallbackReason;
+use crate::model::RankDigest;
+use messages::RequestId;
+
+fn fallback_name(f: FallbackReason) -> &'static str {
+    f.as_str()
+}
+
+impl Scheduler {
+    pub(super) fn apply_digest(&mut self, id: RequestId, parts: &[RankDigest]) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        if !matches!(r.state, RequestState::Prefill) {
+            return;
+        }
+        match self.model.reduce_ranks(parts) {
+            Ok(reduced) => {
+                let (tok, state) = self.model.first_token(reduced);
+                r.output.push(tok);
+                self.events.push(RequestEvent::Token(id, tok));
+                if r.output.len() as u32 >= r.max_tokens {
+                    self.finish(id);
+                } else {
+                    r.state = RequestState::Decode {
+                        state,
+                        last: tok,
+                        fresh: true,
+                    };
+                }
+            }
+            Err(e) => self.abort(id, &format!("rank digests disagree: {e}")),
+        }
+    }
+
+    /// One decode step for every decoding request (one token per round).
+    pub(super) fn decode_step(&mut self) {
+        // At most max_running IDs: the running set, not the live requests.
+        let ids: Vec<RequestId> = self.running.iter().copied().collect();
+        for id in ids {
+            let Some(r) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            let RequestState::Decode { state, last, fresh } = r.state else {
+                continue;
+            };
+            if fresh {
+                // The first token came from this round's digest; decode starts next round.
+                r.state = RequestState::Decode {
+                    state,
+                    last,
+                    fresh: false,
+                };
+                continue;
+            }
+            let (tok, next) = self.model.decode(state, last);
+            self.decode_contexts
+                .push((r.prompt.len() + r.output.len()) as u64);
+            r.output.push(tok);
+            self.events.push(RequestEvent::Token(id, tok));
+            if r.output.len() as u32 >= r.max_tokens {
+                self.finish(id);
+            } else {
+                r.state = RequestState::Decode {
+                    state: next,
+                    last: tok,
+                    fresh: false,
+                };
+            }
+        }
+    }
+
+    fn release_running(&mut self, id: RequestId) {
+        self.running.remove(&id);
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let refs = std::mem::take(&mut r.device_refs);
+        let scratch = std::mem::take(&mut r.scratch);
+        for a in refs {
+            let _ = self.cache.device_mut().release(a);
+        }
+        self.free_scratch.extend(scratch);
+    }
+
+    fn finish(&mut self, id: RequestId) {
+        self.release_running(id);
+        if let Some(mut r) = self.requests.remove(&id) {
+            r.state = RequestState::Finished;
+            self.trace.request_ended(id, "finished");
+            self.stats.finished += 1;
+            *self
+                .stats
+                .fallback
+                .entry(fallback_name(r.fallback))
+                .or_default() += 1;
+            self.events.push(RequestEvent::Finished {
+                id,
+                split: r.split,
+                fallback: r.fallback,
+            });
+        }
+    }
+
+    /// Aborts a request in any state; storage references stay with the manager.
+    pub fn abort(&mut self, id: RequestId, why: &str) {
+        let Some(r) = self.requests.get(&id) else {
+            return;
+        };
+        let prefetching = matches!(r.state, RequestState::Prefetching { .. });
+        if prefetching || r.resources.ready.is_some() {
+            if let Some(planner) = self.storage.as_mut() {
+                planner.cancel(id);
+            }
+        }
+        self.release_running(id);
+        self.queue.remove(&id);
+        if let Some(mut r) = self.requests.remove(&id) {
+            r.state = RequestState::Aborted;
+            self.trace.request_ended(id, "aborted");
+            self.stats.aborted += 1;
+            self.events.push(RequestEvent::Aborted(id, why.to_string()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::super::RequestEvent;
+    use crate::frontend::FallbackReason;
+    use messages::{RequestId, StorageOp};
+
+    #[test]
+    fn aborting_a_prefetching_request_cancels_its_storage_wait() {
+        let mut rig = rig(true);
+        let p = prompt(32, 1);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let op = q.op;
+        rig.apply(Default::default());
+        rig.s.abort(RequestId(1), "test");
+        assert_eq!(rig.s.state_of(RequestId(1)), None);
+        assert_eq!(
+            rig.s.drain_events(),
+            vec![RequestEvent::Aborted(RequestId(1), "test".into())]
+        );
+        // Within the round (as an admission failure aborts): the same plan cancels it.
+        let plan = rig.plan();
+        assert!(
+            plan.storage
+                .iter()
+                .any(|o| matches!(o, StorageOp::Cancel(c) if c.op == op)),
+            "{:?}",
+            plan.storage
+        );
+    }
+
+    #[test]
+    fn aborting_an_unknown_request_does_nothing() {
+        let mut rig = rig(false);
+        rig.s.abort(RequestId(9), "nobody");
+        assert!(rig.s.drain_events().is_empty());
+        assert_eq!(rig.s.stats().aborted, 0);
+    }
+
+    #[test]
+    fn finishing_counts_the_fallback_reason() {
+        let mut rig = rig(false);
+        let p = prompt(12, 2);
+        let events = serve_one(&mut rig, 1, &p);
+        let Some(RequestEvent::Finished { fallback, .. }) = finished(&events, 1) else {
+            panic!("{events:?}");
+        };
+        assert_eq!(*fallback, FallbackReason::Disabled);
+        assert_eq!(rig.s.stats().fallback.get(fallback.as_str()), Some(&1));
+        assert!(rig.s.running.is_empty());
+        assert_eq!(
+            rig.s.free_scratch.len(),
+            rig.s.cfg.layout.scratch_slots as usize
+        );
+    }
+}

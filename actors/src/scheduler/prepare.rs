@@ -1,0 +1,275 @@
+//! Storage preparation, the read transaction's planning: which requests are eligible, the
+//! QUERY of each new arrival, the GET an answered QUERY leads to (Host destinations
+//! reserved), and the fallback reason a refused planning call leaves.
+//!
+//! It plans against the StoragePlanner's view only and never performs I/O. It never
+//! decides Device admission (admit.rs does): a request it does not prepare goes on to
+//! ordinary admission.
+
+use super::request::{Continuation, PrefetchPhase, Request, RequestState};
+use super::{ReadRecord, RefUse, Scheduler};
+use crate::cache::coordinator::QueryLimits;
+use crate::cache::credits::QueryCredits;
+use crate::frontend::FallbackReason;
+use crate::storage_transfer::Refusal;
+use messages::RequestId;
+
+/// The fallback a refused planning call leaves on its request.
+fn refusal_reason(e: &Refusal) -> FallbackReason {
+    match e {
+        Refusal::PressureClosed => FallbackReason::Pressure,
+        Refusal::Disabled => FallbackReason::Quarantine,
+        _ => FallbackReason::Miss,
+    }
+}
+
+impl Scheduler {
+    pub(super) fn storage_eligible(&self, r: &Request) -> bool {
+        !r.resources.storage_prepared
+            && self.storage.as_ref().is_some_and(|s| s.l3_enabled())
+            && matches!(r.state, RequestState::Submitted)
+    }
+
+    pub(super) fn prepare_storage(&mut self) {
+        let ids: Vec<RequestId> = std::mem::take(&mut self.unprepared).into();
+        for id in ids {
+            let eligible = self
+                .requests
+                .get(&id)
+                .is_some_and(|r| self.storage_eligible(r));
+            if !eligible {
+                continue;
+            }
+            let Some(planner) = self.storage.as_ref() else {
+                return;
+            };
+            let cfg = planner.config();
+            let q = QueryCredits {
+                keys: cfg.max_keys_per_operation,
+                host_blocks: planner.host_credits_left(),
+            };
+            let limits = QueryLimits {
+                lookahead_tokens: cfg.lookahead_tokens,
+                min_extension_tokens: cfg.min_extension_tokens,
+            };
+            let Some(r) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            r.resources.storage_prepared = true;
+            let qp = self.cache.plan_query(&r.prompt, r.reusable(), q, limits);
+            if qp.bypass.is_some() || qp.keys.is_empty() {
+                r.state = RequestState::Admissible;
+                continue;
+            }
+            r.resources.local_at_plan = qp.local_tokens;
+            r.resources.planned_boundary = qp.boundaries.first().map_or(0, |b| b.boundary);
+            let keys = qp.keys.clone();
+            let Some(planner) = self.storage.as_mut() else {
+                return;
+            };
+            let parent = self.trace.request_span(id).cloned();
+            match planner.issue_query(id, keys, parent) {
+                Ok((_, lease)) => {
+                    r.state = RequestState::Prefetching {
+                        continuation: Continuation::Submitted,
+                        phase: PrefetchPhase::Query(qp),
+                        lease,
+                    };
+                    self.queue.remove(&id);
+                }
+                Err(e) => {
+                    r.resources.fallback = Some(refusal_reason(&e));
+                    r.state = RequestState::Admissible;
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_query_result(&mut self, id: RequestId, exists: &[bool]) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let RequestState::Prefetching { phase, .. } = &r.state else {
+            return;
+        };
+        let PrefetchPhase::Query(plan) = phase else {
+            return;
+        };
+        let hints = match plan.existence_hints(exists) {
+            Ok(h) => h,
+            Err(_) => {
+                self.end_prefetch(id, Some(FallbackReason::Miss));
+                return;
+            }
+        };
+        let Some(planner) = self.storage.as_ref() else {
+            return;
+        };
+        if planner.gate_closed() {
+            self.end_prefetch(id, Some(FallbackReason::Pressure));
+            return;
+        }
+        let host_credits = planner.host_credits_left();
+        let prompt = r.prompt.clone();
+        let reusable = r.reusable();
+        let res = match self.cache.reserve(&prompt, reusable, &hints, host_credits) {
+            Ok(res) => res,
+            Err(_) => {
+                self.end_prefetch(id, Some(FallbackReason::Miss));
+                return;
+            }
+        };
+        if res.is_empty() {
+            let _ = self.cache.abandon(res);
+            self.end_prefetch(id, Some(FallbackReason::Miss));
+            return;
+        }
+        self.next_read += 1;
+        let read = self.next_read;
+        let mut dests = vec![];
+        let mut rows = vec![];
+        for row in &res.rows {
+            let h = self.new_ref(RefUse::GetRow { read });
+            rows.push(h);
+            dests.push((h, row.range));
+        }
+        let keys = res.keys();
+        let parent = self.trace.request_span(id).cloned();
+        let issued = match self.storage.as_mut() {
+            Some(planner) => planner.issue_get(id, keys, dests, parent),
+            None => Err(Refusal::Disabled),
+        };
+        match issued {
+            Ok(_) => {
+                self.reads.insert(
+                    read,
+                    ReadRecord {
+                        rows,
+                        released: 0,
+                        reservation: Some(res),
+                        hold: None,
+                    },
+                );
+                if let Some(r) = self.requests.get_mut(&id) {
+                    if let RequestState::Prefetching { phase, .. } = &mut r.state {
+                        *phase = PrefetchPhase::Get(read);
+                    }
+                }
+            }
+            Err(e) => {
+                for h in rows {
+                    self.refs.remove(&h);
+                }
+                let _ = self.cache.abandon(res);
+                self.end_prefetch(id, Some(refusal_reason(&e)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::*;
+    use super::refusal_reason;
+    use crate::frontend::FallbackReason;
+    use crate::storage_transfer::Refusal;
+    use messages::{RequestId, StorageOp};
+
+    #[test]
+    fn an_eligible_arrival_gets_one_query_and_leaves_the_queue() {
+        let mut rig = rig(true);
+        let p = prompt(32, 1);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        assert_eq!(q.request, Some(RequestId(1)));
+        assert_eq!(
+            q.keys.len(),
+            8,
+            "seven aligned blocks and the tail at the reusable bound"
+        );
+        assert!(plan.forwards.is_empty());
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
+        assert!(!rig.s.queue.contains(&RequestId(1)));
+        assert!(rig.s.requests[&RequestId(1)].resources.storage_prepared);
+        assert!(rig.s.unprepared.is_empty());
+    }
+
+    #[test]
+    fn storage_disabled_plans_no_storage_and_admits_at_once() {
+        let mut rig = rig(false);
+        let p = prompt(32, 2);
+        rig.apply(arrivals(&[(1, &p, 2)]));
+        let plan = rig.s.plan();
+        assert!(plan.storage.is_empty());
+        assert_eq!(plan.forwards.len(), 1);
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefill"));
+        assert!(!rig.s.requests[&RequestId(1)].resources.storage_prepared);
+    }
+
+    #[test]
+    fn a_prompt_with_nothing_reusable_bypasses_the_query() {
+        let mut rig = rig(true);
+        let p = prompt(1, 3); // the forward computes the last token: nothing to look up
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        assert!(!plan
+            .storage
+            .iter()
+            .any(|o| matches!(o, StorageOp::Query(_))));
+        assert_eq!(plan.forwards.len(), 1);
+        assert!(rig.s.requests[&RequestId(1)].resources.storage_prepared);
+    }
+
+    #[test]
+    fn a_query_with_no_hit_falls_back_to_admission_as_a_miss() {
+        let mut rig = rig(true);
+        let p = prompt(32, 4);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let exists = vec![false; q.keys.len()];
+        let plan = rig.round(query_done(q.op, exists));
+        assert!(!plan.storage.iter().any(|o| matches!(o, StorageOp::Get(_))));
+        assert_eq!(plan.forwards.len(), 1);
+        let r = &rig.s.requests[&RequestId(1)];
+        assert_eq!(r.fallback, FallbackReason::Miss);
+        assert_eq!(r.split.computed, 32);
+    }
+
+    #[test]
+    fn a_prepared_request_is_no_longer_storage_eligible() {
+        let mut rig = rig(true);
+        let p = prompt(32, 5);
+        rig.apply(arrivals(&[(1, &p, 2)]));
+        let r = &rig.s.requests[&RequestId(1)];
+        assert!(rig.s.storage_eligible(r));
+        rig.plan();
+        let r = &rig.s.requests[&RequestId(1)];
+        assert!(!rig.s.storage_eligible(r), "prefetching, and prepared once");
+    }
+
+    #[test]
+    fn refusals_map_to_their_fallback_reasons() {
+        assert_eq!(
+            refusal_reason(&Refusal::PressureClosed),
+            FallbackReason::Pressure
+        );
+        assert_eq!(
+            refusal_reason(&Refusal::Disabled),
+            FallbackReason::Quarantine
+        );
+        assert_eq!(
+            refusal_reason(&Refusal::OperationCredits),
+            FallbackReason::Miss
+        );
+    }
+
+    fn query_done(op: messages::OperationId, exists: Vec<bool>) -> super::super::AgreedInputs {
+        super::super::AgreedInputs {
+            completions: vec![messages::StorageDone::query(op, exists, true)],
+            ..Default::default()
+        }
+    }
+}
