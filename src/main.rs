@@ -24,14 +24,6 @@ struct Cli {
     command: Command,
 }
 
-/// `--model-profile`'s help: every profile the synthetic backend ships.
-fn profile_help() -> String {
-    format!(
-        "Synthetic model profile: {}",
-        settings::MODEL_PROFILES.join(" | ")
-    )
-}
-
 fn store_help() -> String {
     format!(
         "L3 backend: {}",
@@ -76,7 +68,7 @@ struct ServeFlags {
     /// Directory of the local store's shared-DFS tier.
     #[arg(long)]
     store_dir: Option<String>,
-    #[arg(long, help = profile_help())]
+    #[arg(long, help = settings::profile_help())]
     model_profile: Option<String>,
 }
 
@@ -282,7 +274,7 @@ enum BenchCommand {
     /// tier, partial hit, miss) over a sweep of prompt lengths; every restored output is
     /// compared with recomputation. Writes ttft.json and ttft.svg under --out.
     Ttft {
-        #[arg(long, default_value = "llama-8b-like", help = profile_help())]
+        #[arg(long, default_value = "llama-8b-like", help = settings::profile_help())]
         profile: String,
         /// Prompt lengths in tokens.
         #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
@@ -324,7 +316,7 @@ enum BenchCommand {
         /// Engine-host processes sharing the L3.
         #[arg(long, default_value_t = 2)]
         instances: usize,
-        #[arg(long, default_value = "replay-small", help = profile_help())]
+        #[arg(long, default_value = "replay-small", help = settings::profile_help())]
         profile: String,
         /// Open loop at this multiple of the trace's timestamps (default: closed loop).
         #[arg(long)]
