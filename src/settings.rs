@@ -19,6 +19,12 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// The model profiles the synthetic backend ships.
 pub const MODEL_PROFILES: &[&str] = &actors::model::ModelProfile::NAMES;
 
+/// The help of every flag naming a model profile (`--model-profile`, a bench's
+/// `--profile`): every profile the synthetic backend ships.
+pub fn profile_help() -> String {
+    format!("Synthetic model profile: {}", MODEL_PROFILES.join(" | "))
+}
+
 /// A secret setting: deserialized as a plain string, but never shown — `Debug` and
 /// `Serialize` (what `check-config` prints) render `<redacted>` unless it is empty.
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]

@@ -2,7 +2,9 @@
 //! `bench ttft` (TTFT cohorts against recomputation) and `bench replay` (public KV-cache
 //! traces through several engine hosts sharing one L3). Each writes a JSON file and an SVG
 //! plot. They measure; they never assert a timing (CI runs them for correctness only).
+//! `commands` holds every `bench` subcommand's flags and run (the binary dispatches to it).
 
+pub mod commands;
 pub mod http;
 pub mod plot;
 pub mod process;
