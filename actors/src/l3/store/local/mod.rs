@@ -7,11 +7,10 @@
 //! remove a DFS source a promotion of this process is reading.
 
 pub mod bench;
-pub mod hooks;
 pub mod memory_tier;
 pub mod promotion;
-pub mod staging;
-pub mod stats;
+/// The promotion modules' former paths (src/exporter.rs names `local::stats`).
+pub use crate::l3::store::promotion::{hooks, staging, stats};
 #[cfg(test)]
 mod tests;
 

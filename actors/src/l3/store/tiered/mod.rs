@@ -13,9 +13,9 @@ pub mod promotion;
 mod tests;
 
 use super::dfs::DfsStore;
-use super::local::staging::StagingBudget;
-use super::local::stats::PromotionStats;
 use super::mooncake::MooncakeStore;
+use super::promotion::staging::StagingBudget;
+use super::promotion::stats::PromotionStats;
 use super::{KeyResult, PromotionResult, Store, StoreCapabilities, StoreError};
 use messages::settings::LocalStoreSettings;
 use messages::{Namespace, StorageKey};

@@ -25,8 +25,8 @@
 
 use crate::l3::store::dfs::{split_key, DfsStore, ObjectIdentity, ReadError};
 use crate::l3::store::faulty::Gate;
-use crate::l3::store::local::staging::{StagingBudget, StagingReservation};
-use crate::l3::store::local::stats::{FailReason, PromotionStats};
+use crate::l3::store::promotion::staging::{StagingBudget, StagingReservation};
+use crate::l3::store::promotion::stats::{FailReason, PromotionStats};
 use crate::l3::store::{
     CapacityReason, KeyResult, PromotionFailure, PromotionResult, Store, StoreError,
 };

@@ -1,0 +1,5 @@
+//! DFS → MEMORY promotion shared by every promoting store.
+
+pub mod hooks;
+pub mod staging;
+pub mod stats;
