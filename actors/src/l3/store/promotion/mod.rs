@@ -15,6 +15,8 @@ pub mod engine;
 pub mod hooks;
 pub mod staging;
 pub mod stats;
+#[cfg(test)]
+mod tests;
 
 pub use engine::{
     Attempt, AttemptState, Expiry, PinTable, PromotionEngine, PromotionLimits, PromotionTicket,
