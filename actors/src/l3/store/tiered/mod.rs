@@ -5,8 +5,9 @@
 //! MEMORY copy of each newly written object; a MEMORY capacity rejection leaves the DFS
 //! copy standing); `prefetch_to_memory` is seed 003's DFS → MEMORY promotion, run by the
 //! shared engine (`store::promotion`) with Mooncake as the target (`promotion`). Failures
-//! do not prove retirement (Mooncake's contract). It owns the promotion workers and staging; it must never report a MEMORY failure that
-//! may still touch a Host buffer as retired, and never serve unverified DFS bytes.
+//! do not prove retirement (Mooncake's contract). It owns the promotion workers and
+//! staging; it must never report a MEMORY failure that may still touch a Host buffer as
+//! retired, and never serve unverified DFS bytes.
 
 pub mod promotion;
 #[cfg(test)]
