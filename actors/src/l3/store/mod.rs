@@ -10,6 +10,7 @@ pub mod faulty;
 pub mod local;
 pub mod memory;
 pub mod mooncake;
+pub mod promotion;
 pub mod tiered;
 
 use messages::{Namespace, StorageKey};

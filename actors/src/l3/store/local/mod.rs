@@ -1,29 +1,31 @@
 //! LocalStore, the embedded default store: an in-process MEMORY tier (bounded bytes, LRU,
 //! leases) over the shared-DFS tier (`DfsStore`). PUT writes through (DFS first, then a
 //! best-effort MEMORY copy); GET reads MEMORY first, then DFS; `prefetch_to_memory` is
-//! seed 003's DFS → MEMORY promotion (see `promotion`). Admission (a later GET) always
+//! seed 003's DFS → MEMORY promotion, run by the shared engine (`store::promotion`) with
+//! the MEMORY tier as the target (`promotion`). Admission (a later GET) always
 //! reselects the currently readable source: a promoted replica is not a reservation.
 //! It must never serve a MEMORY replica that was not fully written and verified, and never
 //! remove a DFS source a promotion of this process is reading.
 
 pub mod bench;
-pub mod hooks;
 pub mod memory_tier;
 pub mod promotion;
-pub mod staging;
-pub mod stats;
+/// The promotion statistics' former path (src/exporter.rs names `local::stats`).
+pub use crate::l3::store::promotion::stats;
 #[cfg(test)]
 mod tests;
 
 use crate::clock::SharedClock;
 use crate::l3::store::dfs::DfsStore;
+use crate::l3::store::promotion::hooks::PromotionHooks;
+use crate::l3::store::promotion::staging::StagingBudget;
+use crate::l3::store::promotion::{
+    Expiry, PromotionEngine, PromotionLimits, PromotionTicket, Task,
+};
 use crate::l3::store::{KeyResult, PromotionResult, Store, StoreCapabilities, StoreError};
-use hooks::PromotionHooks;
-use memory_tier::MemoryTier;
+use memory_tier::{MemoryTarget, MemoryTier};
 use messages::settings::LocalStoreSettings;
 use messages::{Namespace, StorageKey};
-use promotion::{PromotionEngine, PromotionLimits, PromotionTicket, Task};
-use staging::StagingBudget;
 use stats::PromotionStats;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,8 +77,8 @@ pub struct LocalStats {
 }
 
 pub struct LocalStore {
-    engine: Arc<PromotionEngine>,
-    tx: flume::Sender<Task>,
+    engine: Arc<PromotionEngine<MemoryTier>>,
+    tx: flume::Sender<Task<Arc<MemoryTarget>>>,
     pub stats: LocalStats,
 }
 
@@ -102,18 +104,21 @@ impl LocalStore {
     ) -> Result<Self, StoreError> {
         let engine = Arc::new(PromotionEngine::new(
             dfs,
-            Arc::new(MemoryTier::new(cfg.memory_bytes)),
+            MemoryTier::new(cfg.memory_bytes),
             StagingBudget::new(cfg.staging_bytes),
-            clock,
             PromotionLimits {
                 max_in_flight: cfg.max_promotions_in_flight.max(1) as u64,
-                ttl_us: cfg.promotion_ttl_us,
+                cancel_abandoned: true,
             },
+            Some(Expiry {
+                clock,
+                ttl_us: cfg.promotion_ttl_us,
+            }),
         ));
         let (tx, rx) = flume::unbounded();
         // Workers exit when the store (the only sender) drops.
         engine
-            .spawn_workers(cfg.promotion_workers, rx)
+            .spawn_workers(cfg.promotion_workers, "tsl3-promote", rx)
             .map_err(|e| StoreError::new("local", format!("spawn promotion workers: {e}")))?;
         Ok(Self {
             engine,
@@ -126,7 +131,7 @@ impl LocalStore {
         &self.engine.dfs
     }
     pub fn memory(&self) -> &MemoryTier {
-        &self.engine.tier
+        &self.engine.target
     }
     pub fn staging(&self) -> &StagingBudget {
         &self.engine.staging
@@ -137,13 +142,17 @@ impl LocalStore {
     pub fn hooks(&self) -> &PromotionHooks {
         &self.engine.hooks
     }
-    pub fn engine(&self) -> &Arc<PromotionEngine> {
+    pub fn engine(&self) -> &Arc<PromotionEngine<MemoryTier>> {
         &self.engine
     }
 
     /// Starts a promotion trigger without blocking: wait on (or drop) the ticket.
-    pub fn submit_prefetch(&self, keys: &[StorageKey]) -> PromotionTicket {
-        self.engine.submit(keys, &self.tx)
+    pub fn submit_prefetch(&self, keys: &[StorageKey]) -> PromotionTicket<MemoryTier> {
+        match self.engine.submit(keys, &self.tx) {
+            Ok(t) => t,
+            // The in-process tier answers residency without failing.
+            Err(e) => unreachable!("local MEMORY residency failed: {e}"),
+        }
     }
 
     /// Runs the expiry reaper now (waiters also run it while they wait).
@@ -153,7 +162,7 @@ impl LocalStore {
 
     /// Evicts a MEMORY replica (refused while leased).
     pub fn evict_memory(&self, key: &StorageKey) -> bool {
-        self.engine.tier.evict(key)
+        self.engine.target.evict(key)
     }
 
     /// Removes one object from both tiers, unless a promotion pins its source; a live
@@ -163,7 +172,7 @@ impl LocalStore {
             return Ok(RemoveOutcome::Pinned);
         }
         self.engine.fence_key(key);
-        let in_memory = self.engine.tier.remove(key);
+        let in_memory = self.engine.target.remove(key);
         let in_dfs = self.engine.dfs.remove(key)?;
         Ok(if in_memory || in_dfs {
             RemoveOutcome::Removed
@@ -190,7 +199,7 @@ impl Store for LocalStore {
     fn query(&self, keys: &[StorageKey]) -> Result<Vec<bool>, StoreError> {
         Ok(keys
             .iter()
-            .map(|k| self.engine.tier.contains(k) || self.engine.dfs.stat(k).is_ok())
+            .map(|k| self.engine.target.contains(k) || self.engine.dfs.stat(k).is_ok())
             .collect())
     }
 
@@ -204,7 +213,7 @@ impl Store for LocalStore {
         Ok(keys
             .iter()
             .zip(dests.iter_mut())
-            .map(|(k, d)| match self.engine.tier.lease(k) {
+            .map(|(k, d)| match self.engine.target.lease(k) {
                 // A replica is handed out only for the key it was written for.
                 Some(lease) if lease.target().key() != k => KeyResult::Invalid,
                 Some(lease) => {
@@ -224,7 +233,7 @@ impl Store for LocalStore {
         let results = self.engine.dfs.put(keys, srcs)?;
         for ((k, s), r) in keys.iter().zip(srcs).zip(&results) {
             if matches!(r, KeyResult::Ok { .. }) {
-                self.engine.tier.insert_copy(k, s);
+                self.engine.target.insert_copy(k, s);
             }
         }
         Ok(results)
@@ -233,7 +242,7 @@ impl Store for LocalStore {
     /// Fails the namespace's live promotions, drops its MEMORY replicas, purges the DFS dir.
     fn remove_namespace(&self, ns: &Namespace) -> Result<u64, StoreError> {
         self.engine.fence_namespace(ns);
-        self.engine.tier.remove_namespace(ns);
+        self.engine.target.remove_namespace(ns);
         self.engine.dfs.remove_namespace(ns)
     }
 

@@ -1,12 +1,12 @@
 //! Seed 003's validation gates for the local store, one test per gate. Threads are ordered
 //! with gates; time moves only through a ManualClock.
 
-use super::hooks::PromotionStage;
 use super::promotion::PROMOTION_CHUNK;
 use super::stats::FailReason;
 use super::*;
 use crate::clock::ManualClock;
 use crate::l3::store::faulty::Gate;
+use crate::l3::store::promotion::hooks::PromotionStage;
 use crate::l3::store::{CapacityReason, PromotionFailure, PromotionResult as R};
 use std::io::{Seek, SeekFrom, Write};
 

@@ -3,23 +3,25 @@
 //! falls back to DFS (exact bytes and checksum verified by DfsStore) for a key MEMORY
 //! provably stopped touching; PUT writes through (DFS create-only, then a create-only
 //! MEMORY copy of each newly written object; a MEMORY capacity rejection leaves the DFS
-//! copy standing); `prefetch_to_memory` is seed 003's DFS → MEMORY promotion with Mooncake
-//! as the target (see `promotion`). Failures do not prove retirement (Mooncake's contract).
-//! It owns the promotion workers and staging; it must never report a MEMORY failure that
-//! may still touch a Host buffer as retired, and never serve unverified DFS bytes.
+//! copy standing); `prefetch_to_memory` is seed 003's DFS → MEMORY promotion, run by the
+//! shared engine (`store::promotion`) with Mooncake as the target (`promotion`). Failures
+//! do not prove retirement (Mooncake's contract). It owns the promotion workers and
+//! staging; it must never report a MEMORY failure that may still touch a Host buffer as
+//! retired, and never serve unverified DFS bytes.
 
 pub mod promotion;
 #[cfg(test)]
 mod tests;
 
 use super::dfs::DfsStore;
-use super::local::staging::StagingBudget;
-use super::local::stats::PromotionStats;
 use super::mooncake::MooncakeStore;
+use super::promotion::staging::StagingBudget;
+use super::promotion::stats::PromotionStats;
+use super::promotion::{PromotionLimits, Task};
 use super::{KeyResult, PromotionResult, Store, StoreCapabilities, StoreError};
 use messages::settings::LocalStoreSettings;
 use messages::{Namespace, StorageKey};
-use promotion::{Task, TierHooks, TierLimits, TierPromotion, TierTicket};
+use promotion::{MooncakePut, MooncakeTarget, TierHooks, TierLimits, TierPromotion, TierTicket};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -61,7 +63,7 @@ pub struct TieredStats {
 
 pub struct TieredStore {
     engine: Arc<TierPromotion>,
-    tx: flume::Sender<Task>,
+    tx: flume::Sender<Task<Arc<MooncakePut>>>,
     pub stats: TieredStats,
 }
 
@@ -107,11 +109,22 @@ impl TieredStore {
         dfs: Arc<DfsStore>,
         limits: TierLimits,
     ) -> Result<Self, StoreError> {
-        let engine = Arc::new(TierPromotion::new(dfs, memory, limits));
+        // No expiry and no cancellation: a PUT cannot be fenced, and every attempt runs to
+        // its end.
+        let engine = Arc::new(TierPromotion::new(
+            dfs,
+            MooncakeTarget::new(memory),
+            StagingBudget::new(limits.staging_bytes),
+            PromotionLimits {
+                max_in_flight: limits.max_in_flight.max(1) as u64,
+                cancel_abandoned: false,
+            },
+            None,
+        ));
         let (tx, rx) = flume::unbounded();
         // Workers exit when the store (the only sender) drops.
         engine
-            .spawn_workers(limits.workers, rx)
+            .spawn_workers(limits.workers, "tsl3-tier-promote", rx)
             .map_err(|e| StoreError::new(NAME, format!("spawn promotion workers: {e}")))?;
         Ok(Self {
             engine,
@@ -124,7 +137,7 @@ impl TieredStore {
         &self.engine.dfs
     }
     pub fn memory(&self) -> &Arc<dyn Store> {
-        &self.engine.memory
+        &self.engine.target.memory
     }
     pub fn staging(&self) -> &StagingBudget {
         &self.engine.staging
@@ -162,7 +175,7 @@ impl Store for TieredStore {
     /// MEMORY OR DFS. A failed MEMORY query falls back to DFS alone (a query touches no
     /// Host payload, and every write-through object is in DFS).
     fn query(&self, keys: &[StorageKey]) -> Result<Vec<bool>, StoreError> {
-        let memory = match self.engine.memory.query(keys) {
+        let memory = match self.engine.target.memory.query(keys) {
             Ok(m) if m.len() == keys.len() => m,
             Ok(_) => vec![false; keys.len()],
             Err(e) => {
@@ -184,7 +197,7 @@ impl Store for TieredStore {
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
         crate::l3::store::same_count(NAME, keys.len(), dests.len(), "destinations")?;
-        let mut rows = self.engine.memory.get(keys, dests)?;
+        let mut rows = self.engine.target.memory.get(keys, dests)?;
         if rows.len() != keys.len() {
             return Err(StoreError::new(
                 NAME,
@@ -213,7 +226,7 @@ impl Store for TieredStore {
         if !fresh.is_empty() {
             let mk: Vec<StorageKey> = fresh.iter().map(|i| keys[*i].clone()).collect();
             let ms: Vec<&[u8]> = fresh.iter().map(|i| srcs[*i]).collect();
-            let rows = self.engine.memory.put(&mk, &ms)?;
+            let rows = self.engine.target.memory.put(&mk, &ms)?;
             if rows.len() != mk.len() {
                 return Err(StoreError::new(
                     NAME,
@@ -239,9 +252,9 @@ impl Store for TieredStore {
     /// Purges MEMORY and DFS while no promotion PUT is in progress (a later one finds its
     /// DFS source gone). Returns the number of DFS objects removed.
     fn remove_namespace(&self, ns: &Namespace) -> Result<u64, StoreError> {
-        let _purge = self.engine.purge.write();
+        let _purge = self.engine.purge_barrier();
         let removed = self.engine.dfs.remove_namespace(ns)?;
-        self.engine.memory.remove_namespace(ns)?;
+        self.engine.target.memory.remove_namespace(ns)?;
         Ok(removed)
     }
 
@@ -250,6 +263,6 @@ impl Store for TieredStore {
     }
 
     fn close(&self) -> Result<(), StoreError> {
-        self.engine.memory.close()
+        self.engine.target.memory.close()
     }
 }

@@ -1,5 +1,6 @@
 //! Test hooks of the promotion pipeline: gates that pause a worker at a named stage, so
-//! tests order threads with gates instead of sleeps. Disarmed hooks cost one lock.
+//! tests order threads with gates instead of sleeps. Disarmed hooks cost one lock
+//! (two at the Read stage).
 //! It never changes what the pipeline does, only when.
 
 use crate::l3::store::faulty::Gate;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 pub enum PromotionStage {
     /// The source was read into staging; identity not yet revalidated.
     Read,
-    /// A MEMORY target was issued to the writer; nothing written yet.
+    /// A target was reserved and issued to the writer; nothing written yet.
     Target,
     /// The first chunk was written into the target.
     Write,
@@ -29,6 +30,10 @@ struct Rule {
 #[derive(Debug, Default)]
 pub struct PromotionHooks {
     rules: Mutex<Vec<Rule>>,
+    /// While set, every worker waits here after the Read stage's rules: after staging,
+    /// before revalidation and any target write (the tiered store's name for the point
+    /// before its MEMORY PUT; `arm(PromotionStage::Read, gate)` is the same).
+    pub before_put: Mutex<Option<Arc<Gate>>>,
 }
 
 impl PromotionHooks {
@@ -50,6 +55,7 @@ impl PromotionHooks {
     }
     pub fn disarm(&self) {
         self.rules.lock().clear();
+        *self.before_put.lock() = None;
     }
     pub(crate) fn pass(&self, stage: PromotionStage) {
         let gates: Vec<Arc<Gate>> = {
@@ -64,6 +70,12 @@ impl PromotionHooks {
         };
         for g in gates {
             g.pass();
+        }
+        if stage == PromotionStage::Read {
+            let gate = self.before_put.lock().clone();
+            if let Some(g) = gate {
+                g.pass();
+            }
         }
     }
 }
