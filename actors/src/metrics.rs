@@ -7,7 +7,7 @@
 
 use crate::frontend::FallbackReason;
 use crate::l3::store::dfs::InvalidReason;
-use crate::l3::store::local::stats::FailReason;
+use crate::l3::store::promotion::stats::FailReason;
 use crate::l3::store::{CapacityReason, PromotionFailure};
 use crate::names::metric as m;
 use crate::storage_transfer::DropReason;

@@ -7,8 +7,8 @@
 use crate::engine::RankView;
 use crate::frontend::FallbackReason;
 use crate::l3::store::dfs::{DfsStore, InvalidReason};
-use crate::l3::store::local::stats::PromotionStats;
 use crate::l3::store::local::LocalStore;
+use crate::l3::store::promotion::stats::PromotionStats;
 use crate::l3::store::tiered::TieredStore;
 use crate::metrics::{
     capacity_label, fail_reason_label, Metrics, CAPACITY_REASONS, DFS_PUT_RESULTS,

@@ -10,8 +10,6 @@
 pub mod bench;
 pub mod memory_tier;
 pub mod promotion;
-/// The promotion statistics' former path (src/exporter.rs names `local::stats`).
-pub use crate::l3::store::promotion::stats;
 #[cfg(test)]
 mod tests;
 
@@ -19,6 +17,7 @@ use crate::clock::SharedClock;
 use crate::l3::store::dfs::DfsStore;
 use crate::l3::store::promotion::hooks::PromotionHooks;
 use crate::l3::store::promotion::staging::StagingBudget;
+use crate::l3::store::promotion::stats::PromotionStats;
 use crate::l3::store::promotion::{
     Expiry, PromotionEngine, PromotionLimits, PromotionTicket, Task,
 };
@@ -26,7 +25,6 @@ use crate::l3::store::{KeyResult, PromotionResult, Store, StoreCapabilities, Sto
 use memory_tier::{MemoryTarget, MemoryTier};
 use messages::settings::LocalStoreSettings;
 use messages::{Namespace, StorageKey};
-use stats::PromotionStats;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -147,12 +145,11 @@ impl LocalStore {
     }
 
     /// Starts a promotion trigger without blocking: wait on (or drop) the ticket.
-    pub fn submit_prefetch(&self, keys: &[StorageKey]) -> PromotionTicket<MemoryTier> {
-        match self.engine.submit(keys, &self.tx) {
-            Ok(t) => t,
-            // The in-process tier answers residency without failing.
-            Err(e) => unreachable!("local MEMORY residency failed: {e}"),
-        }
+    pub fn submit_prefetch(
+        &self,
+        keys: &[StorageKey],
+    ) -> Result<PromotionTicket<MemoryTier>, StoreError> {
+        self.engine.submit(keys, &self.tx)
     }
 
     /// Runs the expiry reaper now (waiters also run it while they wait).
@@ -247,6 +244,6 @@ impl Store for LocalStore {
     }
 
     fn prefetch_to_memory(&self, keys: &[StorageKey]) -> Result<Vec<PromotionResult>, StoreError> {
-        Ok(self.submit_prefetch(keys).wait())
+        Ok(self.submit_prefetch(keys)?.wait())
     }
 }

@@ -2,11 +2,11 @@
 //! with gates; time moves only through a ManualClock.
 
 use super::promotion::PROMOTION_CHUNK;
-use super::stats::FailReason;
 use super::*;
 use crate::clock::ManualClock;
 use crate::l3::store::faulty::Gate;
 use crate::l3::store::promotion::hooks::PromotionStage;
+use crate::l3::store::promotion::stats::{self, FailReason};
 use crate::l3::store::{CapacityReason, PromotionFailure, PromotionResult as R};
 use std::io::{Seek, SeekFrom, Write};
 
@@ -185,7 +185,10 @@ fn duplicate_keys_share_one_attempt() {
     let f = fx(Limits::default());
     f.seed(&k("a"), &payload(1, 64));
     f.seed(&k("b"), &payload(2, 64));
-    let t = f.store.submit_prefetch(&[k("a"), k("a"), k("b"), k("a")]);
+    let t = f
+        .store
+        .submit_prefetch(&[k("a"), k("a"), k("b"), k("a")])
+        .unwrap();
     let ids = t.attempt_ids();
     assert_eq!(ids[0], ids[1]);
     assert_eq!(ids[0], ids[3]);
@@ -267,7 +270,7 @@ fn repeated_and_concurrent_triggers_admit_once() {
     f.seed(&k("a"), &data);
     let g = Gate::new();
     f.store.hooks().arm(PromotionStage::Read, g.clone());
-    let first = f.store.submit_prefetch(&[k("a")]);
+    let first = f.store.submit_prefetch(&[k("a")]).unwrap();
     g.wait_entered(1);
     let id = first.attempt_ids()[0];
     let barrier = Arc::new(std::sync::Barrier::new(5));
@@ -277,7 +280,7 @@ fn repeated_and_concurrent_triggers_admit_once() {
             let b = barrier.clone();
             std::thread::spawn(move || {
                 b.wait();
-                let t = s.submit_prefetch(&[k("a")]);
+                let t = s.submit_prefetch(&[k("a")]).unwrap();
                 let ids = t.attempt_ids();
                 (ids, t.wait())
             })
@@ -320,14 +323,14 @@ fn shared_staging_quota_and_in_flight_cap_give_capacity() {
     f.seed(&k("tiny"), &payload(1, 10));
     let g = Gate::new();
     f.store.hooks().arm(PromotionStage::Read, g.clone());
-    let ta = f.store.submit_prefetch(&[k("a")]);
+    let ta = f.store.submit_prefetch(&[k("a")]).unwrap();
     g.wait_entered(1);
     // Staging is shared by every trigger: 1000 of 1500 bytes are held.
     assert_eq!(
         f.store.prefetch_to_memory(&[k("b")]).unwrap(),
         vec![R::Capacity(CapacityReason::Quota)]
     );
-    let ts = f.store.submit_prefetch(&[k("small")]);
+    let ts = f.store.submit_prefetch(&[k("small")]).unwrap();
     g.wait_entered(2);
     // Two attempts in flight: the hard cap refuses a third.
     assert_eq!(
@@ -391,12 +394,12 @@ fn cancelling_one_waiter_leaves_the_others_result() {
     f.seed(&k("c"), &payload(3, 64));
     let g = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Read, g.clone());
-    let tb = f.store.submit_prefetch(&[k("blocker")]);
+    let tb = f.store.submit_prefetch(&[k("blocker")]).unwrap();
     g.wait_entered(1);
     // The only worker is held: "a" and "c" stay queued.
-    let ta1 = f.store.submit_prefetch(&[k("a")]);
-    let ta2 = f.store.submit_prefetch(&[k("a")]);
-    let tc = f.store.submit_prefetch(&[k("c")]);
+    let ta1 = f.store.submit_prefetch(&[k("a")]).unwrap();
+    let ta2 = f.store.submit_prefetch(&[k("a")]).unwrap();
+    let tc = f.store.submit_prefetch(&[k("c")]).unwrap();
     assert_eq!(ta1.attempt_ids(), ta2.attempt_ids());
     drop(ta1); // one waiter of "a" goes away: the other still waits
     drop(tc); // the only waiter of "c" goes away: its queued attempt is cancelled
@@ -421,9 +424,9 @@ fn cancel_after_commit_keeps_the_replica() {
     f.seed(&k("a"), &payload(1, 64));
     let g = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Read, g.clone());
-    let t1 = f.store.submit_prefetch(&[k("a")]);
+    let t1 = f.store.submit_prefetch(&[k("a")]).unwrap();
     g.wait_entered(1);
-    let t2 = f.store.submit_prefetch(&[k("a")]);
+    let t2 = f.store.submit_prefetch(&[k("a")]).unwrap();
     assert_eq!(t1.attempt_ids(), t2.attempt_ids());
     g.release();
     assert_eq!(t2.wait(), vec![R::Committed]);
@@ -454,7 +457,7 @@ fn source_removed_replaced_or_regenerated_mid_read_fails_safely() {
         f.seed(&k("a"), &old);
         let g = Gate::new();
         f.store.hooks().arm_once(PromotionStage::Read, g.clone());
-        let t = f.store.submit_prefetch(&[k("a")]);
+        let t = f.store.submit_prefetch(&[k("a")]).unwrap();
         g.wait_entered(1);
         // Another host changes the object while it sits in our staging.
         assert!(f.store.dfs().remove(&k("a")).unwrap());
@@ -487,7 +490,7 @@ fn a_pinned_source_is_not_removable_while_promoted() {
     f.seed(&k("a"), &payload(1, 64));
     let g = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Read, g.clone());
-    let t = f.store.submit_prefetch(&[k("a")]);
+    let t = f.store.submit_prefetch(&[k("a")]).unwrap();
     g.wait_entered(1);
     assert_eq!(f.store.remove(&k("a")).unwrap(), RemoveOutcome::Pinned);
     assert!(f.store.dfs().stat(&k("a")).is_ok());
@@ -510,7 +513,7 @@ fn paused_writer_after_target_issuance_blocks_reuse_until_drained() {
     f.seed(&k("b"), &payload(2, len));
     let g = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Target, g.clone());
-    let ta = f.store.submit_prefetch(&[k("a")]);
+    let ta = f.store.submit_prefetch(&[k("a")]).unwrap();
     g.wait_entered(1);
     // The task deadline passes while the writer holds the target.
     f.clock.advance_us(TTL_US + 1);
@@ -559,7 +562,7 @@ fn every_stage_timed_out_and_resumed_late_is_safe() {
         f.seed(&k("b"), &b);
         let g = Gate::new();
         f.store.hooks().arm_once(stage, g.clone());
-        let ta = f.store.submit_prefetch(&[k("a")]);
+        let ta = f.store.submit_prefetch(&[k("a")]).unwrap();
         let first_id = ta.attempt_ids()[0].unwrap();
         g.wait_entered(1);
         f.clock.advance_us(TTL_US + 1);
@@ -587,7 +590,7 @@ fn every_stage_timed_out_and_resumed_late_is_safe() {
         assert_eq!(f.store.memory().budget().used(), len as u64, "{stage:?}");
         f.quiescent();
         // The key promotes again under a fresh, larger attempt id.
-        let t = f.store.submit_prefetch(&[k("a")]);
+        let t = f.store.submit_prefetch(&[k("a")]).unwrap();
         assert!(t.attempt_ids()[0].unwrap() > first_id);
         assert_eq!(t.wait(), vec![R::Committed], "{stage:?}");
         assert_eq!(f.read(&k("a"), len).1, a, "{stage:?}");
@@ -602,7 +605,7 @@ fn a_stale_attempt_id_cannot_commit() {
     f.seed(&k("a"), &data);
     let g1 = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Target, g1.clone());
-    let t1 = f.store.submit_prefetch(&[k("a")]);
+    let t1 = f.store.submit_prefetch(&[k("a")]).unwrap();
     let id1 = t1.attempt_ids()[0].unwrap();
     g1.wait_entered(1);
     f.clock.advance_us(TTL_US + 1);
@@ -610,7 +613,7 @@ fn a_stale_attempt_id_cannot_commit() {
     assert_eq!(t1.wait(), vec![R::Failed(PromotionFailure::Expired)]);
     let g2 = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Commit, g2.clone());
-    let t2 = f.store.submit_prefetch(&[k("a")]);
+    let t2 = f.store.submit_prefetch(&[k("a")]).unwrap();
     let id2 = t2.attempt_ids()[0].unwrap();
     assert!(id2 > id1, "attempt ids are never reused");
     g2.wait_entered(1);
@@ -670,9 +673,9 @@ fn funnel_identity_holds_through_every_outcome() {
     );
     let g = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Write, g.clone());
-    let tl = f.store.submit_prefetch(&[k("late")]);
+    let tl = f.store.submit_prefetch(&[k("late")]).unwrap();
     g.wait_entered(1);
-    let tq = f.store.submit_prefetch(&[k("queued")]);
+    let tq = f.store.submit_prefetch(&[k("queued")]).unwrap();
     let fun = stat(&f).funnel();
     assert_eq!((fun.attempted, fun.in_flight), (4, 2));
     assert!(fun.holds(), "{fun:?}");
@@ -735,7 +738,7 @@ fn purging_a_namespace_fences_its_live_promotions() {
     f.seed(&k("a"), &payload(1, 700));
     let g = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Target, g.clone());
-    let t = f.store.submit_prefetch(&[k("a")]);
+    let t = f.store.submit_prefetch(&[k("a")]).unwrap();
     g.wait_entered(1);
     let ns = Namespace("tsl3-00000000000000aa".into());
     assert_eq!(f.store.remove_namespace(&ns).unwrap(), 1);
@@ -763,7 +766,7 @@ fn removing_an_object_fences_a_promotion_past_its_source_read() {
     f.seed(&k("a"), &payload(1, 300));
     let g = Gate::new();
     f.store.hooks().arm_once(PromotionStage::Target, g.clone());
-    let t = f.store.submit_prefetch(&[k("a")]);
+    let t = f.store.submit_prefetch(&[k("a")]).unwrap();
     g.wait_entered(1);
     // The source pin was released after revalidation: removal proceeds and fences.
     assert_eq!(f.store.remove(&k("a")).unwrap(), RemoveOutcome::Removed);
