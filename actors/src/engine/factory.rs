@@ -15,6 +15,25 @@ use messages::settings::{StorageConfig, StorageRuntimeConfig};
 use messages::DeploymentIdentity;
 use std::sync::Arc;
 
+/// Why a rank could not be built; each names the part that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("model profile: {0}")]
+    Model(#[from] crate::model::ModelError),
+    #[error("cache layout: {0}")]
+    Layout(String),
+    #[error("host allocation: {0}")]
+    Host(#[from] crate::host::HostError),
+    #[error("device: {0}")]
+    Device(#[from] crate::device::DeviceError),
+    #[error("store: {0}")]
+    Store(String),
+    #[error("L3 executor: {0}")]
+    Executor(#[from] crate::l3::StartError),
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] crate::cache::coordinator::CacheError),
+}
+
 /// Everything one rank is built from.
 #[derive(Clone, Debug)]
 pub struct RankSpec {
@@ -37,8 +56,8 @@ pub struct RankSpec {
 impl RankSpec {
     /// The model and this rank's layout (geometry, pool sizes, scratch blocks): what the
     /// rank allocates, computed without allocating it.
-    pub fn layout(&self) -> Result<(SyntheticModel, RankLayout), String> {
-        let model = SyntheticModel::by_name(&self.profile).map_err(|e| e.to_string())?;
+    pub fn layout(&self) -> Result<(SyntheticModel, RankLayout), StartupError> {
+        let model = SyntheticModel::by_name(&self.profile)?;
         let scratch = (self.max_running as u32).saturating_mul(model.profile().groups.len() as u32);
         let layout = RankLayout::new(
             model.profile(),
@@ -47,7 +66,8 @@ impl RankSpec {
             self.device_blocks,
             self.host_blocks,
             scratch.max(1),
-        )?;
+        )
+        .map_err(StartupError::Layout)?;
         Ok((model, layout))
     }
 
@@ -136,23 +156,23 @@ pub fn build_rank(
     spec: &RankSpec,
     clock: SharedClock,
     make_store: impl FnOnce(&Arc<HostCacheStorage>) -> Result<Arc<dyn Store>, String>,
-) -> Result<RankEngine, String> {
+) -> Result<RankEngine, StartupError> {
     let (model, layout) = spec.layout()?;
     let namespace = identity(spec, &layout).namespace();
-    let host = HostCacheStorage::new(layout.host_bytes().max(1)).map_err(|e| e.to_string())?;
-    let dev_geometry = DeviceGeometry::new(layout.device_slots(), layout.slot_bytes())
-        .map_err(|e| e.to_string())?;
-    let (memory, _) =
-        device_memory(host.clone(), dev_geometry, spec.device).map_err(|e| e.to_string())?;
+    let host = HostCacheStorage::new(layout.host_bytes().max(1))?;
+    let dev_geometry = DeviceGeometry::new(layout.device_slots(), layout.slot_bytes())?;
+    let (memory, _) = device_memory(host.clone(), dev_geometry, spec.device)?;
     let device = DeviceCopyEngineCore::new(memory);
     let executor = match &spec.storage {
         None => None,
         Some((_, runtime)) => {
-            let store = make_store(&host)?;
-            Some(
-                L3Executor::start(store, host.clone(), runtime.clone(), clock.clone())
-                    .map_err(|e| e.to_string())?,
-            )
+            let store = make_store(&host).map_err(StartupError::Store)?;
+            Some(L3Executor::start(
+                store,
+                host.clone(),
+                runtime.clone(),
+                clock.clone(),
+            )?)
         }
     };
     let scheduler = Scheduler::new(
@@ -164,8 +184,7 @@ pub fn build_rank(
             tail_capacity: 1024,
         },
         model,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let mut scheduler = scheduler;
     if crate::host::poison::enabled() {
         let h = host.clone();
