@@ -234,6 +234,7 @@ pub fn run(settings: Settings) -> Result<()> {
         health: Arc::new(RankHealth::new(settings.server.not_ready_on_storage_outage)),
         stop: AtomicBool::new(false),
         done: AtomicBool::new(false),
+        ended: Default::default(),
         local_store: local_store.lock().take(),
     });
     let (state, inbox) = {
@@ -297,6 +298,7 @@ pub fn run(settings: Settings) -> Result<()> {
                 }
                 loop_shared.stop.store(true, Ordering::SeqCst);
                 loop_shared.done.store(true, Ordering::SeqCst);
+                loop_shared.ended.notify_one();
                 r
             })
         })
@@ -390,8 +392,8 @@ fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<LoopShared>
         let watcher = shared.clone();
         actix_web::rt::spawn(async move {
             // The round loop ends on a signal's drain or on its own (a failed rank).
-            while !watcher.done.load(Ordering::SeqCst) {
-                actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+            if !watcher.done.load(Ordering::SeqCst) {
+                watcher.ended.notified().await;
             }
             for h in handles {
                 h.stop(true).await;

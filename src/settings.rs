@@ -144,6 +144,11 @@ pub struct TelemetrySettings {
     pub replica: String,
 }
 
+/// The shortest round deadline: a quiet leader rounds every `QUIET_TICK` and the other ranks
+/// wait for its report within the round, so a deadline needs room for two and a half ticks.
+pub const MIN_ROUND_DEADLINE_MS: u64 =
+    actors::engine::event_loop::QUIET_TICK.as_millis() as u64 * 5 / 2;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
@@ -275,8 +280,14 @@ impl Settings {
         if tp.connect_deadline_ms == 0 {
             return Err(bad("tp.connect_deadline_ms", "must be greater than 0"));
         }
-        if tp.round_deadline_ms == 0 {
-            return Err(bad("tp.round_deadline_ms", "must be greater than 0"));
+        if tp.round_deadline_ms < MIN_ROUND_DEADLINE_MS {
+            return Err(bad(
+                "tp.round_deadline_ms",
+                format!(
+                    "must be at least {MIN_ROUND_DEADLINE_MS} (a quiet leader rounds every {} ms, and the other ranks wait for it within the round)",
+                    actors::engine::event_loop::QUIET_TICK.as_millis()
+                ),
+            ));
         }
         if !matches!(self.telemetry.otlp_protocol.as_str(), "grpc" | "http") {
             return Err(bad("telemetry.otlp_protocol", "must be grpc or http"));

@@ -53,6 +53,7 @@ fn rig(inbox_capacity: usize) -> (Rig, FrontendInbox, LoopConfig, actors::engine
         health: Arc::new(RankHealth::new(false)),
         stop: Default::default(),
         done: Default::default(),
+        ended: Default::default(),
         local_store: None,
     });
     let cfg = LoopConfig {
@@ -71,7 +72,11 @@ fn rig(inbox_capacity: usize) -> (Rig, FrontendInbox, LoopConfig, actors::engine
             shared,
             store,
         },
-        FrontendInbox { submissions, admin },
+        FrontendInbox {
+            submissions,
+            admin,
+            wake: Default::default(),
+        },
         cfg,
         engine,
     )

@@ -70,6 +70,10 @@ pub enum BenchCommand {
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.
     FlatKv(FlatKvArgs),
+    /// CPU of an idle `engine-host serve` (local store, no requests): CPU seconds per wall
+    /// second over a fixed window, from every thread's /proc schedstat, the busiest threads
+    /// first and the fraction of a core last.
+    Idle(IdleArgs),
 }
 
 impl BenchCommand {
@@ -87,6 +91,7 @@ impl BenchCommand {
             Self::Replay(a) => a.run(env),
             Self::DfsPut(a) => a.run(env),
             Self::FlatKv(a) => a.run(env),
+            Self::Idle(a) => a.run(env),
         }
     }
 }
@@ -507,5 +512,33 @@ impl BenchRun for FlatKvArgs {
             .map_err(|e| e.to_string())?;
         print!("{r}");
         Ok(())
+    }
+}
+
+// The flags of `bench idle`.
+#[derive(clap::Args, Debug)]
+pub struct IdleArgs {
+    /// Seconds of the measured window.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Seconds the serve process settles after it answered /health.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Directory for the scratch store and the log (removed afterwards).
+    #[arg(long, default_value = "/tmp")]
+    dir: String,
+}
+
+impl BenchRun for IdleArgs {
+    fn run(self, _env: &BenchEnv) -> Result<(), String> {
+        let secs = |v: f64, flag: &str| {
+            std::time::Duration::try_from_secs_f64(v)
+                .map_err(|_| format!("--{flag} {v}: not a number of seconds"))
+        };
+        super::idle::run(&super::idle::IdleConfig {
+            window: secs(self.seconds, "seconds")?,
+            warmup: secs(self.warmup, "warmup")?,
+            dir: self.dir,
+        })
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod commands;
 pub mod http;
+pub mod idle;
 pub mod plot;
 pub mod process;
 pub mod replay;

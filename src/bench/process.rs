@@ -80,6 +80,11 @@ impl EngineProcess {
         Err(format!("engine-host never became healthy: {tail}"))
     }
 
+    /// The process ID (to read its CPU time from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The last lines of the process's log (for error messages).
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();

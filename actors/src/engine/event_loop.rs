@@ -25,6 +25,13 @@ use std::time::{Duration, Instant};
 /// beyond the drain deadline before it gives up (the others then see it leave).
 const STOPPED_ALONE_GRACE: Duration = Duration::from_secs(30);
 
+/// The longest a quiet replica goes without a round: no live request, no outstanding
+/// storage operation, no queued backup and no admin command, so no soft deadline, Ready
+/// hold or backoff can come due; the leader then waits for its inbox (a request or an admin
+/// command wakes it at once) or this tick, and the followers wait inside the exchange for
+/// the leader's report. The agreed tick is still delivered with every round.
+pub const QUIET_TICK: Duration = Duration::from_millis(250);
+
 /// The longest an emulated device step is waited (a bound on a mis-modeled round).
 const MAX_EMULATED_WAIT: Duration = Duration::from_secs(5);
 
@@ -48,6 +55,8 @@ pub struct LoopShared {
     pub stop: AtomicBool,
     /// The loop ended (drained, failed or never started its mesh).
     pub done: AtomicBool,
+    /// Notified once `done` is set (the HTTP side then stops its listeners).
+    pub ended: tokio::sync::Notify,
     /// The store whose promotion statistics the exporter reads.
     pub local_store: Option<PromotingStore>,
 }
@@ -150,11 +159,22 @@ where
         if overdue {
             break;
         }
-        if engine.scheduler().live_requests() > 0 || work.storage_ops > 0 {
+        let live = engine.scheduler().live_requests() > 0;
+        if live || work.storage_ops > 0 {
             idle_rounds = 0;
+        } else if !stopping && work.storage_idle() && engine.admin_pending().is_none() {
+            // Quiet: nothing can come due until a client sends something.
+            idle_rounds = 0;
+            if cfg.leader {
+                tokio::select! {
+                    _ = inbox.wake.notified() => {}
+                    _ = tokio::time::sleep(QUIET_TICK) => {}
+                }
+            }
         } else {
-            // Idle: tick again shortly (the agreed tick is delivered every round); the pause
-            // grows from 1 ms to 4 ms over a quiet stretch and resets on any work.
+            // Idle but storage work or a drain is pending: tick again shortly (soft
+            // deadlines, Ready expiry and backoffs stay on time); the pause grows from 1 ms
+            // to 4 ms over a quiet stretch and resets on any work.
             idle_rounds = idle_rounds.saturating_add(1);
             let pause = 1u64 << (idle_rounds / 64).min(2);
             tokio::time::sleep(Duration::from_millis(pause)).await;

@@ -194,7 +194,14 @@ mod tests {
     fn rig() -> (Senders, FrontendInbox) {
         let (stx, submissions) = flume::bounded(8);
         let (atx, admin) = flume::bounded(8);
-        ((stx, atx), FrontendInbox { submissions, admin })
+        (
+            (stx, atx),
+            FrontendInbox {
+                submissions,
+                admin,
+                wake: Default::default(),
+            },
+        )
     }
 
     fn submit(s: &Senders, prompt: Vec<u32>) -> flume::Receiver<TokenEvent> {

@@ -45,6 +45,8 @@ pub struct AdminSubmission {
 pub struct FrontendInbox {
     pub submissions: flume::Receiver<Submission>,
     pub admin: flume::Receiver<AdminSubmission>,
+    /// Notified after every submission and admin command, so an idle loop wakes at once.
+    pub wake: Arc<tokio::sync::Notify>,
 }
 
 type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -74,6 +76,7 @@ pub struct FrontendState {
     /// Renders the health document (JSON) and the readiness it states.
     pub health: HealthRender,
     next_id: Arc<AtomicU64>,
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// A bounded inbox of `capacity` requests and its HTTP side.
@@ -87,6 +90,7 @@ pub fn inbox(
 ) -> (FrontendState, FrontendInbox) {
     let (submit, submissions) = flume::bounded(capacity);
     let (admin, admin_rx) = flume::bounded(16);
+    let wake = Arc::new(tokio::sync::Notify::new());
     (
         FrontendState {
             submit,
@@ -97,10 +101,12 @@ pub fn inbox(
             metrics,
             health,
             next_id: Arc::new(AtomicU64::new(1)),
+            wake: wake.clone(),
         },
         FrontendInbox {
             submissions,
             admin: admin_rx,
+            wake,
         },
     )
 }
@@ -223,6 +229,7 @@ async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> 
         };
         return error(StatusCode::SERVICE_UNAVAILABLE, "overloaded", why);
     }
+    state.wake.notify_one();
     let id = format!("cmpl-{}", state.next_id.fetch_add(1, Ordering::Relaxed));
     let model = req.model.clone().unwrap_or_else(|| state.model.clone());
     if req.stream {
@@ -428,6 +435,7 @@ async fn admin(state: &FrontendState, command: AdminCommand) -> HttpResponse {
             "admin queue is full",
         );
     }
+    state.wake.notify_one();
     match rx.recv_async().await {
         Ok(Ok(m)) => HttpResponse::Ok().json(serde_json::json!({"ok": true, "message": m})),
         Ok(Err(m)) => error(StatusCode::CONFLICT, "admin_failed", m),
