@@ -9,9 +9,10 @@
 //!   StorageTransferManager), `device` (the DeviceCopyEngine), `l3` (the executor, its pools
 //!   and the stores), `control_plane` (mesh, relay, agreement);
 //! - `scheduler` over cache, device's plan vocabulary (copies, slots, forward steps), model
-//!   and storage_transfer's planner; `frontend` (HTTP API, client registry, health
-//!   document) over the scheduler's request events; `metrics` (every metric name; its label
-//!   values come from the enums of the modules that own them);
+//!   and the StorageTransferManager it asks for every storage decision; `frontend` (HTTP
+//!   API, client registry, health document) over the scheduler's request events;
+//!   `metrics` (every metric name; its label values come from the enums of the modules
+//!   that own them);
 //! - `engine` on top: the round's one owner (`engine::round`) over the ports of the
 //!   executor, the device and the mesh, the event loop, the admin protocol, the exporter and
 //!   the startup factory. Only `engine` knows every part; the binary only wires settings to

@@ -1,16 +1,17 @@
 //! RoundPipeline: one rank's round through its two deterministic cores, in the order of
-//! DESIGN.md §3 — StorageTransferManager (agreed round → StorageReport) → Scheduler (apply,
-//! plan) → StorageTransferManager (commit: tickets, credits, operations for the L3
-//! executor); after the device work, Scheduler (`d2h_done` → backup candidates) →
-//! StorageTransferManager (offer). One direction per step: the scheduler never holds the
-//! manager, it plans against the report's StorageView.
+//! DESIGN.md §3 — Scheduler `apply` (the StorageTransferManager applies the agreed round and
+//! reports) and `plan` (cache and FSM updated, plan made; every storage operation decided
+//! once, by the manager the scheduler asks directly, which returns the operations for the
+//! L3 executor when the plan ends); after the device work, Scheduler (`d2h_done` → backup
+//! candidates) → StorageTransferManager (offer). The pipeline owns both cores and lends the
+//! manager to the scheduler for each step.
 //!
 //! The round owner (`engine::round`) drives these steps for both forms of a rank (the
 //! synchronous adapters and `engine-host serve`'s actors); the unit tests, the scheduler
 //! benchmark and the determinism checks drive it directly. It never performs I/O.
 
 use crate::scheduler::{AgreedInputs, Plan, Scheduler};
-use crate::storage_transfer::{ClearKind, RoundInput, StorageIntent, StorageTransferManager};
+use crate::storage_transfer::{ClearKind, StorageTransferManager};
 use messages::{Namespace, OperationId, ProtocolError, StorageOp};
 
 /// A committed round: the operations for the executor (in plan order) and the device work.
@@ -20,29 +21,6 @@ impl RoundPlan {
     /// Operation IDs of the storage operations (cancellations included).
     pub fn op_ids(&self) -> Vec<OperationId> {
         self.storage.iter().map(|o| o.id()).collect()
-    }
-}
-
-/// The storage half of an agreed round, for the StorageTransferManager (the completions
-/// move; the scheduler keeps the rest).
-pub fn storage_input(agreed: &mut AgreedInputs) -> RoundInput {
-    RoundInput {
-        tick_us: agreed.tick_us,
-        pressure: agreed.pressure,
-        cancellations: agreed.cancellations.clone(),
-        completions: std::mem::take(&mut agreed.completions),
-    }
-}
-
-/// Storage intents planned while storage is disabled: a protocol error.
-pub fn disabled_intents(intents: &[StorageIntent]) -> Result<(), ProtocolError> {
-    if intents.is_empty() {
-        Ok(())
-    } else {
-        Err(ProtocolError::new(
-            OperationId(0),
-            "storage planned while storage is disabled",
-        ))
     }
 }
 
@@ -75,22 +53,9 @@ impl RoundPipeline {
     }
 
     /// Applies one agreed round and plans it; returns the committed plan.
-    pub fn round(&mut self, mut agreed: AgreedInputs) -> Result<RoundPlan, ProtocolError> {
-        let report = match self.stm.as_mut() {
-            Some(stm) => Some(stm.begin_round(storage_input(&mut agreed))?),
-            None => None,
-        };
-        self.scheduler.apply(agreed, report)?;
-        let mut plan = self.scheduler.plan();
-        let intents = std::mem::take(&mut plan.storage);
-        let storage = match self.stm.as_mut() {
-            Some(stm) => stm.commit(intents)?,
-            None => {
-                disabled_intents(&intents)?;
-                vec![]
-            }
-        };
-        Ok(plan.with_storage(storage))
+    pub fn round(&mut self, agreed: AgreedInputs) -> Result<RoundPlan, ProtocolError> {
+        self.scheduler.apply(agreed, self.stm.as_mut())?;
+        Ok(self.scheduler.plan(self.stm.as_mut()))
     }
 
     /// The round's D2H copies completed: Host L2 publishes; candidates go to the manager.

@@ -1,4 +1,4 @@
-//! Determinism of the RoundPipeline (StorageTransferManager → Scheduler → commit): two
+//! Determinism of the RoundPipeline (Scheduler apply and plan, asking the one decider): two
 //! pipelines built from identical configurations and fed the same agreed inputs plan the
 //! same rounds, byte for byte, and at quiescence hold no storage tickets, credits or cache
 //! references. The executor here is a deterministic function of the committed plan: no

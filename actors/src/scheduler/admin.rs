@@ -51,7 +51,7 @@ impl Scheduler {
     ) -> Result<(), String> {
         let cmd = self.pending_admin.pop_front();
         if let Some(fx) = cleared {
-            self.apply_effects(fx);
+            self.apply_effects(fx, None);
         }
         if let Some(AdminCommand::ResetLocal { host }) = cmd {
             // Local caches only: the namespace, the tail hints of L3 objects and every

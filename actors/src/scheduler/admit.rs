@@ -5,7 +5,8 @@
 //! accounts the prefix split and the fallback reason.
 //!
 //! The only place that decides Device admission. It never plans storage operations (a
-//! Ready hold's lease is only handed back) and never performs I/O.
+//! Ready hold's lease is only queued as a hand-back for the manager) and never performs
+//! I/O.
 
 use super::plan::Plan;
 use super::request::{AdmissionResources, PrefixSplit, RequestState};
@@ -13,6 +14,7 @@ use super::Scheduler;
 use crate::cache::keys::{BlockAddr, PromptIndex};
 use crate::device::{DeviceCopy, DeviceSlot, ForwardStep, GroupBlockTable};
 use crate::frontend::FallbackReason;
+use crate::storage_transfer::HandBack;
 use messages::RequestId;
 
 impl Scheduler {
@@ -292,7 +294,7 @@ impl Scheduler {
         scratch: Vec<u32>,
     ) -> Result<(), String> {
         let storage = StorageState {
-            stm_enabled: self.storage.is_some(),
+            stm_enabled: self.cfg.storage.is_some(),
             l3_enabled: self.l3_enabled(),
         };
         let parent = self.cfg.layout.geometry.parent_tokens().max(1);
@@ -309,8 +311,8 @@ impl Scheduler {
         self.stats.prefix_host += r.split.host as u64;
         self.stats.prefix_l3 += r.split.l3 as u64;
         self.stats.computed += m.prompt_len as u64 - m.boundary as u64;
-        if let (Some(lease), Some(planner)) = (ready, self.storage.as_mut()) {
-            planner.detach(lease);
+        if let Some(lease) = ready {
+            self.handbacks.push(HandBack::Detach(lease));
         }
         Ok(())
     }

@@ -1,29 +1,55 @@
-//! Applying an agreed round: the StorageTransferManager's report (its view, the backup
-//! candidates, backend trouble), cancellations, the round's effects (forgotten and
-//! re-offered candidates, query results, published GET rows becoming a Ready hold, ended
-//! waits, expired Ready holds, released Host references), new arrivals and prefill
-//! digests, then the round's decode step.
+//! Applying an agreed round: the StorageTransferManager applies its storage half and
+//! reports (backend trouble, the round's effects), then cancellations, the round's effects
+//! (forgotten and re-offered candidates, query results — whose GET the manager decides at
+//! once —, published GET rows becoming a Ready hold, ended waits, expired Ready holds,
+//! released Host references), new arrivals and prefill digests, then the round's decode
+//! step.
 //!
-//! It never admits a request to the Device (admit.rs) and never plans a storage operation
-//! itself (an answered QUERY goes to prepare.rs); it never performs I/O and never reads a
-//! clock: deadlines arrive as the manager's `waits_ended`.
+//! It never admits a request to the Device (admit.rs) and never decides a storage operation
+//! itself (an answered QUERY goes to prepare.rs, which asks the manager); it never performs
+//! I/O and never reads a clock: deadlines arrive as the manager's `waits_ended`.
 
 use super::request::{PrefetchPhase, Request, RequestState};
 use super::{AgreedInputs, RefUse, Scheduler};
 use crate::frontend::FallbackReason;
-use crate::storage_transfer::{BackendTrouble, HostRef, RoundEffects, StorageReport, WaitEnd};
+use crate::storage_transfer::{
+    BackendTrouble, HandBack, HostRef, RoundEffects, RoundInput, StorageReport,
+    StorageTransferManager, WaitEnd,
+};
 use messages::{OperationId, ProtocolError, RequestId};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The storage half of an agreed round, for the StorageTransferManager (the completions
+/// move; the scheduler keeps the rest).
+fn storage_input(agreed: &mut AgreedInputs) -> RoundInput {
+    RoundInput {
+        tick_us: agreed.tick_us,
+        pressure: agreed.pressure,
+        cancellations: agreed.cancellations.clone(),
+        completions: std::mem::take(&mut agreed.completions),
+    }
+}
+
 impl Scheduler {
-    /// Applies one agreed round: the StorageTransferManager's report of it (which already
-    /// applied the tick, the cancellations and the completions to its tickets; None with
-    /// storage disabled), then cancellations, new requests and prefill digests.
+    /// Applies one agreed round: the StorageTransferManager (None with storage disabled)
+    /// applies the tick, the cancellations and the completions to its tickets and reports,
+    /// then cancellations, new requests and prefill digests. An answered QUERY's GET is
+    /// decided by the manager here; it joins the plan that follows.
     pub fn apply(
         &mut self,
-        input: AgreedInputs,
-        report: Option<StorageReport>,
+        mut input: AgreedInputs,
+        mut storage: Option<&mut StorageTransferManager>,
     ) -> Result<(), ProtocolError> {
+        let report = match (storage.as_deref_mut(), self.cfg.storage.is_some()) {
+            (Some(stm), true) => Some(stm.begin_round(storage_input(&mut input))?),
+            (None, false) => None,
+            _ => {
+                return Err(ProtocolError::new(
+                    OperationId(0),
+                    "a storage report and the storage configuration disagree",
+                ));
+            }
+        };
         self.stats.rounds += 1;
         let AgreedInputs {
             new_requests,
@@ -32,22 +58,16 @@ impl Scheduler {
             digests,
             ..
         } = input;
-        match (report, self.storage.as_mut()) {
-            (Some(report), Some(planner)) => {
-                let StorageReport {
-                    effects,
-                    trouble,
-                    view,
-                    put_candidates,
-                } = report;
-                planner.begin(view, put_candidates);
+        match (report, storage) {
+            (Some(StorageReport { effects, trouble }), Some(stm)) => {
+                self.l3_enabled = stm.l3_enabled();
                 self.note_backend_trouble(&trouble);
                 for id in &cancellations {
                     self.abort(*id, "cancelled by the client");
                 }
-                self.apply_effects(effects);
+                self.apply_effects(effects, Some(stm));
             }
-            (None, None) => {
+            _ => {
                 if let Some(d) = completions.first() {
                     return Err(ProtocolError::new(
                         d.op,
@@ -57,12 +77,6 @@ impl Scheduler {
                 for id in &cancellations {
                     self.abort(*id, "cancelled by the client");
                 }
-            }
-            (Some(_), None) | (None, Some(_)) => {
-                return Err(ProtocolError::new(
-                    OperationId(0),
-                    "a storage report and the storage configuration disagree",
-                ));
             }
         }
         for (id, prompt, max_tokens) in new_requests {
@@ -96,7 +110,13 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn apply_effects(&mut self, fx: RoundEffects) {
+    /// Applies the manager's effects; `storage` decides the GETs of answered QUERYs (None:
+    /// the effects of a clear, which carry no query results).
+    pub(super) fn apply_effects(
+        &mut self,
+        fx: RoundEffects,
+        mut storage: Option<&mut StorageTransferManager>,
+    ) {
         // Candidates that left the backup queue without a PUT: forget their (nonowning)
         // references. A PUT rejected for capacity re-queues its candidate: its source
         // reference is released below but the candidate's record stays.
@@ -108,7 +128,7 @@ impl Scheduler {
         let reoffered: BTreeSet<HostRef> = fx.reoffer.iter().map(|c| c.host).collect();
         // Query results: reserve destinations and read, or fall back to local admission.
         for q in fx.query_results {
-            self.on_query_result(q.request, &q.exists);
+            self.on_query_result(q.request, &q.exists, storage.as_deref_mut());
         }
         // Publication of fully successful, retired rows of attached GETs.
         let mut published: BTreeMap<RequestId, BTreeSet<HostRef>> = BTreeMap::new();
@@ -210,9 +230,7 @@ impl Scheduler {
             return;
         };
         self.queue_front_by_arrival(id);
-        if let Some(planner) = self.storage.as_mut() {
-            planner.detach(lease);
-        }
+        self.handbacks.push(HandBack::Detach(lease));
     }
 
     /// Puts a request back into the admission queue at its arrival position.

@@ -1,14 +1,14 @@
 //! Backups, the write transaction's local half: `d2h_done` publishes this round's D2H
 //! blocks in Host L2, releases the H2D sources and turns the new blocks' pages into backup
 //! candidates; `dispatch_backups` rechecks the candidates' Host residency and pins the
-//! resident pages for their PUT.
+//! resident pages for the PUTs the StorageTransferManager decides.
 //!
-//! It never decides what to admit or read, never issues a PUT itself (the StoragePlanner
-//! does) and never performs I/O.
+//! It never decides what to admit or read, never decides a PUT or its credits itself (the
+//! manager does, asked directly) and never performs I/O.
 
 use super::{RefUse, Scheduler};
 use crate::cache::keys::page_key;
-use crate::storage_transfer::{BackupCandidate, HostRef};
+use crate::storage_transfer::{BackupCandidate, HostRef, StorageTransferManager};
 
 impl Scheduler {
     /// The engine executed this round's copies and forwards: the D2H copies completed on
@@ -44,10 +44,7 @@ impl Scheduler {
 
     /// PUT dispatch of this round's candidates: rechecks Host residency and takes a source
     /// reference on each resident page; evicted candidates are forgotten (unavailable).
-    pub(super) fn dispatch_backups(&mut self) {
-        let Some(planner) = self.storage.as_mut() else {
-            return;
-        };
+    pub(super) fn dispatch_backups(&mut self, stm: &mut StorageTransferManager) {
         let cache = &mut self.cache;
         let refs = &mut self.refs;
         let mut residency = |_key: &messages::StorageKey, h: HostRef| {
@@ -66,7 +63,7 @@ impl Scheduler {
             }
             range
         };
-        planner.dispatch_backups(&mut residency);
+        stm.plan_backups(&mut residency);
     }
 }
 

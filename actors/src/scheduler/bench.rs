@@ -319,8 +319,9 @@ impl Driver {
         }
     }
 
-    /// One round: the timed pipeline (StorageTransferManager apply, Scheduler apply and
-    /// plan, commit, D2H completion and backup offers), then (untimed) the engine's part.
+    /// One round: the timed pipeline (Scheduler apply and plan with the
+    /// StorageTransferManager deciding storage, D2H completion and backup offers), then
+    /// (untimed) the engine's part.
     fn round(&mut self, allocations: Option<fn() -> u64>) -> Result<RoundSample, String> {
         let input = self.inputs();
         let a0 = allocations.map(|f| f());

@@ -2,13 +2,14 @@
 //! the decode step (one token per round), finishing and aborting (Device references and
 //! scratch slots released, counters, client events).
 //!
-//! It never allocates cache resources or plans storage: an abort only tells the
-//! StoragePlanner to cancel the request's wait. It never performs I/O.
+//! It never allocates cache resources or plans storage: an abort only queues the cancel of
+//! the request's wait as a hand-back for the StorageTransferManager. It never performs I/O.
 
 use super::request::RequestState;
 use super::{RequestEvent, Scheduler};
 use crate::frontend::FallbackReason;
 use crate::model::RankDigest;
+use crate::storage_transfer::HandBack;
 use messages::RequestId;
 
 fn fallback_name(f: FallbackReason) -> &'static str {
@@ -118,9 +119,7 @@ impl Scheduler {
         };
         let prefetching = matches!(r.state, RequestState::Prefetching { .. });
         if prefetching || r.resources.ready.is_some() {
-            if let Some(planner) = self.storage.as_mut() {
-                planner.cancel(id);
-            }
+            self.handbacks.push(HandBack::Cancel(id));
         }
         self.release_running(id);
         self.queue.remove(&id);

@@ -2,14 +2,16 @@
 //! rounds. Given the same agreed inputs every rank makes the same decisions (SPMD); only the
 //! bytes differ (each rank holds its own KV heads).
 //!
-//! A round: `apply` (the StorageTransferManager's report of the agreed round — rows to
-//! publish, references to release, waits that ended — then cancellations, new requests and
-//! reduced forward digests), then `plan` (storage preparation, then admission with H2D
-//! copies and forwards, then backups; the storage half is a list of StorageIntents the
-//! manager commits), then the engine executes the plan and reports the D2H completion with
-//! `d2h_done`, whose backup candidates go to the manager. The scheduler never holds the
-//! manager: it plans against the manager's StorageView (`StoragePlanner`). It never performs
-//! I/O, never touches Host or device bytes and never reads a clock: time is the agreed tick.
+//! A round: `apply` (the StorageTransferManager applies the agreed round and reports — rows
+//! to publish, references to release, waits that ended — then cancellations, new requests
+//! and reduced forward digests), then `plan` (storage preparation, then admission with H2D
+//! copies and forwards, then backups), then the engine executes the plan and reports the
+//! D2H completion with `d2h_done`, whose backup candidates go to the manager. Every storage
+//! decision (QUERY, GET, PUT: operation ID, lease or refusal) is the manager's, asked
+//! directly while the round is applied and planned; the scheduler keeps no copy of the
+//! credits and only queues its hand-backs (detach, cancel) for the plan's end. It never
+//! performs I/O, never touches Host or device bytes and never reads a clock: time is the
+//! agreed tick.
 //!
 //! By concern: `apply.rs` (applying the agreed round and the manager's effects),
 //! `lifecycle.rs` (digests, decode, finish, abort), `prepare.rs` (QUERY and GET planning),
@@ -41,7 +43,7 @@ use crate::device::DeviceSlot;
 use crate::frontend::FallbackReason;
 use crate::model::{RankDigest, SyntheticModel};
 use crate::storage_transfer::trace::RequestTrace;
-use crate::storage_transfer::{HostRef, StoragePlanner};
+use crate::storage_transfer::{HandBack, HostRef};
 use geometry::RankLayout;
 use messages::settings::StorageConfig;
 use messages::{Namespace, PressureObservation, RequestId, StorageDone};
@@ -120,8 +122,12 @@ pub struct Scheduler {
     cfg: SchedulerConfig,
     model: SyntheticModel,
     cache: CacheCoordinator,
-    /// The storage half of planning (None: storage disabled).
-    storage: Option<StoragePlanner>,
+    /// Leases and waits given up since the last plan ended, in order: the manager applies
+    /// them when the plan ends, after the plan's new operations.
+    handbacks: Vec<HandBack>,
+    /// Whether L3 work is enabled: storage configured and, as of the manager's last
+    /// report, not quarantined (quarantine begins only while a round is applied).
+    l3_enabled: bool,
     requests: BTreeMap<RequestId, Request>,
     /// Submitted and Admissible requests, in arrival order (request IDs are assigned in
     /// arrival order, so the ordered set is the queue: O(log n) to leave or re-enter it).
@@ -162,14 +168,15 @@ impl Scheduler {
                 tail_capacity: cfg.tail_capacity,
             },
         )?;
-        let storage = cfg.storage.clone().map(StoragePlanner::new);
+        let l3_enabled = cfg.storage.is_some();
         let free_scratch = (0..cfg.layout.scratch_slots).rev().collect();
         let trace = RequestTrace::new(cfg.layout.shard.index);
         let mut me = Self {
             cfg,
             model,
             cache,
-            storage,
+            handbacks: Vec::new(),
+            l3_enabled,
             requests: BTreeMap::new(),
             queue: BTreeSet::new(),
             running: BTreeSet::new(),
@@ -248,7 +255,7 @@ impl Scheduler {
     }
     /// Whether L3 work is enabled (storage configured and not quarantined).
     pub fn l3_enabled(&self) -> bool {
-        self.storage.as_ref().is_some_and(|s| s.l3_enabled())
+        self.l3_enabled
     }
 
     fn new_ref(&mut self, use_: RefUse) -> HostRef {

@@ -1,22 +1,23 @@
 //! The round's plan: the `Plan` type (what the engine executes, in order) with its
 //! device-time and step helpers, and `Scheduler::plan`, which sequences one round's
 //! planning — storage preparation (prepare.rs), admission (admit.rs), backup dispatch
-//! (backups.rs) — and collects the storage intents and the Device slots to poison.
+//! (backups.rs) — then ends the manager's plan (its hand-backs apply after the plan's new
+//! operations) and collects the storage operations and the Device slots to poison.
 //!
 //! It owns the order of the planning steps only: it never decides admission or storage
-//! itself, never performs I/O and never reads a clock.
+//! itself (the StorageTransferManager decides every storage operation), never performs I/O
+//! and never reads a clock.
 
 use super::Scheduler;
 use crate::device::{DeviceCopy, DeviceSlot, ForwardStep};
-use crate::storage_transfer::StorageIntent;
-use messages::RequestId;
+use crate::storage_transfer::StorageTransferManager;
+use messages::{RequestId, StorageOp};
 
-/// What the engine executes this round, in order: storage (the scheduler's StorageIntents,
-/// which the StorageTransferManager commits into operations for the executor: a
-/// `Plan<StorageOp>`), H2D copies, forwards (each ordered after the copies), D2H copies
-/// (then `d2h_done`).
+/// What the engine executes this round, in order: storage (the operations the
+/// StorageTransferManager decided for the executor), H2D copies, forwards (each ordered
+/// after the copies), D2H copies (then `d2h_done`).
 #[derive(Debug)]
-pub struct Plan<S = StorageIntent> {
+pub struct Plan<S = StorageOp> {
     pub storage: Vec<S>,
     pub h2d: Vec<DeviceCopy>,
     pub forwards: Vec<(RequestId, ForwardStep)>,
@@ -94,19 +95,24 @@ impl<S> Plan<S> {
 
 impl Scheduler {
     /// Plans the round: storage preparation, admission (H2D copies and forwards, D2H of the
-    /// new blocks) and backups.
-    pub fn plan(&mut self) -> Plan {
+    /// new blocks) and backups, asking `storage` (None: storage disabled) for every storage
+    /// decision; then ends its plan with this round's hand-backs.
+    pub fn plan(&mut self, mut storage: Option<&mut StorageTransferManager>) -> Plan {
         let mut plan = Plan {
             decode_contexts: std::mem::take(&mut self.decode_contexts),
             ..Plan::default()
         };
         if self.pending_admin.is_empty() {
-            self.prepare_storage();
+            match storage.as_deref_mut() {
+                Some(stm) => self.prepare_storage(stm),
+                None => self.unprepared.clear(), // nothing is storage-eligible
+            }
             self.admit(&mut plan);
         }
-        self.dispatch_backups();
-        if let Some(planner) = self.storage.as_mut() {
-            plan.storage = planner.take_intents();
+        let handbacks = std::mem::take(&mut self.handbacks);
+        if let Some(stm) = storage {
+            self.dispatch_backups(stm);
+            plan.storage = stm.end_plan(handbacks);
         }
         plan.poison = std::mem::take(&mut *self.freed_device.lock());
         plan
@@ -189,8 +195,8 @@ mod tests {
     fn plan_hands_the_decode_contexts_over_once() {
         let mut rig = rig(false);
         rig.s.decode_contexts = vec![5, 6];
-        assert_eq!(rig.s.plan().decode_contexts, vec![5, 6]);
-        assert!(rig.s.plan().decode_contexts.is_empty());
+        assert_eq!(rig.plan().decode_contexts, vec![5, 6]);
+        assert!(rig.plan().decode_contexts.is_empty());
     }
 
     #[test]

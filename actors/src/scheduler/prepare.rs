@@ -2,16 +2,17 @@
 //! QUERY of each new arrival, the GET an answered QUERY leads to (Host destinations
 //! reserved), and the fallback reason a refused planning call leaves.
 //!
-//! It plans against the StoragePlanner's view only and never performs I/O. It never
-//! decides Device admission (admit.rs does): a request it does not prepare goes on to
-//! ordinary admission.
+//! Every QUERY and GET is decided by the StorageTransferManager, asked directly (operation
+//! ID and lease, or the refusal); this module never decides storage admission itself and
+//! never performs I/O. It never decides Device admission (admit.rs does): a request it does
+//! not prepare goes on to ordinary admission.
 
 use super::request::{Continuation, PrefetchPhase, Request, RequestState};
 use super::{ReadRecord, RefUse, Scheduler};
 use crate::cache::coordinator::QueryLimits;
 use crate::cache::credits::QueryCredits;
 use crate::frontend::FallbackReason;
-use crate::storage_transfer::Refusal;
+use crate::storage_transfer::{Refusal, StorageTransferManager};
 use messages::RequestId;
 
 /// The fallback a refused planning call leaves on its request.
@@ -26,11 +27,11 @@ fn refusal_reason(e: &Refusal) -> FallbackReason {
 impl Scheduler {
     pub(super) fn storage_eligible(&self, r: &Request) -> bool {
         !r.resources.storage_prepared
-            && self.storage.as_ref().is_some_and(|s| s.l3_enabled())
+            && self.l3_enabled
             && matches!(r.state, RequestState::Submitted)
     }
 
-    pub(super) fn prepare_storage(&mut self) {
+    pub(super) fn prepare_storage(&mut self, stm: &mut StorageTransferManager) {
         let ids: Vec<RequestId> = std::mem::take(&mut self.unprepared).into();
         for id in ids {
             let eligible = self
@@ -40,13 +41,10 @@ impl Scheduler {
             if !eligible {
                 continue;
             }
-            let Some(planner) = self.storage.as_ref() else {
-                return;
-            };
-            let cfg = planner.config();
+            let cfg = stm.config();
             let q = QueryCredits {
                 keys: cfg.max_keys_per_operation,
-                host_blocks: planner.host_credits_left(),
+                host_blocks: stm.host_credits_left(),
             };
             let limits = QueryLimits {
                 lookahead_tokens: cfg.lookahead_tokens,
@@ -64,11 +62,8 @@ impl Scheduler {
             r.resources.local_at_plan = qp.local_tokens;
             r.resources.planned_boundary = qp.boundaries.first().map_or(0, |b| b.boundary);
             let keys = qp.keys.clone();
-            let Some(planner) = self.storage.as_mut() else {
-                return;
-            };
             let parent = self.trace.request_span(id).cloned();
-            match planner.issue_query(id, keys, parent) {
+            match stm.plan_query(id, keys, parent) {
                 Ok((_, lease)) => {
                     r.state = RequestState::Prefetching {
                         continuation: Continuation::Submitted,
@@ -85,7 +80,12 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn on_query_result(&mut self, id: RequestId, exists: &[bool]) {
+    pub(super) fn on_query_result(
+        &mut self,
+        id: RequestId,
+        exists: &[bool],
+        storage: Option<&mut StorageTransferManager>,
+    ) {
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
@@ -102,14 +102,14 @@ impl Scheduler {
                 return;
             }
         };
-        let Some(planner) = self.storage.as_ref() else {
+        let Some(stm) = storage else {
             return;
         };
-        if planner.gate_closed() {
+        if stm.gate_closed() {
             self.end_prefetch(id, Some(FallbackReason::Pressure));
             return;
         }
-        let host_credits = planner.host_credits_left();
+        let host_credits = stm.host_credits_left();
         let prompt = r.prompt.clone();
         let reusable = r.reusable();
         let res = match self.cache.reserve(&prompt, reusable, &hints, host_credits) {
@@ -135,11 +135,7 @@ impl Scheduler {
         }
         let keys = res.keys();
         let parent = self.trace.request_span(id).cloned();
-        let issued = match self.storage.as_mut() {
-            Some(planner) => planner.issue_get(id, keys, dests, parent),
-            None => Err(Refusal::Disabled),
-        };
-        match issued {
+        match stm.plan_get(id, keys, dests, parent) {
             Ok(_) => {
                 self.reads.insert(
                     read,
@@ -201,7 +197,7 @@ mod tests {
         let mut rig = rig(false);
         let p = prompt(32, 2);
         rig.apply(arrivals(&[(1, &p, 2)]));
-        let plan = rig.s.plan();
+        let plan = rig.s.plan(None);
         assert!(plan.storage.is_empty());
         assert_eq!(plan.forwards.len(), 1);
         assert_eq!(rig.s.state_of(RequestId(1)), Some("prefill"));

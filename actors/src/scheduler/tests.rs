@@ -1,12 +1,11 @@
 //! Helpers shared by the scheduler's unit tests (each concern's tests live in a `tests`
 //! module of its own file): a small single rank on the `tiny` profile (4-token blocks, one
 //! Full group), with or without storage, driven round by round the way RoundPipeline drives
-//! it — the StorageTransferManager's report, `apply`, `plan`, `commit` — with no executor:
-//! each test supplies the completions and digests it needs.
+//! it — `apply` and `plan`, each lent the StorageTransferManager — with no executor: each
+//! test supplies the completions and digests it needs.
 
 use super::geometry::RankLayout;
 use super::{AgreedInputs, Plan, RequestEvent, Scheduler, SchedulerConfig};
-use crate::engine::pipeline::storage_input;
 use crate::model::{RankDigest, SyntheticModel};
 use crate::storage_transfer::StorageTransferManager;
 use messages::settings::{PressureWatermark, StorageConfig};
@@ -88,25 +87,12 @@ impl Rig {
         if input.tick_us == 0 {
             input.tick_us = self.round * ROUND_US;
         }
-        let report = self
-            .stm
-            .as_mut()
-            .map(|stm| stm.begin_round(storage_input(&mut input)).unwrap());
-        self.s.apply(input, report).unwrap();
+        self.s.apply(input, self.stm.as_mut()).unwrap();
     }
 
-    /// Plans the round and commits its storage intents.
+    /// Plans the round; the manager's operations come back when its plan ends.
     pub fn plan(&mut self) -> Plan<StorageOp> {
-        let mut plan = self.s.plan();
-        let intents = std::mem::take(&mut plan.storage);
-        let ops = match self.stm.as_mut() {
-            Some(stm) => stm.commit(intents).unwrap(),
-            None => {
-                assert!(intents.is_empty(), "storage planned while disabled");
-                vec![]
-            }
-        };
-        plan.with_storage(ops)
+        self.s.plan(self.stm.as_mut())
     }
 
     pub fn round(&mut self, input: AgreedInputs) -> Plan<StorageOp> {

@@ -1,8 +1,8 @@
 //! The admission rules of planning calls (QUERY, GET, backup PUT), as pure functions of the
-//! planning gates and the credits. The StorageTransferManager applies them to its own
-//! credits when it commits a plan; the Scheduler's StoragePlanner applies the same
-//! functions to its copy of the credits while it plans, so both reach the same decision
-//! without a round trip. This module never allocates IDs, tickets or Host blocks.
+//! planning gates and the credits: the one shared place of the rules. The
+//! StorageTransferManager applies them to its own credits when the Scheduler asks it for a
+//! decision during a plan; nothing else decides admission. This module never allocates
+//! IDs, tickets or Host blocks.
 
 use super::credits::{CreditClass, Credits};
 use super::manager::Refusal;

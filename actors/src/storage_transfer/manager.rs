@@ -1,12 +1,12 @@
 //! StorageTransferManager: applies an agreed round in the seed's order — tick (soft
 //! deadlines, Ready expiry, the pressure gate), then cancellations, then completions — so an
-//! already expired or detached read can never publish a late result; then answers the
-//! scheduler's planning calls (QUERY, GET, backup offers, PUT dispatch). It owns every
-//! storage ticket and its Host references until the agreed completion proves retirement.
-//! It never reads a clock, never performs I/O and never frees a reference of an Issued or
-//! Quarantined ticket.
+//! already expired or detached read can never publish a late result; its planning calls
+//! (QUERY, GET, backup offers, the PUT ticket) are the decisions the Scheduler asks for
+//! during a plan (`round.rs`). It owns every storage ticket and its Host references until
+//! the agreed completion proves retirement. It never reads a clock, never performs I/O and
+//! never frees a reference of an Issued or Quarantined ticket.
 
-use super::admission::{admit_get, admit_query, backup_room, Gates};
+use super::admission::{admit_get, admit_query, Gates};
 use super::backup::{BackupCandidate, BackupQueue, DropReason, OfferOutcome};
 use super::credits::{CreditClass, Credits};
 use super::deadline::{ready_expiry_us, soft_deadline_us, DeadlineQueue};
@@ -14,6 +14,7 @@ use super::effects::{PublishRow, QueryResult, RoundEffects};
 use super::gate::{GateTransition, PressureGate};
 use super::lease::{StorageLease, Wait, WaitEnd, WaitPhase};
 use super::negative::NegativeMetadata;
+use super::round::Planning;
 use super::stats::StmStats;
 use super::ticket::{Ticket, TicketState};
 use super::trace::OperationTrace;
@@ -24,7 +25,7 @@ use messages::{
     StorageCancelOp, StorageDone, StorageGetOp, StorageKey, StorageOpKind, StoragePutOp,
     StorageQueryOp,
 };
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 /// The agreed inputs of one round, as the control plane delivers them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -76,7 +77,7 @@ pub struct StorageTransferManager {
     negative: NegativeMetadata,
     pub(super) pending_put_keys: BTreeMap<StorageKey, u32>,
     now_us: u64,
-    pub(super) lease_serial: u64,
+    lease_serial: u64,
     pub(crate) epoch: u64,
     pub(super) quarantined: bool,
     /// Effects of the last commit's hand-backs and offers, for the next report.
@@ -85,6 +86,8 @@ pub struct StorageTransferManager {
     pub(super) outbox: Vec<StorageCancelOp>,
     /// Spans of outstanding operations (observation only).
     pub(super) trace: OperationTrace,
+    /// The round's planning in progress (between `begin_round` and `end_plan`).
+    pub(super) planning: Planning,
     quarantined_refs: u64,
     ready_holds: u64,
     soft_timeouts: u64,
@@ -124,6 +127,7 @@ impl StorageTransferManager {
             deferred: RoundEffects::default(),
             outbox: Vec::new(),
             trace: OperationTrace::default(),
+            planning: Planning::default(),
             quarantined_refs: 0,
             ready_holds: 0,
             soft_timeouts: 0,
@@ -220,6 +224,12 @@ impl StorageTransferManager {
     }
     pub fn credits(&self) -> &Credits {
         &self.credits
+    }
+    /// Host credits not in use (what a reservation may take).
+    pub fn host_credits_left(&self) -> u32 {
+        self.credits
+            .host_total()
+            .saturating_sub(self.credits.hosts_used())
     }
     pub fn queued_candidates(&self) -> usize {
         self.backups.len()
@@ -687,7 +697,7 @@ impl StorageTransferManager {
         })
     }
 
-    /// The planning gates of this moment (what a StorageView carries).
+    /// The planning gates of this moment.
     pub(crate) fn gates(&self) -> Gates {
         Gates {
             quarantined: self.quarantined,
@@ -716,81 +726,16 @@ impl StorageTransferManager {
         self.backups.offer(candidate, pending)
     }
 
-    /// Dispatch one create-only PUT from the oldest candidates, within the backup credits.
-    /// `residency(key, host)` rechecks the candidate's Host entry: `Some(range)` means it is
-    /// resident and the caller has taken a source reference on `host` (which this ticket
-    /// then owns until retirement); `None` drops the candidate as unavailable. Temporary
-    /// credit exhaustion returns None and leaves the candidates queued.
-    pub fn dispatch_backups(
-        &mut self,
-        residency: &mut dyn FnMut(&StorageKey, HostRef) -> Option<HostRange>,
-    ) -> Option<StoragePutOp> {
-        if self.quarantined || self.gate.is_closed() || self.backups.is_empty() {
-            return None;
-        }
-        if self.backups_paused() {
-            return None;
-        }
-        let room = backup_room(&self.credits, &self.cfg);
-        if room == 0 {
-            return None;
-        }
-        let mut keys = Vec::new();
-        let mut refs = Vec::new();
-        let mut ranges = Vec::new();
-        let mut batch: BTreeSet<StorageKey> = BTreeSet::new();
-        while keys.len() < room {
-            let Some(c) = self.backups.pop_front() else {
-                break;
-            };
-            if self.pending_put_keys.contains_key(&c.key) || batch.contains(&c.key) {
-                self.backups.note_coalesced(c.host); // covered by a pending PUT: not a loss
-                continue;
-            }
-            match residency(&c.key, c.host) {
-                Some(range) => {
-                    batch.insert(c.key.clone());
-                    keys.push(c.key);
-                    refs.push(c.host);
-                    ranges.push(range);
-                }
-                None => {
-                    self.backups.count_drop(DropReason::Unavailable, 1);
-                    self.backups.forget(c.host);
-                }
-            }
-        }
-        if keys.is_empty() {
-            return None;
-        }
-        self.issue_put(keys, refs, ranges).ok()
-    }
-
-    /// Create the ticket of a create-only PUT whose sources the cache owner has rechecked
-    /// and referenced; charges the backup credits.
-    pub(crate) fn issue_put(
+    /// Creates the ticket of a create-only PUT whose sources the cache owner has rechecked
+    /// and referenced; charges the backup credits. The caller (`plan_backups`) checked the
+    /// gates and that the keys fit the backup room.
+    pub(super) fn put_ticket(
         &mut self,
         keys: Vec<StorageKey>,
         refs: Vec<HostRef>,
         ranges: Vec<HostRange>,
-    ) -> Result<StoragePutOp, Refusal> {
-        if self.quarantined {
-            return Err(Refusal::Disabled);
-        }
-        if self.gate.is_closed() {
-            return Err(Refusal::PressureClosed);
-        }
-        if keys.is_empty() || keys.len() != refs.len() || keys.len() != ranges.len() {
-            return Err(Refusal::Malformed(format!(
-                "{} keys, {} sources, {} ranges",
-                keys.len(),
-                refs.len(),
-                ranges.len()
-            )));
-        }
-        if keys.len() > backup_room(&self.credits, &self.cfg) {
-            return Err(Refusal::HostCredits);
-        }
+    ) -> StoragePutOp {
+        debug_assert!(!keys.is_empty() && keys.len() == refs.len() && keys.len() == ranges.len());
         let charged = self
             .credits
             .charge(CreditClass::Backup, 1, keys.len() as u32);
@@ -813,11 +758,11 @@ impl StorageTransferManager {
                 self.now_us,
             ),
         );
-        Ok(StoragePutOp {
+        StoragePutOp {
             op,
             keys,
             sources: ranges,
-        })
+        }
     }
 
     // ----- used by clear.rs -----------------------------------------------------------

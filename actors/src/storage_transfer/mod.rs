@@ -3,8 +3,9 @@
 //! owns operation IDs, tickets, credits, the Host references of storage operations, Ready
 //! holds, StorageLeases, soft deadlines, the pressure gate, the backup candidate queue,
 //! negative metadata and quarantine. It is fed only agreed inputs (tick, MAX-reduced
-//! pressure, cancellations, agreed StorageDone records) and planning calls, so every rank
-//! makes the same decisions.
+//! pressure, cancellations, agreed StorageDone records) and the planning calls the Scheduler
+//! makes during a plan, so every rank makes the same decisions; it is the one decider of
+//! storage admission (`round.rs`), with the rules of `admission.rs`.
 //!
 //! It must never read a clock, perform I/O, call the store or the GPU, or free a Host
 //! reference before the agreed completion proves retirement. Host blocks are modelled as
@@ -15,21 +16,21 @@ pub mod admission;
 pub mod backup;
 pub mod bench;
 pub mod clear;
-pub mod commit;
 pub mod credits;
 pub mod deadline;
 pub mod effects;
 pub mod gate;
-pub mod intent;
 pub mod lease;
 pub mod manager;
 pub mod negative;
+pub mod report;
+pub mod round;
 pub mod stats;
 pub mod ticket;
 pub mod trace;
 
 #[cfg(test)]
-mod intent_tests;
+mod plan_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
@@ -40,10 +41,10 @@ pub use clear::{ClearKind, ClearRefused};
 pub use credits::{CreditClass, Credits};
 pub use effects::{PublishRow, QueryResult, RoundEffects};
 pub use gate::{GateTransition, PressureGate};
-pub use intent::{BackendTrouble, StorageIntent, StoragePlanner, StorageReport, StorageView};
 pub use lease::{StorageLease, WaitEnd, WaitPhase};
 pub use manager::{Refusal, RoundInput, StorageTransferManager};
 pub use negative::NegativeMetadata;
+pub use report::{BackendTrouble, HandBack, StorageReport};
 pub use stats::StmStats;
 pub use ticket::{Ticket, TicketState};
 

@@ -9,7 +9,7 @@ use super::tests_support::config;
 use super::*;
 use messages::{
     HostRange, ObjectFailure, OperationId, PressureObservation, Rejection, RequestId, StorageDone,
-    StorageKey, StorageOpKind,
+    StorageKey, StorageOp, StorageOpKind,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -233,19 +233,42 @@ impl Harness {
                         Some(HostRange::new(h.0, 16))
                     }
                 };
-                let put = self.m.dispatch_backups(&mut res);
-                self.log.push(format!("{put:?}"));
-                match put {
-                    Some(p) => {
-                        assert_eq!(p.keys.len(), taken.len());
-                        for h in taken {
-                            *self.pins.entry(h).or_insert(0) += 1;
-                        }
-                        self.issued.insert(p.op);
-                        self.in_flight
-                            .push((p.op, StorageOpKind::Put, p.keys.len()));
-                    }
-                    None => assert!(taken.is_empty(), "no source reference without a PUT"),
+                // The scheduler's path: the round takes the candidates, the plan decides
+                // the PUTs, its end returns them (and requeues the rest).
+                let report = self
+                    .m
+                    .begin_round(RoundInput {
+                        tick_us: self.tick,
+                        pressure: PressureObservation {
+                            queued_jobs: self.jobs,
+                            queued_bytes: 0,
+                            oldest_age_us: 0,
+                        },
+                        ..Default::default()
+                    })
+                    .expect("no completions");
+                self.absorb(report.effects);
+                let planned = self.m.plan_backups(&mut res);
+                let puts: Vec<_> = self
+                    .m
+                    .end_plan(vec![])
+                    .into_iter()
+                    .filter_map(|o| match o {
+                        StorageOp::Put(p) => Some(p),
+                        _ => None,
+                    })
+                    .collect();
+                self.log.push(format!("{puts:?}"));
+                assert_eq!(puts.iter().map(|p| p.op).collect::<Vec<_>>(), planned);
+                let keys: usize = puts.iter().map(|p| p.keys.len()).sum();
+                assert_eq!(keys, taken.len(), "a source reference only with a PUT");
+                for h in taken {
+                    *self.pins.entry(h).or_insert(0) += 1;
+                }
+                for p in puts {
+                    self.issued.insert(p.op);
+                    self.in_flight
+                        .push((p.op, StorageOpKind::Put, p.keys.len()));
                 }
             }
             Action::Complete {

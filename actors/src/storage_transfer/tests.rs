@@ -7,7 +7,7 @@ use super::*;
 use messages::settings::StorageConfig;
 use messages::{
     HostRange, ObjectFailure, OperationId, PressureObservation, Rejection, RequestId, StorageDone,
-    StorageKey, StorageOpKind,
+    StorageKey, StorageOp, StorageOpKind, StoragePutOp,
 };
 
 use super::tests_support::{dests, key, keys, MS};
@@ -30,6 +30,32 @@ fn pressure(jobs: u64) -> PressureObservation {
         queued_bytes: 0,
         oldest_age_us: 0,
     }
+}
+/// PUT dispatch the way the Scheduler drives it, as one round at the applied tick:
+/// `begin_round` takes the candidates, `plan_backups` rechecks residency and decides the
+/// PUTs, `end_plan` returns them (and requeues the candidates left over).
+fn dispatch(
+    m: &mut StorageTransferManager,
+    jobs: u64,
+    residency: &mut dyn FnMut(&StorageKey, HostRef) -> Option<HostRange>,
+) -> Vec<StoragePutOp> {
+    m.begin_round(RoundInput {
+        tick_us: m.now_us(),
+        pressure: pressure(jobs),
+        ..Default::default()
+    })
+    .unwrap();
+    let planned = m.plan_backups(residency);
+    let puts: Vec<StoragePutOp> = m
+        .end_plan(vec![])
+        .into_iter()
+        .filter_map(|o| match o {
+            StorageOp::Put(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(puts.iter().map(|p| p.op).collect::<Vec<_>>(), planned);
+    puts
 }
 fn get_ok(op: OperationId, n: usize) -> StorageDone {
     StorageDone::get(op, vec![true; n], vec![16; n], vec![None; n], true)
@@ -272,12 +298,13 @@ fn backups_use_at_most_half_rounded_down() {
         );
     }
     let mut res = |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 16, 16));
-    let p1 = m.dispatch_backups(&mut res).unwrap();
+    let puts = dispatch(&mut m, 0, &mut res);
+    assert_eq!(puts.len(), 2, "{puts:?}");
+    let (p1, p2) = (&puts[0], &puts[1]);
     assert_eq!(p1.keys.len(), 2);
-    let p2 = m.dispatch_backups(&mut res).unwrap();
     assert_eq!(p2.keys.len(), 1, "only one backup Host credit left of 3");
     assert!(
-        m.dispatch_backups(&mut res).is_none(),
+        dispatch(&mut m, 0, &mut res).is_empty(),
         "backup op credits (2) in use"
     );
     assert_eq!(
@@ -303,7 +330,7 @@ fn backups_use_at_most_half_rounded_down() {
     m.issue_get(RequestId(1), keys("r", 1), dests(50, 1))
         .unwrap();
     assert_eq!(m.stats().operation_credits_in_use, 3);
-    assert_eq!(m.dispatch_backups(&mut res), None);
+    assert!(dispatch(&mut m, 0, &mut res).is_empty());
 }
 
 #[test]
@@ -595,13 +622,19 @@ fn residency_all(_: &StorageKey, h: HostRef) -> Option<HostRange> {
     Some(HostRange::new(h.0 * 16, 16))
 }
 
+/// The one PUT of a dispatch.
+fn one_put(mut puts: Vec<StoragePutOp>) -> StoragePutOp {
+    assert_eq!(puts.len(), 1, "{puts:?}");
+    puts.remove(0)
+}
+
 #[test]
 fn backup_dispatch_skips_evicted_and_coalesces_pending() {
     let mut m = StorageTransferManager::new(config());
     m.offer_backup(key("a"), HostRef(1));
     m.offer_backup(key("b"), HostRef(2));
     let mut res = |k: &StorageKey, h: HostRef| (k.as_str() != "b").then(|| HostRange::new(h.0, 16));
-    let put = m.dispatch_backups(&mut res).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut res));
     assert_eq!(put.keys, vec![key("a")]);
     assert_eq!(m.stats().dropped(DropReason::Unavailable), 1);
     assert_eq!(
@@ -634,7 +667,7 @@ fn backup_dispatch_skips_evicted_and_coalesces_pending() {
     // After the capacity backoff the candidate is dispatched again.
     let retry = m.capacity_retry_at_us();
     m.apply_round(with_done(retry, vec![])).unwrap();
-    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
     let fx = m
         .apply_round(with_done(
             retry + MS,
@@ -661,7 +694,7 @@ fn backup_queue_overflow_and_unretired_put_quarantine() {
         m.offer_backup(key(&format!("k{i}")), HostRef(i));
     }
     assert_eq!(m.stats().dropped(DropReason::Overflow), 1);
-    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
     assert_eq!(put.keys, vec![key("k1"), key("k2")]);
     let fx = m
         .apply_round(with_done(
@@ -727,7 +760,8 @@ fn determinism_same_trace_same_outputs() {
                 leases.push(lease);
             }
             m.offer_backup(key(&format!("b{}", r % 4)), HostRef(1000 + r));
-            if let Some(p) = m.dispatch_backups(&mut residency_all) {
+            let jobs = if r % 9 == 4 { 12 } else { 1 };
+            for p in dispatch(&mut m, jobs, &mut residency_all) {
                 ops.push(format!("{:?}", p));
             }
         }
@@ -809,7 +843,7 @@ fn an_unretired_query_retains_nothing_and_quarantines_nothing() {
 fn capacity_reoffer_while_closed_is_a_pressure_drop() {
     let mut m = StorageTransferManager::new(config());
     m.offer_backup(key("a"), HostRef(1));
-    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
     let fx = m
         .apply_round(RoundInput {
             tick_us: MS,
@@ -836,7 +870,7 @@ fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff(
     let mut m = StorageTransferManager::new(config());
     let rejected = |op| StorageDone::put(op, vec![false], vec![0], vec![true], true);
     m.offer_backup(key("a"), HostRef(1));
-    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
     let t0 = MS;
     let fx = m
         .apply_round(with_done(t0, vec![rejected(put.op)]))
@@ -846,11 +880,11 @@ fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff(
     // Within the backoff nothing is dispatched, however many rounds run.
     for t in [t0 + 1, t0 + CAPACITY_BACKOFF_MIN_US - 1] {
         m.apply_round(with_done(t, vec![])).unwrap();
-        assert!(m.dispatch_backups(&mut residency_all).is_none(), "at {t}");
+        assert!(dispatch(&mut m, 0, &mut residency_all).is_empty(), "at {t}");
     }
     m.apply_round(with_done(t0 + CAPACITY_BACKOFF_MIN_US, vec![]))
         .unwrap();
-    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
     // A second rejection doubles the wait.
     let t1 = t0 + CAPACITY_BACKOFF_MIN_US + 10;
     m.apply_round(with_done(t1, vec![rejected(put.op)]))
@@ -861,7 +895,7 @@ fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff(
     for _ in 0..20 {
         t = m.capacity_retry_at_us();
         m.apply_round(with_done(t, vec![])).unwrap();
-        let put = m.dispatch_backups(&mut residency_all).unwrap();
+        let put = one_put(dispatch(&mut m, 0, &mut residency_all));
         m.apply_round(with_done(t, vec![rejected(put.op)])).unwrap();
         assert!(m.capacity_retry_at_us() - t <= CAPACITY_BACKOFF_MAX_US);
     }
@@ -869,28 +903,13 @@ fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff(
     // A write that lands resets the backoff: the next rejection waits the minimum again.
     let t = m.capacity_retry_at_us();
     m.apply_round(with_done(t, vec![])).unwrap();
-    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
     let mut ok = StorageDone::put(put.op, vec![true], vec![16], vec![false], true);
     ok.new_writes = 1;
     m.apply_round(with_done(t, vec![ok])).unwrap();
     m.offer_backup(key("b"), HostRef(2));
-    let put = m.dispatch_backups(&mut residency_all).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
     m.apply_round(with_done(t + 5, vec![rejected(put.op)]))
         .unwrap();
     assert_eq!(m.capacity_retry_at_us(), t + 5 + CAPACITY_BACKOFF_MIN_US);
-}
-
-#[test]
-fn a_plan_the_manager_would_decide_differently_is_a_protocol_error() {
-    let mut m = StorageTransferManager::new(config());
-    m.begin_round(round(1_000)).unwrap();
-    // The planner believes operation 7 comes next; the manager's next ID is 1.
-    let intents = vec![StorageIntent::Query {
-        request: RequestId(1),
-        keys: vec![key("k1")],
-        parent: None,
-        expect: Ok((OperationId(7), 1)),
-    }];
-    let err = m.commit(intents).unwrap_err();
-    assert!(err.to_string().contains("diverged"), "{err}");
 }

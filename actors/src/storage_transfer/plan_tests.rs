@@ -1,8 +1,9 @@
-//! Tests of the scheduler/manager split: a StoragePlanner planning against the manager's
-//! StorageView must reach the manager's own decision for every intent (commit replays
-//! them), hand-backs apply after the plan's new operations, tampered intents are protocol
-//! errors, and the backup candidates travel report → dispatch → requeue in order. Time is
-//! explicit ticks; no sleeps.
+//! Tests of planning against the one decider, the way the Scheduler plans: between
+//! `begin_round` and `end_plan` every QUERY/GET/PUT is decided on the manager's own credits
+//! and gates (operation IDs continue, refusals take none), the plan's operations come back
+//! in plan order, hand-backs apply after the plan's new operations, and the backup
+//! candidates travel round → dispatch → requeue in order. Time is explicit ticks; no
+//! sleeps.
 
 use super::tests_support::config;
 use super::*;
@@ -37,23 +38,19 @@ fn cand(k: &str, h: u64) -> BackupCandidate {
     }
 }
 
-/// Applies a round and starts a planner on its report (as the Scheduler does).
-fn begin(m: &mut StorageTransferManager, input: RoundInput) -> (StoragePlanner, StorageReport) {
-    let report = m.begin_round(input).unwrap();
-    let mut p = StoragePlanner::new(m.config().clone());
-    p.begin(report.view.clone(), report.put_candidates.clone());
-    (p, report)
+/// Applies a round and starts its plan (as the Scheduler's `apply` does).
+fn begin(m: &mut StorageTransferManager, input: RoundInput) -> StorageReport {
+    m.begin_round(input).unwrap()
 }
 
 fn op_ids(ops: &[StorageOp]) -> Vec<OperationId> {
     ops.iter().map(|o| o.id()).collect()
 }
 
-fn assert_diverged(r: Result<Vec<StorageOp>, messages::ProtocolError>) {
-    match r {
-        Ok(ops) => panic!("a tampered intent committed: {ops:?}"),
-        Err(e) => assert!(e.message.contains("diverged"), "{e:?}"),
-    }
+/// Ends a plan; also returns the credits as planned (before the plan's hand-backs).
+fn end(m: &mut StorageTransferManager, handbacks: Vec<HandBack>) -> (Vec<StorageOp>, Credits) {
+    let planned = m.credits().clone();
+    (m.end_plan(handbacks), planned)
 }
 
 #[test]
@@ -66,13 +63,13 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
     let mut m = StorageTransferManager::new(cfg);
     // Round 1: four QUERYs fit the four operation credits; the fifth is refused for
     // operation credits, an empty one for its keys.
-    let (mut p, _) = begin(&mut m, input(0, 0, vec![]));
+    begin(&mut m, input(0, 0, vec![]));
     let mut planned = vec![];
     let mut leases = vec![];
     for r in 1..=4u64 {
         let n = if r == 1 { 6 } else { 2 };
-        let (op, lease) = p
-            .issue_query(RequestId(r), keys(&format!("r{r}-"), n), None)
+        let (op, lease) = m
+            .plan_query(RequestId(r), keys(&format!("r{r}-"), n), None)
             .unwrap();
         assert_eq!(lease.request(), RequestId(r));
         assert_eq!(lease.serial, r);
@@ -80,19 +77,19 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
         leases.push(lease);
     }
     assert_eq!(
-        p.issue_query(RequestId(5), keys("r5-", 1), None),
+        m.plan_query(RequestId(5), keys("r5-", 1), None),
         Err(Refusal::OperationCredits)
     );
     assert_eq!(
-        p.issue_query(RequestId(6), vec![], None),
+        m.plan_query(RequestId(6), vec![], None),
         Err(Refusal::NoKeys)
     );
-    let ops = m.commit(p.take_intents()).unwrap();
+    let (ops, planned_credits) = end(&mut m, vec![]);
     assert_eq!(op_ids(&ops), planned);
     assert_eq!(
         planned,
         (1..=4).map(OperationId).collect::<Vec<_>>(),
-        "IDs continue from the view"
+        "IDs continue from the manager's last"
     );
     for (i, op) in ops.iter().enumerate() {
         let StorageOp::Query(q) = op else {
@@ -101,7 +98,11 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
         assert_eq!(q.request, Some(RequestId(i as u64 + 1)));
         assert_eq!(q.keys.len(), if i == 0 { 6 } else { 2 });
     }
-    assert_eq!(m.credits(), p.credits(), "same credits after the same plan");
+    assert_eq!(
+        m.credits(),
+        &planned_credits,
+        "same credits after the plan ends"
+    );
     let s = m.stats();
     assert_eq!(
         (
@@ -112,11 +113,11 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
         (4, 4, 0)
     );
     assert_eq!(s.outstanding_tickets, 4);
-    assert_eq!(m.view().next_op, 5);
+    assert_eq!(m.last_operation_id() + 1, 5);
 
     // Round 2: r1..r3 answered (their credits return); r1's GET takes every Host credit,
     // so a new QUERY is refused for Host credits on both sides.
-    let (mut p, report) = begin(
+    let report = begin(
         &mut m,
         input(
             MS,
@@ -129,33 +130,35 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
         ),
     );
     assert_eq!(report.effects.query_results.len(), 3);
-    assert_eq!(p.credits().operations_used(), 1);
+    assert_eq!(m.credits().operations_used(), 1);
     // r2 and r3 found nothing: the scheduler hands their leases back.
     let mut leases = leases.into_iter();
     let _l1 = leases.next().unwrap();
-    p.detach(leases.next().unwrap());
-    p.detach(leases.next().unwrap());
-    let get = p
-        .issue_get(RequestId(1), keys("r1-", 6), dests(100, 6), None)
+    let handbacks = vec![
+        HandBack::Detach(leases.next().unwrap()),
+        HandBack::Detach(leases.next().unwrap()),
+    ];
+    let get = m
+        .plan_get(RequestId(1), keys("r1-", 6), dests(100, 6), None)
         .unwrap();
     assert_eq!(get, OperationId(5));
-    assert_eq!(p.host_credits_left(), 0);
+    assert_eq!(m.host_credits_left(), 0);
     assert_eq!(
-        p.issue_query(RequestId(7), keys("r7-", 1), None),
+        m.plan_query(RequestId(7), keys("r7-", 1), None),
         Err(Refusal::HostCredits)
     );
-    let ops = m.commit(p.take_intents()).unwrap();
+    let (ops, planned_credits) = end(&mut m, handbacks);
     assert_eq!(op_ids(&ops), vec![OperationId(5)]);
     assert!(matches!(&ops[0], StorageOp::Get(g) if g.destinations.len() == 6));
-    assert_eq!(m.credits(), p.credits());
+    assert_eq!(m.credits(), &planned_credits);
     let s = m.stats();
     assert_eq!((s.operation_credits_in_use, s.host_credits_in_use), (2, 6));
     assert_eq!(s.last_operation_id, 5);
 
     // Round 3: pressure closes the gate; r4 (still in QUERY) is bypassed and its QUERY
     // cancelled; a new QUERY is refused for pressure (before the Host check) and counted.
-    let (mut p, report) = begin(&mut m, input(2 * MS, 10, vec![]));
-    assert!(p.gate_closed());
+    let report = begin(&mut m, input(2 * MS, 10, vec![]));
+    assert!(m.gate_closed());
     assert_eq!(
         report.effects.waits_ended,
         vec![
@@ -163,13 +166,13 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
             (RequestId(3), WaitEnd::Detached),
             (RequestId(4), WaitEnd::Pressure)
         ],
-        "last commit's hand-backs first, then this round's bypass"
+        "last plan's hand-backs first, then this round's bypass"
     );
     assert_eq!(
-        p.issue_query(RequestId(8), keys("r8-", 1), None),
+        m.plan_query(RequestId(8), keys("r8-", 1), None),
         Err(Refusal::PressureClosed)
     );
-    let ops = m.commit(p.take_intents()).unwrap();
+    let ops = m.end_plan(vec![]);
     assert_eq!(
         ops,
         vec![StorageOp::Cancel(messages::StorageCancelOp {
@@ -185,7 +188,7 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
 
     // Round 4: the gate reopens, but an unretired GET quarantines the replica: both sides
     // refuse with Disabled.
-    let (mut p, report) = begin(
+    let report = begin(
         &mut m,
         input(
             3 * MS,
@@ -200,12 +203,12 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
         ),
     );
     assert_eq!(report.effects.quarantined.len(), 6);
-    assert!(!p.l3_enabled());
+    assert!(!m.l3_enabled());
     assert_eq!(
-        p.issue_query(RequestId(9), keys("r9-", 1), None),
+        m.plan_query(RequestId(9), keys("r9-", 1), None),
         Err(Refusal::Disabled)
     );
-    let ops = m.commit(p.take_intents()).unwrap();
+    let ops = m.end_plan(vec![]);
     assert!(ops.is_empty());
     let s = m.stats();
     assert!(!s.l3_enabled);
@@ -214,111 +217,58 @@ fn planner_and_manager_agree_on_admissions_and_refusals() {
 }
 
 #[test]
-fn tampered_intents_are_protocol_errors() {
-    // An operation ID off by one.
+fn the_manager_decides_what_a_tampered_intent_could_only_claim() {
+    // The scenarios of the old replay check, now decided once by the manager: the plan's
+    // IDs and lease serials are the manager's next ones, and a refusal is its own.
+    // The first QUERY takes operation 1 with lease serial 1 (never 2).
     let mut m = StorageTransferManager::new(config());
-    assert_diverged(m.commit(vec![StorageIntent::Query {
-        request: RequestId(1),
-        keys: keys("a", 1),
-        parent: None,
-        expect: Ok((OperationId(2), 1)),
-    }]));
+    begin(&mut m, input(0, 0, vec![]));
+    let (op, lease) = m.plan_query(RequestId(1), keys("a", 1), None).unwrap();
+    assert_eq!((op, lease.serial), (OperationId(1), 1));
+    // A second QUERY of the same plan takes the next ID.
+    let (op2, lease2) = m.plan_query(RequestId(2), keys("b", 1), None).unwrap();
+    assert_eq!((op2, lease2.serial), (OperationId(2), 2));
+    let ops = m.end_plan(vec![]);
+    assert_eq!(op_ids(&ops), vec![OperationId(1), OperationId(2)]);
 
-    // A planned plan with its second QUERY's ID tampered.
+    // With the gate closed the QUERY is refused for pressure (not admitted, and not
+    // refused for another reason such as Host credits).
     let mut m = StorageTransferManager::new(config());
-    let (mut p, _) = begin(&mut m, input(0, 0, vec![]));
-    let _ = p.issue_query(RequestId(1), keys("a", 1), None).unwrap();
-    let _ = p.issue_query(RequestId(2), keys("b", 1), None).unwrap();
-    let mut intents = p.take_intents();
-    if let StorageIntent::Query {
-        expect: Ok((op, _)),
-        ..
-    } = &mut intents[1]
-    {
-        op.0 += 1;
-    } else {
-        panic!("not a planned QUERY: {:?}", intents[1]);
-    }
-    assert_diverged(m.commit(intents));
-
-    // A lease serial off by one.
-    let mut m = StorageTransferManager::new(config());
-    assert_diverged(m.commit(vec![StorageIntent::Query {
-        request: RequestId(1),
-        keys: keys("a", 1),
-        parent: None,
-        expect: Ok((OperationId(1), 2)),
-    }]));
-
-    // Ok planned where the manager refuses (the gate is closed).
-    let mut m = StorageTransferManager::new(config());
-    m.begin_round(input(0, 10, vec![])).unwrap();
+    begin(&mut m, input(0, 10, vec![]));
     assert!(m.gate_closed());
-    assert_diverged(m.commit(vec![StorageIntent::Query {
-        request: RequestId(1),
-        keys: keys("a", 1),
-        parent: None,
-        expect: Ok((OperationId(1), 1)),
-    }]));
+    assert_eq!(
+        m.plan_query(RequestId(1), keys("a", 1), None),
+        Err(Refusal::PressureClosed)
+    );
+    assert!(m.end_plan(vec![]).is_empty());
 
-    // A refusal planned where the manager admits, and a refusal for another reason.
+    // A GET for a request without an answered QUERY is refused; it takes no ID.
     let mut m = StorageTransferManager::new(config());
-    assert_diverged(m.commit(vec![StorageIntent::Query {
-        request: RequestId(1),
-        keys: keys("a", 1),
-        parent: None,
-        expect: Err(Refusal::OperationCredits),
-    }]));
-    let mut m = StorageTransferManager::new(config());
-    m.begin_round(input(0, 10, vec![])).unwrap();
-    assert_diverged(m.commit(vec![StorageIntent::Query {
-        request: RequestId(1),
-        keys: keys("a", 1),
-        parent: None,
-        expect: Err(Refusal::HostCredits),
-    }]));
-
-    // A GET for a request without an answered QUERY.
-    let mut m = StorageTransferManager::new(config());
-    assert_diverged(m.commit(vec![StorageIntent::Get {
-        request: RequestId(1),
-        keys: keys("a", 1),
-        destinations: dests(10, 1),
-        parent: None,
-        expect: Ok(OperationId(1)),
-    }]));
-
-    // A PUT with the wrong ID.
-    let mut m = StorageTransferManager::new(config());
-    assert_diverged(m.commit(vec![StorageIntent::Put {
-        keys: keys("k", 1),
-        refs: vec![HostRef(1)],
-        ranges: vec![HostRange::new(0, 16)],
-        expect: OperationId(3),
-    }]));
-
-    // The untampered counterpart commits.
-    let mut m = StorageTransferManager::new(config());
-    let ops = m
-        .commit(vec![StorageIntent::Query {
-            request: RequestId(1),
-            keys: keys("a", 1),
-            parent: None,
-            expect: Ok((OperationId(1), 1)),
-        }])
-        .unwrap();
+    begin(&mut m, input(0, 0, vec![]));
+    assert_eq!(
+        m.plan_get(RequestId(1), keys("a", 1), dests(10, 1), None),
+        Err(Refusal::NotWaiting(RequestId(1)))
+    );
+    // A PUT takes the manager's next ID (1, never a planner's guess).
+    m.offer_backups(vec![cand("k0", 1)]);
+    assert!(m.end_plan(vec![]).is_empty());
+    begin(&mut m, input(MS, 0, vec![]));
+    let puts = m.plan_backups(&mut |_: &StorageKey, _: HostRef| Some(HostRange::new(0, 16)));
+    assert_eq!(puts, vec![OperationId(1)]);
+    let ops = m.end_plan(vec![]);
     assert_eq!(op_ids(&ops), vec![OperationId(1)]);
+    assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == keys("k", 1)));
 }
 
 #[test]
 fn gets_after_answered_queries_commit_with_planned_ids_and_charge_host_credits() {
     let mut m = StorageTransferManager::new(config());
-    let (mut p, _) = begin(&mut m, input(0, 0, vec![]));
-    let (q1, _l1) = p.issue_query(RequestId(1), keys("a", 3), None).unwrap();
-    let (q2, _l2) = p.issue_query(RequestId(2), keys("b", 2), None).unwrap();
-    m.commit(p.take_intents()).unwrap();
+    begin(&mut m, input(0, 0, vec![]));
+    let (q1, _l1) = m.plan_query(RequestId(1), keys("a", 3), None).unwrap();
+    let (q2, _l2) = m.plan_query(RequestId(2), keys("b", 2), None).unwrap();
+    m.end_plan(vec![]);
 
-    let (mut p, report) = begin(
+    let report = begin(
         &mut m,
         input(
             MS,
@@ -343,16 +293,16 @@ fn gets_after_answered_queries_commit_with_planned_ids_and_charge_host_credits()
         ]
     );
     assert_eq!(m.wait_phase(RequestId(1)), Some(WaitPhase::QueryDone));
-    assert_eq!(p.credits().operations_used(), 0, "answered QUERYs settled");
-    let g1 = p
-        .issue_get(RequestId(1), keys("a", 2), dests(100, 2), None)
+    assert_eq!(m.credits().operations_used(), 0, "answered QUERYs settled");
+    let g1 = m
+        .plan_get(RequestId(1), keys("a", 2), dests(100, 2), None)
         .unwrap();
-    let g2 = p
-        .issue_get(RequestId(2), keys("b", 2), dests(200, 2), None)
+    let g2 = m
+        .plan_get(RequestId(2), keys("b", 2), dests(200, 2), None)
         .unwrap();
     assert_eq!((g1, g2), (OperationId(3), OperationId(4)));
-    assert_eq!(p.host_credits_left(), 64 - 4);
-    let ops = m.commit(p.take_intents()).unwrap();
+    assert_eq!(m.host_credits_left(), 64 - 4);
+    let (ops, planned_credits) = end(&mut m, vec![]);
     assert_eq!(op_ids(&ops), vec![g1, g2]);
     let StorageOp::Get(get) = &ops[0] else {
         panic!("not a GET: {:?}", ops[0]);
@@ -363,13 +313,13 @@ fn gets_after_answered_queries_commit_with_planned_ids_and_charge_host_credits()
         get.destinations,
         vec![HostRange::new(0, 16), HostRange::new(16, 16)]
     );
-    assert_eq!(m.credits(), p.credits());
+    assert_eq!(m.credits(), &planned_credits);
     let s = m.stats();
     assert_eq!((s.operation_credits_in_use, s.host_credits_in_use), (2, 4));
     assert_eq!(m.wait_phase(RequestId(1)), Some(WaitPhase::Get(g1)));
 
     // The GET completes: rows publish and the Ready hold keeps the Host credits.
-    let (_, report) = begin(
+    let report = begin(
         &mut m,
         input(
             2 * MS,
@@ -386,7 +336,7 @@ fn gets_after_answered_queries_commit_with_planned_ids_and_charge_host_credits()
     let published: Vec<HostRef> = report.effects.publish.iter().map(|r| r.host).collect();
     assert_eq!(published, vec![HostRef(100), HostRef(101)]);
     assert_eq!(m.ready_refs(RequestId(1)), vec![HostRef(100), HostRef(101)]);
-    assert_eq!(report.view.credits.hosts_used(), 4);
+    assert_eq!(m.credits().hosts_used(), 4);
 }
 
 #[test]
@@ -397,20 +347,20 @@ fn handbacks_apply_after_new_operations_and_report_next_round() {
     };
     let mut m = StorageTransferManager::new(cfg);
     // r1: QUERY → GET → Ready hold (one operation credit held by the GET's ticket).
-    let (mut p, _) = begin(&mut m, input(0, 0, vec![]));
-    let (q1, l1) = p.issue_query(RequestId(1), keys("a", 2), None).unwrap();
-    m.commit(p.take_intents()).unwrap();
-    let (mut p, _) = begin(
+    begin(&mut m, input(0, 0, vec![]));
+    let (q1, l1) = m.plan_query(RequestId(1), keys("a", 2), None).unwrap();
+    m.end_plan(vec![]);
+    begin(
         &mut m,
         input(MS, 0, vec![StorageDone::query(q1, vec![true; 2], true)]),
     );
-    let g1 = p
-        .issue_get(RequestId(1), keys("a", 2), dests(100, 2), None)
+    let g1 = m
+        .plan_get(RequestId(1), keys("a", 2), dests(100, 2), None)
         .unwrap();
     // r2: a QUERY that stays outstanding; together they use both operation credits.
-    let (q2, _l2) = p.issue_query(RequestId(2), keys("b", 1), None).unwrap();
-    m.commit(p.take_intents()).unwrap();
-    let (mut p, report) = begin(
+    let (q2, _l2) = m.plan_query(RequestId(2), keys("b", 1), None).unwrap();
+    m.end_plan(vec![]);
+    let report = begin(
         &mut m,
         input(
             2 * MS,
@@ -426,21 +376,20 @@ fn handbacks_apply_after_new_operations_and_report_next_round() {
     );
     assert_eq!(report.effects.publish.len(), 2);
     assert_eq!(m.stats().ready_holds, 1);
-    assert_eq!(p.credits().operations_used(), 2);
+    assert_eq!(m.credits().operations_used(), 2);
 
     // The plan hands r1's Ready hold back (which frees a credit) and cancels r2 *before*
     // planning r3's QUERY: the planner saw no free credit, and neither may the manager.
-    p.detach(l1);
-    p.cancel(RequestId(2));
+    let handbacks = vec![HandBack::Detach(l1), HandBack::Cancel(RequestId(2))];
     assert_eq!(
-        p.issue_query(RequestId(3), keys("c", 1), None),
+        m.plan_query(RequestId(3), keys("c", 1), None),
         Err(Refusal::OperationCredits)
     );
-    let ops = m.commit(p.take_intents()).unwrap();
+    let (ops, _) = end(&mut m, handbacks);
     assert_eq!(
         ops,
         vec![StorageOp::Cancel(messages::StorageCancelOp { op: q2 })],
-        "the cancel of r2's outstanding QUERY goes out with this commit"
+        "the cancel of r2's outstanding QUERY goes out when this plan ends"
     );
     let s = m.stats();
     assert_eq!(s.last_operation_id, 3, "no QUERY was issued for r3");
@@ -454,7 +403,7 @@ fn handbacks_apply_after_new_operations_and_report_next_round() {
     assert_eq!(m.wait_phase(RequestId(2)), None);
 
     // The hand-backs' effects arrive with the next report; the freed credit plans now.
-    let (mut p, report) = begin(&mut m, input(3 * MS, 0, vec![]));
+    let report = begin(&mut m, input(3 * MS, 0, vec![]));
     assert_eq!(report.effects.release, vec![HostRef(100), HostRef(101)]);
     assert_eq!(report.effects.settled, vec![g1]);
     assert_eq!(
@@ -462,13 +411,13 @@ fn handbacks_apply_after_new_operations_and_report_next_round() {
         vec![(RequestId(2), WaitEnd::Detached)]
     );
     assert!(report.effects.cancels.is_empty(), "already submitted");
-    let (q3, _l3) = p.issue_query(RequestId(3), keys("c", 1), None).unwrap();
-    let ops = m.commit(p.take_intents()).unwrap();
+    let (q3, _l3) = m.plan_query(RequestId(3), keys("c", 1), None).unwrap();
+    let ops = m.end_plan(vec![]);
     assert_eq!(op_ids(&ops), vec![q3]);
     assert_eq!(q3, OperationId(4));
 
     // The cancelled QUERY's acknowledgement settles it; nothing is published for r2.
-    let (_, report) = begin(
+    let report = begin(
         &mut m,
         input(
             4 * MS,
@@ -496,16 +445,16 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
         ..config()
     };
     let mut m = StorageTransferManager::new(cfg);
-    let (mut p, report) = begin(&mut m, input(0, 0, vec![]));
-    assert!(report.put_candidates.is_empty());
-    let (q1, _l1) = p.issue_query(RequestId(1), keys("r", 7), None).unwrap();
-    m.commit(p.take_intents()).unwrap();
+    begin(&mut m, input(0, 0, vec![]));
+    assert!(m.put_candidates().is_empty());
+    let (q1, _l1) = m.plan_query(RequestId(1), keys("r", 7), None).unwrap();
+    m.end_plan(vec![]);
     // Six offers into a queue of four: c0 and c1 overflow; a second c3 coalesces.
     m.offer_backups((0..6).map(|i| cand(&format!("c{i}"), 10 + i)).collect());
     m.offer_backups(vec![cand("c3", 99)]);
     assert_eq!(m.queued_candidates(), 4);
 
-    let (mut p, report) = begin(
+    let report = begin(
         &mut m,
         input(MS, 0, vec![StorageDone::query(q1, vec![true; 7], true)]),
     );
@@ -514,7 +463,7 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
         vec![HostRef(10), HostRef(11), HostRef(99)]
     );
     assert_eq!(
-        report.put_candidates,
+        m.put_candidates(),
         vec![
             cand("c2", 12),
             cand("c3", 13),
@@ -525,38 +474,42 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
     );
     assert_eq!(m.queued_candidates(), 0);
     // A GET into 7 destinations leaves one Host credit: one PUT key fits this round.
-    let g = p
-        .issue_get(RequestId(1), keys("r", 7), dests(100, 7), None)
+    let g = m
+        .plan_get(RequestId(1), keys("r", 7), dests(100, 7), None)
         .unwrap();
     let mut asked = vec![];
-    let puts = p.dispatch_backups(&mut |k: &StorageKey, h: HostRef| {
+    let puts = m.plan_backups(&mut |k: &StorageKey, h: HostRef| {
         asked.push(k.clone());
         (h != HostRef(12)).then(|| HostRange::new(h.0 * 64, 64))
     });
     assert_eq!(puts, vec![OperationId(3)]);
     assert_eq!(asked, vec![key("c2"), key("c3")], "c2 evicted, c3 resident");
-    let intents = p.take_intents();
-    let kinds: Vec<String> = intents
+    let s = m.stats();
+    assert_eq!(
+        s.dropped_backup_keys[DropReason::Unavailable.index()],
+        1,
+        "unavailable 1"
+    );
+    assert_eq!(
+        m.put_candidates(),
+        vec![cand("c4", 14), cand("c5", 15)],
+        "left for the requeue"
+    );
+    let ops = m.end_plan(vec![]);
+    let kinds: Vec<String> = ops
         .iter()
-        .map(|i| match i {
-            StorageIntent::Get { .. } => "get".to_string(),
-            StorageIntent::Put { keys, refs, .. } => format!("put {keys:?} {refs:?}"),
-            StorageIntent::Unavailable(n) => format!("unavailable {n}"),
-            StorageIntent::Requeue(c) => format!("requeue {c:?}"),
+        .map(|o| match o {
+            StorageOp::Get(_) => "get".to_string(),
+            StorageOp::Put(p) => format!("put {:?}", p.keys),
             other => format!("{other:?}"),
         })
         .collect();
     assert_eq!(
         kinds,
-        vec![
-            "get".to_string(),
-            format!("put {:?} {:?}", vec![key("c3")], vec![HostRef(13)]),
-            "unavailable 1".to_string(),
-            format!("requeue {:?}", vec![cand("c4", 14), cand("c5", 15)]),
-        ]
+        vec!["get".to_string(), format!("put {:?}", vec![key("c3")])]
     );
-    let ops = m.commit(intents).unwrap();
     assert_eq!(op_ids(&ops), vec![g, OperationId(3)]);
+    assert_eq!(m.ticket(OperationId(3)).unwrap().refs, vec![HostRef(13)]);
     let StorageOp::Put(put) = &ops[1] else {
         panic!("not a PUT: {:?}", ops[1]);
     };
@@ -576,9 +529,9 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
     assert_eq!(s.coalesced_backup_keys, 1);
     assert_eq!(m.queued_candidates(), 2, "c4 and c5 back in the queue");
 
-    // After the commit: a new candidate, and one for c3 (its PUT is pending: coalesced).
+    // After the plan: a new candidate, and one for c3 (its PUT is pending: coalesced).
     m.offer_backups(vec![cand("c6", 16), cand("c3", 98)]);
-    let (mut p, report) = begin(
+    let report = begin(
         &mut m,
         input(
             2 * MS,
@@ -592,14 +545,13 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
     assert_eq!(report.effects.backed_up, vec![key("c3")]);
     assert_eq!(report.effects.forgotten, vec![HostRef(98)]);
     assert_eq!(
-        report.put_candidates,
+        m.put_candidates(),
         vec![cand("c4", 14), cand("c5", 15), cand("c6", 16)],
         "requeued candidates first, in their order"
     );
-    let puts =
-        p.dispatch_backups(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
+    let puts = m.plan_backups(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
     assert_eq!(puts, vec![OperationId(4)]);
-    let ops = m.commit(p.take_intents()).unwrap();
+    let ops = m.end_plan(vec![]);
     assert_eq!(op_ids(&ops), vec![OperationId(4)]);
     assert!(
         matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("c4"), key("c5"), key("c6")])
@@ -611,14 +563,14 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
 fn closed_gate_offers_no_candidates_and_dispatches_nothing() {
     let mut m = StorageTransferManager::new(config());
     m.offer_backups(vec![cand("a", 1), cand("b", 2)]);
-    let (mut p, report) = begin(&mut m, input(0, 10, vec![]));
-    assert!(report.put_candidates.is_empty());
+    let report = begin(&mut m, input(0, 10, vec![]));
+    assert!(m.put_candidates().is_empty());
     assert_eq!(report.effects.forgotten, vec![HostRef(1), HostRef(2)]);
-    let puts = p.dispatch_backups(&mut |_: &StorageKey, _: HostRef| -> Option<HostRange> {
+    let puts = m.plan_backups(&mut |_: &StorageKey, _: HostRef| -> Option<HostRange> {
         panic!("no residency check with the gate closed")
     });
     assert!(puts.is_empty());
-    assert!(m.commit(p.take_intents()).unwrap().is_empty());
+    assert!(m.end_plan(vec![]).is_empty());
     assert_eq!(
         m.stats().dropped_backup_keys[DropReason::Pressure.index()],
         2
@@ -645,7 +597,7 @@ enum Step {
     Dispatch { evict: u8 },
     /// Hand back a lease, or cancel a request.
     Handback { pick: usize, cancel: bool },
-    /// Run the round (begin_round … commit).
+    /// Run the round (begin_round … end_plan).
     Round,
 }
 
@@ -735,7 +687,7 @@ impl Sim {
     }
 
     /// One round: begin_round with the queued completions, the plan built by `plan`, the
-    /// commit; checks the invariants.
+    /// plan's end; checks the invariants.
     fn round(&mut self, steps: &[Step]) -> Result<(), TestCaseError> {
         let done = std::mem::take(&mut self.pending_done);
         let report = self
@@ -750,10 +702,8 @@ impl Sim {
         }
         self.answered
             .retain(|r| self.m.wait_phase(*r) == Some(WaitPhase::QueryDone));
-        let mut p = StoragePlanner::new(self.m.config().clone());
-        p.begin(report.view.clone(), report.put_candidates.clone());
         let mut planned: Vec<OperationId> = vec![];
-        let mut handed_back = false;
+        let mut handbacks: Vec<HandBack> = vec![];
         for s in steps {
             match s {
                 Step::Queries { n, keys: k } => {
@@ -761,7 +711,7 @@ impl Sim {
                         self.next_request += 1;
                         let r = RequestId(self.next_request);
                         let ks = keys(&format!("q{}-", r.0), *k);
-                        if let Ok((op, lease)) = p.issue_query(r, ks, None) {
+                        if let Ok((op, lease)) = self.m.plan_query(r, ks, None) {
                             planned.push(op);
                             self.leases.insert(r, lease);
                         }
@@ -779,7 +729,7 @@ impl Sim {
                     self.answered.remove(&r);
                     let d = dests(self.next_host, *k);
                     self.next_host += *k as u64;
-                    if let Ok(op) = p.issue_get(r, keys(&format!("g{}-", r.0), *k), d, None) {
+                    if let Ok(op) = self.m.plan_get(r, keys(&format!("g{}-", r.0), *k), d, None) {
                         planned.push(op);
                     }
                 }
@@ -789,7 +739,7 @@ impl Sim {
                         i += 1;
                         ((evict >> (i % 8)) & 1 == 0).then(|| HostRange::new(h.0 * 16, 16))
                     };
-                    planned.extend(p.dispatch_backups(&mut residency));
+                    planned.extend(self.m.plan_backups(&mut residency));
                 }
                 Step::Handback { pick, cancel } => {
                     if self.leases.is_empty() {
@@ -798,28 +748,29 @@ impl Sim {
                     let r = *self.leases.keys().nth(pick % self.leases.len()).unwrap();
                     let lease = self.leases.remove(&r).unwrap();
                     self.answered.remove(&r);
-                    handed_back = true;
                     if *cancel {
                         let _ = lease; // a cancel needs no lease
-                        p.cancel(r);
+                        handbacks.push(HandBack::Cancel(r));
                     } else {
-                        p.detach(lease);
+                        handbacks.push(HandBack::Detach(lease));
                     }
                 }
                 _ => {}
             }
         }
-        let planner_credits = p.credits().clone();
-        let ops = self
-            .m
-            .commit(p.take_intents())
-            .map_err(|e| TestCaseError::fail(format!("commit diverged: {e:?}")))?;
+        let planned_credits = self.m.credits().clone();
+        let handed_back = !handbacks.is_empty();
+        let ops = self.m.end_plan(handbacks);
         let new: Vec<OperationId> = ops
             .iter()
             .filter(|o| !matches!(o, StorageOp::Cancel(_)))
             .map(|o| o.id())
             .collect();
-        prop_assert_eq!(&new, &planned, "committed IDs are the planned IDs");
+        prop_assert_eq!(
+            &new,
+            &planned,
+            "the plan's operations are its decisions, in order"
+        );
         for op in &new {
             if let Some(last) = self.issued.last() {
                 prop_assert!(op > last, "IDs increase: {} after {}", op, last);
@@ -861,7 +812,7 @@ impl Sim {
             }
         }
         if !handed_back {
-            prop_assert_eq!(self.m.credits(), &planner_credits);
+            prop_assert_eq!(self.m.credits(), &planned_credits);
         }
         let c = self.m.credits();
         prop_assert!(c.operations_used() <= c.operation_total());
@@ -877,7 +828,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn planned_rounds_never_diverge(steps in prop::collection::vec(step(), 1..80)) {
+    fn planned_rounds_emit_their_decisions_in_plan_order(steps in prop::collection::vec(step(), 1..80)) {
         let mut sim = Sim::new();
         let mut round: Vec<Step> = vec![];
         let mut offered = 0u64;

@@ -1,0 +1,280 @@
+//! The StorageTransferManager's round, the one place where storage admission is decided:
+//! `begin_round` applies the agreed round, reports its effects to the Scheduler and takes
+//! this round's backup candidates; while the Scheduler plans it asks the manager directly —
+//! `plan_query`, `plan_get` and `plan_backups` decide each new operation on the manager's
+//! own credits and gates (with the rules of `admission.rs`) and record it in plan order;
+//! `end_plan` requeues the candidates not dispatched, applies the plan's hand-backs after
+//! its new operations (so every new operation is decided on the credits as of the start of
+//! the plan; their effects reach the scheduler with the next report) and returns the
+//! operations for the L3 executor, cancellations of detached reads first. `offer_backups`
+//! takes the D2H-published blocks as candidates. It never performs I/O or reads a clock,
+//! and keeps no second copy of the credits to compare against.
+
+use super::admission::backup_room;
+use super::backup::{BackupCandidate, DropReason};
+use super::effects::RoundEffects;
+use super::lease::StorageLease;
+use super::manager::{Refusal, RoundInput, StorageTransferManager};
+use super::report::{BackendTrouble, HandBack, StorageReport};
+use super::{ClearKind, HostRef};
+use messages::{
+    HostRange, OperationId, ProtocolError, Rejection, RequestId, StorageCancelOp, StorageKey,
+    StorageOp,
+};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use tracing::Span;
+
+/// The round's planning in progress, between `begin_round` and `end_plan`.
+#[derive(Debug, Default)]
+pub(super) struct Planning {
+    /// Backup candidates taken for this round's PUT dispatch, oldest first.
+    candidates: VecDeque<BackupCandidate>,
+    /// The plan's new operations, in plan order.
+    ops: Vec<StorageOp>,
+    /// The request spans of the plan's traced operations.
+    parents: BTreeMap<OperationId, Span>,
+}
+
+impl Planning {
+    fn record(&mut self, op: StorageOp, parent: Option<Span>) {
+        if let Some(p) = parent {
+            self.parents.insert(op.id(), p);
+        }
+        self.ops.push(op);
+    }
+}
+
+impl StorageTransferManager {
+    /// Applies the agreed round (tick, cancellations, completions) and reports to the
+    /// scheduler: this round's effects with those deferred from the last plan. The backup
+    /// candidates up for this round's dispatch are taken for `plan_backups`.
+    pub fn begin_round(&mut self, input: RoundInput) -> Result<StorageReport, ProtocolError> {
+        let attached: Vec<_> = input
+            .completions
+            .iter()
+            .filter_map(|d| self.attached_waiter(d.op).map(|r| (d.op, r)))
+            .collect();
+        let trouble = input
+            .completions
+            .iter()
+            .filter_map(|d| {
+                let why = match d.rejection {
+                    Some(Rejection::Unhealthy) => BackendTrouble::Unhealthy,
+                    Some(Rejection::Quarantined) => BackendTrouble::Quarantined,
+                    None if d.error.is_some() => BackendTrouble::Unhealthy,
+                    None if !d.retired => BackendTrouble::Quarantined,
+                    _ => return None,
+                };
+                let (_, request) = attached.iter().find(|(op, _)| *op == d.op)?;
+                Some((*request, why))
+            })
+            .collect();
+        let traced: Vec<_> = input
+            .completions
+            .iter()
+            .filter(|d| self.trace.traces(d.op))
+            .cloned()
+            .collect();
+        let fx = self.apply_round(input)?;
+        for done in &traced {
+            let was_attached = attached.iter().any(|(op, _)| *op == done.op);
+            self.trace.agreed(done, was_attached, &fx);
+        }
+        let mut effects = std::mem::take(&mut self.deferred);
+        effects.extend(fx);
+        self.outbox.append(&mut effects.cancels);
+        // A plan that never ended keeps its operations for the next `end_plan`; its
+        // candidates go back to the queue front before this round takes its own.
+        debug_assert!(self.planning.ops.is_empty(), "the last plan did not end");
+        let stale: Vec<BackupCandidate> = self.planning.candidates.drain(..).collect();
+        if !stale.is_empty() {
+            self.backups.requeue_front(stale);
+        }
+        effects.forgotten.extend(self.backups.take_forgotten());
+        self.planning.candidates = self.take_put_candidates().into();
+        Ok(StorageReport { effects, trouble })
+    }
+
+    /// Candidates for this round's PUT dispatch, oldest first, up to what the backup
+    /// credits could carry now; those covered by a pending PUT coalesce here.
+    fn take_put_candidates(&mut self) -> Vec<BackupCandidate> {
+        let mut out = vec![];
+        if self.quarantined || self.gate_closed() || backup_room(&self.credits, &self.cfg) == 0 {
+            return out;
+        }
+        let c = &self.credits;
+        let ops = (c
+            .backup_operation_max()
+            .saturating_sub(c.backup_operations_used()))
+        .min(c.operation_total().saturating_sub(c.operations_used())) as usize;
+        let budget = (c.backup_hosts_available() as usize)
+            .min(ops.saturating_mul(self.cfg.max_keys_per_operation as usize));
+        while out.len() < budget {
+            let Some(c) = self.backups.pop_front() else {
+                break;
+            };
+            if self.pending_put_keys.contains_key(&c.key) {
+                self.backups.note_coalesced(c.host); // covered by a pending PUT: not a loss
+                continue;
+            }
+            out.push(c);
+        }
+        out
+    }
+
+    /// The backup candidates this round took for PUT dispatch and has not dispatched yet.
+    #[cfg(test)]
+    pub(crate) fn put_candidates(&self) -> Vec<BackupCandidate> {
+        self.planning.candidates.iter().cloned().collect()
+    }
+
+    /// Decides a QUERY of the plan (its soft deadline starts at the applied tick): the
+    /// operation joins the plan's operations and the lease goes to the request's state.
+    pub fn plan_query(
+        &mut self,
+        request: RequestId,
+        keys: Vec<StorageKey>,
+        parent: Option<Span>,
+    ) -> Result<(OperationId, StorageLease), Refusal> {
+        let (q, lease) = self.issue_query(request, keys)?;
+        let op = q.op;
+        self.planning.record(StorageOp::Query(q), parent);
+        Ok((op, lease))
+    }
+
+    /// Decides a GET of the plan into destinations the caller reserved and pinned; on a
+    /// refusal the destinations stay the caller's.
+    pub fn plan_get(
+        &mut self,
+        request: RequestId,
+        keys: Vec<StorageKey>,
+        destinations: Vec<(HostRef, HostRange)>,
+        parent: Option<Span>,
+    ) -> Result<OperationId, Refusal> {
+        let g = self.issue_get(request, keys, destinations)?;
+        let op = g.op;
+        self.planning.record(StorageOp::Get(g), parent);
+        Ok(op)
+    }
+
+    /// Dispatches create-only PUTs of the plan from this round's candidates, within the
+    /// backup credits. `residency(key, host)` rechecks the Host entry: `Some(range)` means
+    /// it is resident and the caller took a source reference (which the ticket then owns
+    /// until retirement); `None` drops the candidate as unavailable (the caller forgets
+    /// it). Candidates that find no credits go back to the queue front when the plan ends.
+    /// Returns the PUTs' operation IDs.
+    pub fn plan_backups(
+        &mut self,
+        residency: &mut dyn FnMut(&StorageKey, HostRef) -> Option<HostRange>,
+    ) -> Vec<OperationId> {
+        let mut issued = vec![];
+        let gates = self.gates();
+        if gates.quarantined || gates.gate_closed || gates.backups_paused {
+            return issued;
+        }
+        let mut unavailable = 0u64;
+        let mut coalesced = vec![];
+        loop {
+            let room = backup_room(&self.credits, &self.cfg);
+            if room == 0 || self.planning.candidates.is_empty() {
+                break;
+            }
+            let (mut keys, mut refs, mut ranges) = (vec![], vec![], vec![]);
+            let mut batch: BTreeSet<StorageKey> = BTreeSet::new();
+            while keys.len() < room {
+                let Some(c) = self.planning.candidates.pop_front() else {
+                    break;
+                };
+                if batch.contains(&c.key) {
+                    coalesced.push(c.host); // the queue coalesces keys; kept for safety
+                    continue;
+                }
+                match residency(&c.key, c.host) {
+                    Some(range) => {
+                        batch.insert(c.key.clone());
+                        keys.push(c.key);
+                        refs.push(c.host);
+                        ranges.push(range);
+                    }
+                    None => unavailable += 1,
+                }
+            }
+            if keys.is_empty() {
+                break;
+            }
+            let put = self.put_ticket(keys, refs, ranges);
+            issued.push(put.op);
+            self.planning.record(StorageOp::Put(put), None);
+        }
+        if unavailable > 0 {
+            self.backups
+                .count_drop(DropReason::Unavailable, unavailable);
+        }
+        for h in coalesced {
+            self.backups.note_coalesced(h);
+        }
+        issued
+    }
+
+    /// Ends the plan: candidates not dispatched go back to the queue front, the hand-backs
+    /// apply (after every new operation), and the operations to submit come back in plan
+    /// order — cancellations of detached reads first, then the new operations, then the
+    /// cancellations the hand-backs caused.
+    pub fn end_plan(&mut self, handbacks: Vec<HandBack>) -> Vec<StorageOp> {
+        let planning = std::mem::take(&mut self.planning);
+        let mut ops: Vec<StorageOp> = std::mem::take(&mut self.outbox)
+            .into_iter()
+            .map(StorageOp::Cancel)
+            .collect();
+        ops.extend(planning.ops);
+        if !planning.candidates.is_empty() {
+            self.backups.requeue_front(planning.candidates.into());
+        }
+        let mut fx = RoundEffects::default();
+        for h in handbacks {
+            match h {
+                HandBack::Detach(lease) => fx.extend(self.detach(lease)),
+                HandBack::Cancel(request) => fx.extend(self.cancel(request)),
+            }
+        }
+        ops.extend(fx.cancels.drain(..).map(StorageOp::Cancel));
+        self.deferred.extend(fx);
+        let parents = planning.parents;
+        self.trace.issued(&ops, |op| parents.get(&op));
+        ops
+    }
+
+    /// Takes blocks that a D2H completion published in Host L2 as backup candidates
+    /// (nonowning). Drops and coalescing reach the scheduler with the next report.
+    pub fn offer_backups(&mut self, candidates: Vec<BackupCandidate>) {
+        for c in candidates {
+            let _ = self.offer_backup(c.key, c.host);
+        }
+    }
+
+    /// A clear applied between rounds: rejects outstanding work without draining. Returns
+    /// the effects for the scheduler and the cancellations to submit now.
+    pub fn clear_now(
+        &mut self,
+        kind: ClearKind,
+        remote_deletion: Option<Result<(), String>>,
+    ) -> Result<(RoundEffects, Vec<StorageOp>), super::ClearRefused> {
+        let mut fx = self.clear(kind, remote_deletion)?;
+        let mut cancels: Vec<StorageCancelOp> = std::mem::take(&mut self.outbox);
+        cancels.append(&mut fx.cancels);
+        let mut effects = std::mem::take(&mut self.deferred);
+        effects.extend(fx);
+        effects.forgotten.extend(self.backups.take_forgotten());
+        let tickets = &self.tickets;
+        self.trace
+            .retain_outstanding(|op| tickets.contains_key(&op));
+        let ops = cancels.into_iter().map(StorageOp::Cancel).collect();
+        Ok((effects, ops))
+    }
+
+    /// The span of an outstanding operation (None when untraced or completed): entered
+    /// while the operation is submitted.
+    pub fn op_span(&self, op: OperationId) -> Option<&Span> {
+        self.trace.op_span(op)
+    }
+}
