@@ -1,9 +1,10 @@
 //! The round's one owner (DESIGN.md §3-4). `RankEngine` holds one rank's two deterministic
 //! cores — the Scheduler and the StorageTransferManager, together in `RoundPipeline` — and
 //! runs every step of a round exactly once, in `round.rs`: the head feedback point (poll the
-//! executor into this rank's report), apply → plan → commit of the agreed round, dispatch in
-//! plan order (storage to the executor, copies and forwards to the device), the tail
-//! (forward digests, D2H publication, backup offers), and the admin steps.
+//! executor into this rank's report), apply → plan of the agreed round (the manager decides
+//! every storage operation while the scheduler plans), dispatch in plan order (storage to
+//! the executor, copies and forwards to the device), the tail (forward digests, D2H
+//! publication, backup offers), and the admin steps.
 //!
 //! The executor, the device and the ControlPlane are reached through the small traits of
 //! `ports`: `sync_ports` plugs in their cores (tests, benchmarks, tools: `RankEngine`'s

@@ -1,6 +1,7 @@
 //! One round, written once, over the ports (DESIGN.md §4): `head` (step 1, this rank's
-//! report), `run_round` (steps 3-6 on the agreed round: apply, plan, commit, dispatch in
-//! plan order, tail) and `apply_admin` (the second admin step). The synchronous adapters run
+//! report), `run_round` (steps 3-6 on the agreed round: apply, plan — the manager deciding
+//! storage admission — dispatch in plan order, tail) and `apply_admin` (the second admin
+//! step). The synchronous adapters run
 //! it through the `*_now` methods, `engine-host serve` through the actor adapters
 //! (`ActorRank`); both execute these same lines.
 //!
@@ -196,7 +197,8 @@ impl<X: ExecutorPort, D: DevicePort> RankEngine<X, D> {
     }
 
     /// Steps 3-6 on the agreed round: the admin commands it carries are queued, then apply
-    /// → plan → commit, dispatch in plan order and the tail.
+    /// → plan (the manager deciding every storage operation), dispatch in plan order and the
+    /// tail.
     pub async fn run_round(&mut self, agreed: AgreedRound) -> Result<RoundWork, EngineError> {
         let (inputs, admin, shutdown) = agreed_inputs(agreed);
         for cmd in admin {
