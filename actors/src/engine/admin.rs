@@ -96,7 +96,8 @@ async fn apply<X: ExecutorPort, D: DevicePort>(
         AdminCommand::ResetLocal { host } => {
             engine
                 .apply_admin(ClearKind::LocalReset, Some(preflight), None)
-                .await?;
+                .await
+                .map_err(|e| e.to_string())?;
             Ok(format!(
                 "reset the local caches ({}) of namespace {}; L3 untouched",
                 if host { "device and host" } else { "device" },
@@ -107,14 +108,16 @@ async fn apply<X: ExecutorPort, D: DevicePort>(
             // A failed deletion on any rank refuses the clear (nothing is cleared locally).
             engine
                 .apply_admin(ClearKind::FullClear, Some(preflight), None)
-                .await?;
+                .await
+                .map_err(|e| e.to_string())?;
             Ok(format!("cleared the cache of namespace {}", ns.as_str()))
         }
         AdminCommand::SetWeightVersion { target, draft } => {
             if let Err(e) = preflight {
                 engine
                     .apply_admin(ClearKind::WeightUpdate, Some(Err(e.clone())), None)
-                    .await?;
+                    .await
+                    .map_err(|e| e.to_string())?;
                 return Err(e);
             }
             let id = identity(&ctx.spec, engine.scheduler().layout())
@@ -122,7 +125,8 @@ async fn apply<X: ExecutorPort, D: DevicePort>(
             let new_ns = id.namespace();
             engine
                 .apply_admin(ClearKind::WeightUpdate, None, Some(new_ns.clone()))
-                .await?;
+                .await
+                .map_err(|e| e.to_string())?;
             Ok(format!(
                 "weights {target}{}: namespace {} (was {})",
                 draft.map(|d| format!("/draft {d}")).unwrap_or_default(),

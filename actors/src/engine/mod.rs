@@ -28,7 +28,9 @@ pub mod sync_ports;
 #[cfg(test)]
 mod tests;
 
-pub use round::{agree_single, ActorRank, RankEngine, RankView, RoundWork, SchedulerView};
+pub use round::{
+    agree_single, ActorRank, AdminError, RankEngine, RankView, RoundWork, SchedulerView,
+};
 
 use crate::device::DeviceError;
 

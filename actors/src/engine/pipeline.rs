@@ -11,7 +11,7 @@
 //! benchmark and the determinism checks drive it directly. It never performs I/O.
 
 use crate::scheduler::{AgreedInputs, Plan, Scheduler};
-use crate::storage_transfer::{ClearKind, StorageTransferManager};
+use crate::storage_transfer::{ClearKind, ClearRefused, StorageTransferManager};
 use messages::{Namespace, OperationId, ProtocolError, StorageOp};
 
 /// A committed round: the operations for the executor (in plan order) and the device work.
@@ -74,14 +74,13 @@ impl RoundPipeline {
         kind: ClearKind,
         remote_deletion: Option<Result<(), String>>,
         new_namespace: Option<Namespace>,
-    ) -> Result<Vec<StorageOp>, String> {
+    ) -> Result<Vec<StorageOp>, ClearRefused> {
         let cleared = match self.stm.as_mut() {
             Some(stm) => stm
                 .clear_now(kind, remote_deletion)
-                .map(|(fx, ops)| (Some(fx), ops))
-                .map_err(|e| e.to_string()),
+                .map(|(fx, ops)| (Some(fx), ops)),
             None => match remote_deletion {
-                Some(Err(e)) => Err(e),
+                Some(Err(e)) => Err(ClearRefused::DeletionFailed(e)),
                 _ => Ok((None, vec![])),
             },
         };
@@ -93,7 +92,7 @@ impl RoundPipeline {
                 return Err(e);
             }
         };
-        self.scheduler.apply_admin(cleared, new_namespace)?;
+        self.scheduler.apply_admin(cleared, new_namespace);
         Ok(cancels)
     }
 }

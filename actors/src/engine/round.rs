@@ -18,7 +18,7 @@ use crate::host::HostCacheStorage;
 use crate::l3::{CloseReport, ExecutorStats, L3Executor, L3ExecutorActor};
 use crate::model::{CostModel, RankDigest, SyntheticModel};
 use crate::scheduler::{AdminCommand, AgreedInputs, RequestEvent, Scheduler, SchedulerStats};
-use crate::storage_transfer::{ClearKind, StmStats, StorageTransferManager};
+use crate::storage_transfer::{ClearKind, ClearRefused, StmStats, StorageTransferManager};
 use actix::Addr;
 use messages::{
     AgreedRound, ControlError, FrontendMessage, HealthState, Namespace, PrefillDigest,
@@ -26,6 +26,17 @@ use messages::{
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Why an admin command did not apply on this rank.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The agreed preflight failed (every rank refuses alike; nothing was cleared).
+    #[error(transparent)]
+    Refused(#[from] ClearRefused),
+    /// The cancellations of the rejected operations could not reach the executor.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
 
 /// What a round did, for the event loop (idle pause, drain, device-time emulation).
 #[derive(Clone, Copy, Debug, Default)]
@@ -288,11 +299,11 @@ impl<X: ExecutorPort, D: DevicePort> RankEngine<X, D> {
         kind: ClearKind,
         remote_deletion: Option<Result<(), String>>,
         new_namespace: Option<Namespace>,
-    ) -> Result<(), String> {
+    ) -> Result<(), AdminError> {
         let cancels = self
             .pipeline
             .apply_admin(kind, remote_deletion, new_namespace)?;
-        self.submit(cancels).await.map_err(|e| e.to_string())
+        Ok(self.submit(cancels).await?)
     }
 
     /// A consistent read of the rank's counters (for the exporter).
@@ -368,7 +379,7 @@ impl RankEngine<L3Executor, SyncDevice> {
         kind: ClearKind,
         remote_deletion: Option<Result<(), String>>,
         new_namespace: Option<Namespace>,
-    ) -> Result<(), String> {
+    ) -> Result<(), AdminError> {
         now(self.apply_admin(kind, remote_deletion, new_namespace))
     }
     pub fn view_now(&mut self) -> Result<RankView, EngineError> {

@@ -44,11 +44,7 @@ impl Scheduler {
     /// effects (None with storage disabled). Clears local caches and, for a weight update,
     /// moves to `new_namespace`. A failed remote deletion never reaches here: it prevents
     /// local clearing.
-    pub fn apply_admin(
-        &mut self,
-        cleared: Option<RoundEffects>,
-        new_namespace: Option<Namespace>,
-    ) -> Result<(), String> {
+    pub fn apply_admin(&mut self, cleared: Option<RoundEffects>, new_namespace: Option<Namespace>) {
         let cmd = self.pending_admin.pop_front();
         if let Some(fx) = cleared {
             self.apply_effects(fx, None);
@@ -61,7 +57,7 @@ impl Scheduler {
                 r.resources.ready = None;
             }
             self.cache.reset_local(host);
-            return Ok(());
+            return;
         }
         // Local clearing: Ready holds are gone; every unreferenced block is freed, and the
         // blocks in-flight storage I/O still references stay (invisible) until it retires.
@@ -71,7 +67,6 @@ impl Scheduler {
         let ns = new_namespace.unwrap_or_else(|| self.cache.namespace().clone());
         self.cache.clear(ns.clone());
         self.cfg.namespace = ns;
-        Ok(())
     }
 }
 
@@ -94,7 +89,7 @@ mod tests {
         assert_eq!(rig.s.state_of(RequestId(1)), Some("submitted"));
         assert_eq!(rig.s.admin_pending(), Some(AdminCommand::ClearCache));
         assert!(rig.s.quiescent(), "a submitted request holds nothing");
-        rig.s.apply_admin(None, None).unwrap();
+        rig.s.apply_admin(None, None);
         assert_eq!(rig.s.admin_pending(), None);
         let plan = rig.round(Default::default());
         assert_eq!(plan.forwards.len(), 1);
@@ -121,7 +116,7 @@ mod tests {
         let mut rig = rig(false);
         rig.s.admin(AdminCommand::ClearCache);
         rig.s.admin(AdminCommand::ResetLocal { host: true });
-        rig.s.apply_admin(None, None).unwrap();
+        rig.s.apply_admin(None, None);
         assert_eq!(
             rig.s.admin_pending(),
             Some(AdminCommand::ResetLocal { host: true })
@@ -151,7 +146,7 @@ mod tests {
             draft: None,
         });
         let ns = Namespace("tsl3-00000000schedtest2".into());
-        rig.s.apply_admin(None, Some(ns.clone())).unwrap();
+        rig.s.apply_admin(None, Some(ns.clone()));
         assert_eq!(rig.s.namespace(), &ns);
         assert_eq!(rig.s.cfg.namespace, ns);
         rig.arrive(&[(2, &p, 2)]);
@@ -166,7 +161,7 @@ mod tests {
         let p = prompt(30, 5);
         serve_one(&mut rig, 1, &p);
         rig.s.admin(AdminCommand::ResetLocal { host: true });
-        rig.s.apply_admin(None, None).unwrap();
+        rig.s.apply_admin(None, None);
         rig.arrive(&[(2, &p, 2)]);
         let r = &rig.s.requests[&RequestId(2)];
         assert_eq!((r.split.device, r.split.host, r.split.computed), (0, 0, 30));

@@ -458,7 +458,7 @@ mod tests {
         serve_one(&mut rig, 1, &p);
         rig.s.admin(AdminCommand::ResetLocal { host: false });
         assert!(rig.s.quiescent());
-        rig.s.apply_admin(None, None).unwrap();
+        rig.s.apply_admin(None, None);
         let plan = rig.arrive(&[(2, &p, 4)]);
         assert_eq!(plan.forwards.len(), 1);
         assert_eq!(plan.h2d.len(), 7, "every context block from Host");
