@@ -231,7 +231,8 @@ async fn an_oversized_outgoing_report_fails_every_rank_alike() {
         cores.push(h.await.unwrap().unwrap());
     }
     let mut r = idle_all(2, 0);
-    r[0].completions = (1..=200).map(q).collect();
+    // Compact records: 2000 of them still exceed 4 KiB.
+    r[0].completions = (1..=2000).map(q).collect();
     let errs: Vec<ControlError> = round_all(&mut cores, r)
         .await
         .into_iter()

@@ -4,7 +4,7 @@
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 /// The format version of every encoded message. A peer with another version is refused.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CodecError {
@@ -24,6 +24,7 @@ struct EnvelopeRef<'a, T> {
 
 #[derive(Deserialize)]
 struct Envelope<T> {
+    v: u16,
     body: T,
 }
 
@@ -43,18 +44,23 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
 
 /// Decodes a value encoded by [`encode`]; a different format version or any malformed byte
 /// sequence is an error, never a panic.
+///
+/// One pass in the common case: the envelope and its body decode together; only when that
+/// fails is the version read alone, so a peer of another version gets a version error
+/// rather than a malformed one.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
-    let version: VersionOnly =
-        rmp_serde::from_slice(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
-    if version.v != FORMAT_VERSION {
-        return Err(CodecError::Version {
-            found: version.v,
-            expected: FORMAT_VERSION,
-        });
+    let version_error = |found: u16| CodecError::Version {
+        found,
+        expected: FORMAT_VERSION,
+    };
+    match rmp_serde::from_slice::<Envelope<T>>(bytes) {
+        Ok(env) if env.v == FORMAT_VERSION => Ok(env.body),
+        Ok(env) => Err(version_error(env.v)),
+        Err(e) => match rmp_serde::from_slice::<VersionOnly>(bytes) {
+            Ok(only) if only.v != FORMAT_VERSION => Err(version_error(only.v)),
+            _ => Err(CodecError::Malformed(e.to_string())),
+        },
     }
-    let env: Envelope<T> =
-        rmp_serde::from_slice(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
-    Ok(env.body)
 }
 
 #[cfg(test)]
@@ -75,6 +81,97 @@ mod tests {
         let bytes = encode(&done).unwrap();
         let back: StorageDone = decode(&bytes).unwrap();
         assert_eq!(back, done);
+    }
+
+    #[test]
+    fn a_record_of_many_keys_round_trips_in_its_compact_form() {
+        let n = 130;
+        let mut done = StorageDone::get(
+            OperationId(9),
+            (0..n).map(|i| i % 3 == 0).collect(),
+            (0..n).map(|i| i as u64 * 7).collect(),
+            (0..n)
+                .map(|i| match i % 5 {
+                    1 => Some(ObjectFailure::Missing),
+                    2 => Some(ObjectFailure::Invalid),
+                    _ => None,
+                })
+                .collect(),
+            false,
+        );
+        done.capacity = (0..n).map(|i| i % 7 == 0).collect();
+        done.rejection = Some(Rejection::Quarantined);
+        done.error = Some("boom".into());
+        done.new_writes = 3;
+        let bytes = encode(&done).unwrap();
+        assert_eq!(decode::<StorageDone>(&bytes).unwrap(), done);
+        // Masks are bitsets: 130 keys' flags take a few words, not a map entry per key.
+        let named =
+            rmp_serde::to_vec_named(&(&done.success, &done.failures, &done.capacity)).unwrap();
+        assert!(
+            bytes.len() < named.len(),
+            "{} vs {}",
+            bytes.len(),
+            named.len()
+        );
+    }
+
+    #[test]
+    fn a_record_whose_masks_disagree_with_its_keys_is_malformed() {
+        let done = StorageDone::query(OperationId(3), vec![true; 4], true);
+        let mut w = WireProbe::from(&done);
+        w.2 = 70; // 70 keys claimed, one mask word and 4 byte counts sent
+        let bytes = encode(&w).unwrap();
+        assert!(matches!(
+            decode::<StorageDone>(&bytes),
+            Err(CodecError::Malformed(m)) if m.contains("do not match")
+        ));
+        let mut w = WireProbe::from(&done);
+        w.5 = vec![1];
+        w.6 = vec![1]; // key 0 both missing and invalid
+        let bytes = encode(&w).unwrap();
+        assert!(matches!(
+            decode::<StorageDone>(&bytes),
+            Err(CodecError::Malformed(m)) if m.contains("both missing and invalid")
+        ));
+    }
+
+    /// The wire tuple, built field by field to forge records.
+    #[derive(serde::Serialize)]
+    struct WireProbe(
+        OperationId,
+        u8,
+        u32,
+        Vec<u64>,
+        Vec<u64>,
+        Vec<u64>,
+        Vec<u64>,
+        Vec<u64>,
+        bool,
+        Option<u8>,
+        Option<String>,
+        u32,
+    );
+
+    impl WireProbe {
+        fn from(d: &StorageDone) -> Self {
+            let n = d.success.len();
+            let words = n.div_ceil(64);
+            WireProbe(
+                d.op,
+                d.kind.index() as u8,
+                n as u32,
+                vec![0; words],
+                d.bytes.clone(),
+                vec![0; words],
+                vec![0; words],
+                vec![0; words],
+                d.retired,
+                None,
+                None,
+                0,
+            )
+        }
     }
 
     #[test]

@@ -233,6 +233,7 @@ impl Rejection {
 /// `retired` is operation-wide: the store has provably stopped touching every Host buffer
 /// of the operation. An unretired result quarantines every reference of the job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "WireDone", try_from = "WireDone")]
 pub struct StorageDone {
     pub op: OperationId,
     pub kind: StorageOpKind,
@@ -248,6 +249,136 @@ pub struct StorageDone {
     pub error: Option<String>,
     /// Count of PUT rows that were new native writes (as opposed to idempotent hits).
     pub new_writes: u32,
+}
+
+/// The compact wire form of a [`StorageDone`] (format version 2): a positional tuple, the
+/// operation kind and rejection as small integers, and the per-key masks as bitsets of 64
+/// keys per word (missing and invalid as two masks), so a record costs a few words however
+/// many keys it has and decodes without a field name or a per-key map.
+#[derive(Serialize, Deserialize)]
+struct WireDone(
+    OperationId,
+    u8,
+    u32,
+    Vec<u64>,
+    Vec<u64>,
+    Vec<u64>,
+    Vec<u64>,
+    Vec<u64>,
+    bool,
+    Option<u8>,
+    Option<String>,
+    u32,
+);
+
+const REJECTIONS: [Rejection; 7] = [
+    Rejection::Unhealthy,
+    Rejection::QueueFull,
+    Rejection::OutstandingLimit,
+    Rejection::Shutdown,
+    Rejection::Cancelled,
+    Rejection::Quarantined,
+    Rejection::Invalid,
+];
+
+fn pack(n: usize, bit: impl Fn(usize) -> bool) -> Vec<u64> {
+    let mut words = vec![0u64; n.div_ceil(64)];
+    for (i, w) in words.iter_mut().enumerate() {
+        for b in 0..64.min(n - i * 64) {
+            if bit(i * 64 + b) {
+                *w |= 1 << b;
+            }
+        }
+    }
+    words
+}
+
+fn bit(words: &[u64], i: usize) -> bool {
+    words[i / 64] >> (i % 64) & 1 == 1
+}
+
+impl From<StorageDone> for WireDone {
+    fn from(d: StorageDone) -> Self {
+        let n = d.success.len();
+        let failures = &d.failures;
+        let failure = |f: ObjectFailure| pack(n, |i| failures.get(i) == Some(&Some(f)));
+        WireDone(
+            d.op,
+            d.kind.index() as u8,
+            n as u32,
+            pack(n, |i| d.success[i]),
+            d.bytes,
+            failure(ObjectFailure::Missing),
+            failure(ObjectFailure::Invalid),
+            pack(n, |i| d.capacity.get(i) == Some(&true)),
+            d.retired,
+            d.rejection
+                .map(|r| REJECTIONS.iter().position(|x| *x == r).unwrap_or(0) as u8),
+            d.error,
+            d.new_writes,
+        )
+    }
+}
+
+impl TryFrom<WireDone> for StorageDone {
+    type Error = String;
+    fn try_from(w: WireDone) -> Result<Self, String> {
+        let WireDone(
+            op,
+            kind,
+            n,
+            success,
+            bytes,
+            missing,
+            invalid,
+            capacity,
+            retired,
+            rej,
+            error,
+            new_writes,
+        ) = w;
+        let n = n as usize;
+        let words = n.div_ceil(64);
+        if [&success, &missing, &invalid, &capacity]
+            .iter()
+            .any(|m| m.len() != words)
+            || bytes.len() != n
+        {
+            return Err(format!("{op}: masks or byte counts do not match {n} keys"));
+        }
+        let kind = *StorageOpKind::ALL
+            .get(kind as usize)
+            .ok_or_else(|| format!("{op}: unknown operation kind {kind}"))?;
+        let rejection = match rej {
+            None => None,
+            Some(r) => Some(
+                *REJECTIONS
+                    .get(r as usize)
+                    .ok_or_else(|| format!("{op}: unknown rejection {r}"))?,
+            ),
+        };
+        let mut failures = Vec::with_capacity(n);
+        for i in 0..n {
+            failures.push(match (bit(&missing, i), bit(&invalid, i)) {
+                (false, false) => None,
+                (true, false) => Some(ObjectFailure::Missing),
+                (false, true) => Some(ObjectFailure::Invalid),
+                (true, true) => return Err(format!("{op}: key {i} is both missing and invalid")),
+            });
+        }
+        Ok(StorageDone {
+            op,
+            kind,
+            success: (0..n).map(|i| bit(&success, i)).collect(),
+            bytes,
+            failures,
+            capacity: (0..n).map(|i| bit(&capacity, i)).collect(),
+            retired,
+            rejection,
+            error,
+            new_writes,
+        })
+    }
 }
 
 impl StorageDone {
