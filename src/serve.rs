@@ -269,6 +269,7 @@ pub fn run(settings: Settings) -> Result<()> {
     };
     let loop_shared = shared.clone();
     let tp = settings.tp.clone();
+    let fence_deadline = Duration::from_millis(settings.tp.round_deadline_ms);
     let round_loop = std::thread::Builder::new()
         .name("tsl3-rounds".into())
         .spawn(move || {
@@ -285,7 +286,9 @@ pub fn run(settings: Settings) -> Result<()> {
                             tp.connect_deadline_ms
                         )
                     })?;
-                    let engine = engine.into_actors();
+                    // A device fence gets the round's deadline: a hung device fails the
+                    // replica, naming this rank, instead of hanging it.
+                    let engine = engine.into_actors_with(fence_deadline);
                     event_loop::run(cfg, engine, plane, inbox, loop_shared.clone())
                         .await
                         .map_err(|e| anyhow!("{e}"))

@@ -184,7 +184,7 @@ pub const ENTRIES: &[Entry] = &[
         ..r("tp.secret_file", "A file whose first line is the mesh secret, instead of `tp.secret` (not both).", "a readable file whose first line is not empty", "/nonexistent/tsl3-secret")
     },
     r("tp.connect_deadline_ms", "A rank whose mesh has not formed within this long exits non-zero, naming the ranks that did not join.", "greater than 0", "0"),
-    r("tp.round_deadline_ms", "A round not agreed within this long fails the replica (every request gets a JSON 503, the ranks exit).", "at least 625 (a quiet leader rounds every 250 ms)", "0"),
+    r("tp.round_deadline_ms", "A round not agreed within this long, or a device fence not completed within this long, fails the replica (every request gets a JSON 503, the ranks exit).", "at least 625 (a quiet leader rounds every 250 ms)", "0"),
     // [telemetry]
     e("telemetry.otlp_endpoint", "OTLP endpoint of the span export; empty: `OTEL_EXPORTER_OTLP_ENDPOINT`, else tracing export off."),
     Entry {

@@ -253,3 +253,108 @@ async fn one_trace_through_the_sync_and_the_actor_adapters_emits_the_same_rounds
     assert!(a.close().await.is_some());
     assert!(b.close().await.is_some());
 }
+
+/// Device memory whose fences never complete (a hung device): copies and forwards run, but
+/// `completed` reports nothing.
+struct HungFences(actors::device::EmulatedDeviceMemory);
+
+impl actors::device::DeviceMemory for HungFences {
+    fn backend(&self) -> &'static str {
+        "hung"
+    }
+    fn geometry(&self) -> actors::device::DeviceGeometry {
+        self.0.geometry()
+    }
+    fn slot_address(&self, slot: u32) -> u64 {
+        self.0.slot_address(slot)
+    }
+    fn host(&self) -> &Arc<actors::host::HostCacheStorage> {
+        self.0.host()
+    }
+    fn enqueue(
+        &mut self,
+        copies: &[actors::device::ResolvedCopy],
+    ) -> Result<(), actors::device::DeviceError> {
+        self.0.enqueue(copies)
+    }
+    fn record_fence(
+        &mut self,
+        fence: actors::device::FenceId,
+    ) -> Result<(), actors::device::DeviceError> {
+        self.0.record_fence(fence)
+    }
+    fn completed(&mut self) -> Result<Vec<actors::device::FenceId>, actors::device::DeviceError> {
+        let _ = self.0.completed()?;
+        Ok(vec![])
+    }
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), actors::device::DeviceError> {
+        self.0.read(addr, out)
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), actors::device::DeviceError> {
+        self.0.write(addr, data)
+    }
+    fn host_view(&mut self) -> Result<Option<&mut [u8]>, actors::device::DeviceError> {
+        self.0.host_view()
+    }
+}
+
+#[actix_rt::test]
+async fn a_hung_device_fence_fails_the_round_naming_the_rank_without_blocking_the_thread() {
+    use actix::Actor;
+    let r = sync_rank(Arc::new(MemoryStore::new()), SystemClock::shared());
+    let layout = r.scheduler().layout().clone();
+    let geometry =
+        actors::device::DeviceGeometry::new(layout.device_slots(), layout.slot_bytes()).unwrap();
+    let memory = actors::device::EmulatedDeviceMemory::new(r.host().clone(), geometry).unwrap();
+    let core = actors::device::DeviceCopyEngineCore::new(
+        Box::new(HungFences(memory)) as Box<dyn actors::device::DeviceMemory>
+    );
+    let model = r.model().clone();
+    let deadline = Duration::from_millis(300);
+    let mut r = r.map_ports(
+        |e| actors::l3::L3ExecutorActor::new(e).start(),
+        |_| actors::engine::actor_ports::DeviceActorPort {
+            addr: actors::device::DeviceCopyEngine::from_core(core, model).start(),
+            rank: 0,
+            fence_deadline: deadline,
+        },
+    );
+    // A task on the same thread ticks while the round waits for the fence.
+    let ticks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let t = ticks.clone();
+    let ticker = actix_rt::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            t.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let mut frontend = vec![(RequestId(1), prompt(), 3)];
+    let start = std::time::Instant::now();
+    let mut failure = None;
+    for _ in 0..100 {
+        let head = r.head().await.unwrap();
+        let agreed = agree_single(head, std::mem::take(&mut frontend), vec![]).unwrap();
+        if let Err(e) = r.run_round(agreed).await {
+            failure = Some(e);
+            break;
+        }
+    }
+    let waited = start.elapsed();
+    ticker.abort();
+    let e = failure.expect("the round with the D2H fence fails");
+    assert!(
+        matches!(e, EngineError::FenceTimeout { rank: 0, .. }),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("rank 0") && msg.contains("300 ms"), "{msg}");
+    assert!(
+        waited >= deadline && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    assert!(
+        ticks.load(std::sync::atomic::Ordering::SeqCst) >= 10,
+        "the round thread kept running other work while the fence was awaited"
+    );
+    r.close().await;
+}

@@ -1,7 +1,7 @@
 //! The DeviceCopyEngine actor: a thin actix shell around `DeviceCopyEngineCore` over any
-//! backend. It handles copy batches, fence polls (the head feedback point) and forward
-//! steps, one at a time in mailbox order, so submission order is execution order. It holds
-//! no other actor's type.
+//! backend. It handles copy batches, fence polls and forward steps, one at a time in
+//! mailbox order, so submission order is execution order. No message blocks on a fence (a
+//! wait is the caller's repeated `FenceDone`). It holds no other actor's type.
 
 use super::engine::DeviceCopyEngineCore;
 use super::forward::{ForwardOutcome, ForwardStep};
@@ -43,15 +43,15 @@ pub struct SubmitDeviceCopies(pub DeviceCopyBatch);
 #[rtype(result = "Result<Vec<FenceId>, DeviceError>")]
 pub struct PollFences;
 
-/// Wait until a fence completed (the round's D2H copies, before Host L2 publishes).
+/// Whether a fence completed (polls the backend once; never blocks the actor).
 #[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "Result<(), DeviceError>")]
-pub struct WaitFence(pub FenceId);
+#[rtype(result = "Result<bool, DeviceError>")]
+pub struct FenceDone(pub FenceId);
 
-impl Handler<WaitFence> for DeviceCopyEngine {
-    type Result = Result<(), DeviceError>;
-    fn handle(&mut self, msg: WaitFence, _: &mut Self::Context) -> Self::Result {
-        self.core.wait_fence(msg.0)
+impl Handler<FenceDone> for DeviceCopyEngine {
+    type Result = Result<bool, DeviceError>;
+    fn handle(&mut self, msg: FenceDone, _: &mut Self::Context) -> Self::Result {
+        self.core.fence_done(msg.0)
     }
 }
 

@@ -160,16 +160,21 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         Ok(done)
     }
 
+    /// Whether `fence` (and so every fence before it) completed, polling the backend once.
+    /// Never blocks.
+    pub fn fence_done(&mut self, fence: FenceId) -> Result<bool, DeviceError> {
+        self.poll_fences()?;
+        Ok(self.outstanding.front().is_none_or(|f| *f > fence))
+    }
+
     /// Waits until `fence` (and every fence before it) completed, polling the backend.
-    /// Used for the round's D2H copies, whose completion publishes Host L2.
+    /// Used for the round's D2H copies, whose completion publishes Host L2 (the synchronous
+    /// form; `engine-host serve` polls `fence_done` through the actor with a deadline).
     pub fn wait_fence(&mut self, fence: FenceId) -> Result<(), DeviceError> {
-        loop {
-            let done = self.poll_fences()?;
-            if done.iter().any(|f| *f >= fence) || self.outstanding.is_empty() {
-                return Ok(());
-            }
+        while !self.fence_done(fence)? {
             std::thread::yield_now();
         }
+        Ok(())
     }
 
     /// Whether a slot exists.

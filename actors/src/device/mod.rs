@@ -26,7 +26,7 @@ mod tests;
 #[cfg(test)]
 mod transfer_tests;
 
-pub use actor::{DeviceCopyEngine, PollFences, RunForward, SubmitDeviceCopies, WaitFence};
+pub use actor::{DeviceCopyEngine, FenceDone, PollFences, RunForward, SubmitDeviceCopies};
 pub use availability::{detect_cuda, CudaAvailability};
 pub use emulated::EmulatedDeviceMemory;
 pub use engine::DeviceCopyEngineCore;

@@ -7,15 +7,16 @@
 use super::ports::{DevicePort, ExecutorPoll, ExecutorPort, ExecutorSnapshot, MeshPort, TracedOp};
 use super::EngineError;
 use crate::control_plane::plane::ControlPlaneCore;
-use crate::device::actor::PoisonSlots;
+use crate::device::actor::{FenceDone, PoisonSlots};
 use crate::device::{
     DeviceCopyBatch, DeviceCopyEngine, DeviceSlot, FenceId, ForwardOutcome, ForwardStep,
-    PollFences, RunForward, SubmitDeviceCopies, WaitFence,
+    PollFences, RunForward, SubmitDeviceCopies,
 };
 use crate::l3::actor::{Close, Poll, Snapshot, SubmitTraced};
 use crate::l3::{CloseReport, L3ExecutorActor};
 use actix::{Addr, MailboxError};
 use messages::{AgreedRound, ControlError, RoundReport};
+use std::time::{Duration, Instant};
 
 impl From<MailboxError> for EngineError {
     fn from(e: MailboxError) -> Self {
@@ -41,21 +42,52 @@ impl ExecutorPort for Addr<L3ExecutorActor> {
     }
 }
 
-impl DevicePort for Addr<DeviceCopyEngine> {
+/// The DeviceCopyEngine actor as the round's device port. A fence wait never blocks the
+/// round thread: it asks the actor whether the fence completed (a non-blocking poll),
+/// yielding between asks for the first millisecond and sleeping a millisecond after, and
+/// fails the round — naming the rank — once `fence_deadline` passed.
+pub struct DeviceActorPort {
+    pub addr: Addr<DeviceCopyEngine>,
+    pub rank: u32,
+    pub fence_deadline: Duration,
+}
+
+/// How long a fence wait only yields before it sleeps between polls.
+const FENCE_SPIN: Duration = Duration::from_millis(1);
+
+impl DevicePort for DeviceActorPort {
     async fn poison(&mut self, slots: Vec<DeviceSlot>) -> Result<(), EngineError> {
-        Ok(self.send(PoisonSlots(slots)).await??)
+        Ok(self.addr.send(PoisonSlots(slots)).await??)
     }
     async fn copy(&mut self, batch: DeviceCopyBatch) -> Result<FenceId, EngineError> {
-        Ok(self.send(SubmitDeviceCopies(batch)).await??)
+        Ok(self.addr.send(SubmitDeviceCopies(batch)).await??)
     }
     async fn forward(&mut self, step: ForwardStep) -> Result<ForwardOutcome, EngineError> {
-        Ok(self.send(RunForward(step)).await??)
+        Ok(self.addr.send(RunForward(step)).await??)
     }
     async fn wait_fence(&mut self, fence: FenceId) -> Result<(), EngineError> {
-        Ok(self.send(WaitFence(fence)).await??)
+        let start = Instant::now();
+        loop {
+            if self.addr.send(FenceDone(fence)).await?? {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited >= self.fence_deadline {
+                return Err(EngineError::FenceTimeout {
+                    rank: self.rank,
+                    fence: fence.0,
+                    deadline_ms: self.fence_deadline.as_millis() as u64,
+                });
+            }
+            if waited < FENCE_SPIN {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
     }
     async fn poll_fences(&mut self) -> Result<(), EngineError> {
-        self.send(PollFences).await??;
+        self.addr.send(PollFences).await??;
         Ok(())
     }
 }

@@ -44,4 +44,12 @@ pub enum EngineError {
     Device(#[from] DeviceError),
     #[error("an actor's mailbox closed: {0}")]
     Mailbox(actix::MailboxError),
+    /// The device did not complete a fence in time (a hung device): the replica fails
+    /// instead of hanging.
+    #[error("rank {rank}: device fence {fence} did not complete within {deadline_ms} ms")]
+    FenceTimeout {
+        rank: u32,
+        fence: u64,
+        deadline_ms: u64,
+    },
 }

@@ -8,6 +8,7 @@
 //! It owns the round's cores (through `RoundPipeline`) and the prefill digests it reports at
 //! the next head. It never talks to another rank and never performs storage I/O itself.
 
+use super::actor_ports::DeviceActorPort;
 use super::pipeline::{RoundPipeline, RoundPlan};
 use super::ports::{DevicePort, ExecutorPort, TracedOp};
 use super::sync_ports::{now, Loopback, SyncDevice};
@@ -26,6 +27,7 @@ use messages::{
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Why an admin command did not apply on this rank.
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +120,10 @@ pub struct RankEngine<X = L3Executor, D = SyncDevice> {
 }
 
 /// The serving form: the executor and the device engine as actors on the loop's arbiter.
-pub type ActorRank = RankEngine<Addr<L3ExecutorActor>, Addr<DeviceCopyEngine>>;
+pub type ActorRank = RankEngine<Addr<L3ExecutorActor>, DeviceActorPort>;
+
+/// The fence deadline of `into_actors` (serve passes `tp.round_deadline_ms`).
+pub const DEFAULT_FENCE_DEADLINE: Duration = Duration::from_secs(5);
 
 impl<X, D> RankEngine<X, D> {
     pub fn scheduler(&self) -> &Scheduler {
@@ -408,10 +413,20 @@ impl RankEngine<L3Executor, SyncDevice> {
     /// Starts the executor and the device engine as actors on the current actix arbiter
     /// (the round loop's thread): the serving form of this engine.
     pub fn into_actors(self) -> ActorRank {
+        self.into_actors_with(DEFAULT_FENCE_DEADLINE)
+    }
+
+    /// `into_actors` with the deadline a device fence gets before the round fails.
+    pub fn into_actors_with(self, fence_deadline: Duration) -> ActorRank {
         use actix::Actor;
+        let rank = self.rank;
         self.map_ports(
             |e| L3ExecutorActor::new(e).start(),
-            |d| DeviceCopyEngine::from_core(d.core, d.model).start(),
+            |d| DeviceActorPort {
+                addr: DeviceCopyEngine::from_core(d.core, d.model).start(),
+                rank,
+                fence_deadline,
+            },
         )
     }
 }
