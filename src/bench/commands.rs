@@ -272,6 +272,7 @@ impl BenchRun for AgreementArgs {
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
+        let mut summary = vec![];
         for world in self.ranks {
             for per_round in [0, self.records] {
                 let f = rt
@@ -281,11 +282,38 @@ impl BenchRun for AgreementArgs {
                         self.rounds.max(1),
                     ))
                     .map_err(|e| e.to_string())?;
+                // Every rank reports every record: a round handles world x records of them.
+                let per_record =
+                    (f.records > 0).then(|| f.p50_us as f64 / (f.world as f64 * f.records as f64));
                 println!(
-                    "agreement ranks={} records/round={} rounds={} p50={}us p99={}us",
-                    f.world, f.records, f.rounds, f.p50_us, f.p99_us
+                    "agreement ranks={} records/round={} rounds={} p50={}us p99={}us{}",
+                    f.world,
+                    f.records,
+                    f.rounds,
+                    f.p50_us,
+                    f.p99_us,
+                    per_record
+                        .map(|r| format!(" p50 per rank and record={r:.3}us"))
+                        .unwrap_or_default()
                 );
+                if f.world == 8 {
+                    summary.push(if f.records == 0 {
+                        format!(
+                            "8 ranks idle: p99 {:.2} ms (target <= 1 ms)",
+                            f.p99_us as f64 / 1e3
+                        )
+                    } else {
+                        format!(
+                            "8 ranks, {} records: p50 {:.1} ms (target <= 8 ms with 1000)",
+                            f.records,
+                            f.p50_us as f64 / 1e3
+                        )
+                    });
+                }
             }
+        }
+        for line in summary {
+            println!("agreement {line}");
         }
         Ok(())
     }
