@@ -7,10 +7,10 @@
 //! protocol error.
 
 use messages::{
-    AgreedRound, ControlError, ObjectFailure, OperationId, PressureObservation, Rejection,
-    RoundReport, StorageDone, StorageOpKind,
+    AgreedRound, ControlError, ObjectFailure, OperationId, PressureObservation, RoundReport,
+    StorageDone, StorageOpKind,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The rank whose clock becomes the tick and whose frontend messages ride the round.
 pub const LEADER_RANK: u32 = 0;
@@ -31,8 +31,14 @@ impl AgreedSet {
         if op.0 <= self.floor {
             return;
         }
-        self.above.insert(op.0);
-        while self.above.remove(&(self.floor + 1)) {
+        if op.0 != self.floor + 1 {
+            self.above.insert(op.0);
+            return;
+        }
+        // The next operation in order (the common case): no set insert.
+        self.floor += 1;
+        while self.above.first() == Some(&(self.floor + 1)) {
+            self.above.pop_first();
             self.floor += 1;
         }
     }
@@ -173,50 +179,55 @@ impl Agreement {
                 )));
             }
         }
-        // Record-level validity against this round and the retained partial records.
-        let mut fresh: HashMap<OperationId, (StorageOpKind, usize)> = HashMap::new();
-        let mut seen: HashSet<OperationId> = HashSet::new();
-        for r in &by_rank {
-            seen.clear();
-            for d in &r.completions {
-                d.validate()
-                    .map_err(|e| fail(format!("rank {} sent an invalid record: {e}", r.rank)))?;
-                if self.agreed.contains(d.op) {
-                    return Err(fail(format!(
-                        "rank {} sent {} after it was agreed",
-                        r.rank, d.op
-                    )));
-                }
-                if !seen.insert(d.op) {
-                    return Err(fail(format!("rank {} sent {} twice", r.rank, d.op)));
-                }
-                let (kind, keys) = match self.pending.get(&d.op) {
-                    Some(p) => {
-                        if p.records[r.rank as usize].is_some() {
-                            return Err(fail(format!("rank {} sent {} twice", r.rank, d.op)));
-                        }
-                        (p.kind, p.keys)
+        // Record-level validity against this round and the retained partial records, over
+        // every record sorted by (operation, rank): one pass, no per-record map.
+        let total: usize = by_rank.iter().map(|r| r.completions.len()).sum();
+        let mut index: Vec<(OperationId, u32, u32)> = Vec::with_capacity(total);
+        for (rank, r) in by_rank.iter().enumerate() {
+            for (i, d) in r.completions.iter().enumerate() {
+                index.push((d.op, rank as u32, i as u32));
+            }
+        }
+        index.sort_unstable();
+        let record = |rank: u32, i: u32| &by_rank[rank as usize].completions[i as usize];
+        let mut group_start = 0;
+        for (at, &(op, rank, i)) in index.iter().enumerate() {
+            let d = record(rank, i);
+            d.validate()
+                .map_err(|e| fail(format!("rank {rank} sent an invalid record: {e}")))?;
+            if self.agreed.contains(op) {
+                return Err(fail(format!("rank {rank} sent {op} after it was agreed")));
+            }
+            if at == 0 || index[at - 1].0 != op {
+                group_start = at;
+            } else if index[at - 1].1 == rank {
+                return Err(fail(format!("rank {rank} sent {op} twice")));
+            }
+            let (kind, keys) = match self.pending.get(&op) {
+                Some(p) => {
+                    if p.records[rank as usize].is_some() {
+                        return Err(fail(format!("rank {rank} sent {op} twice")));
                     }
-                    None => *fresh.entry(d.op).or_insert((d.kind, d.len())),
-                };
-                if d.kind != kind {
-                    return Err(fail(format!(
-                        "rank {} reports {} as {} but another owner as {}",
-                        r.rank,
-                        d.op,
-                        d.kind.as_str(),
-                        kind.as_str()
-                    )));
+                    (p.kind, p.keys)
                 }
-                if d.len() != keys {
-                    return Err(fail(format!(
-                        "rank {} reports {} keys for {} but another owner {}",
-                        r.rank,
-                        d.len(),
-                        d.op,
-                        keys
-                    )));
+                None => {
+                    let (_, r0, i0) = index[group_start];
+                    let first = record(r0, i0);
+                    (first.kind, first.len())
                 }
+            };
+            if d.kind != kind {
+                return Err(fail(format!(
+                    "rank {rank} reports {op} as {} but another owner as {}",
+                    d.kind.as_str(),
+                    kind.as_str()
+                )));
+            }
+            if d.len() != keys {
+                return Err(fail(format!(
+                    "rank {rank} reports {} keys for {op} but another owner {keys}",
+                    d.len()
+                )));
             }
         }
         // Valid: apply.
@@ -229,30 +240,57 @@ impl Agreement {
             .flat_map(|r| std::mem::take(&mut r.digests))
             .collect();
         digests.sort();
-        let mut ready = Vec::new();
-        for (rank, r) in by_rank.into_iter().enumerate() {
-            for d in r.completions {
-                let op = d.op;
-                let p = self.pending.entry(op).or_insert_with(|| PendingOp {
-                    kind: d.kind,
-                    keys: d.len(),
+        let mut slots: Vec<Vec<Option<StorageDone>>> = by_rank
+            .into_iter()
+            .map(|r| r.completions.into_iter().map(Some).collect())
+            .collect();
+        let mut take = |rank: u32, i: u32| slots[rank as usize][i as usize].take();
+        // Groups in operation order: an operation every owner reported now is reduced at
+        // once; one with retained records completes them; the rest is retained.
+        let mut completions = Vec::new();
+        let mut at = 0;
+        while at < index.len() {
+            let op = index[at].0;
+            let end = index[at..]
+                .iter()
+                .position(|e| e.0 != op)
+                .map_or(index.len(), |n| at + n);
+            let group = &index[at..end];
+            at = end;
+            if let Some(p) = self.pending.get_mut(&op) {
+                for &(_, rank, i) in group {
+                    p.records[rank as usize] = take(rank, i);
+                    p.have += 1;
+                }
+                if p.have == world {
+                    if let Some(p) = self.pending.remove(&op) {
+                        let records: Vec<StorageDone> = p.records.into_iter().flatten().collect();
+                        completions.push(reduce_owned(op, p.kind, p.keys, records));
+                        self.agreed.insert(op);
+                    }
+                }
+            } else if group.len() == world {
+                let records: Vec<StorageDone> =
+                    group.iter().filter_map(|&(_, r, i)| take(r, i)).collect();
+                let (kind, keys) = (records[0].kind, records[0].len());
+                completions.push(reduce_owned(op, kind, keys, records));
+                self.agreed.insert(op);
+            } else {
+                let mut p = PendingOp {
+                    kind: StorageOpKind::Query,
+                    keys: 0,
                     have: 0,
                     records: (0..world).map(|_| None).collect(),
-                });
-                p.records[rank] = Some(d);
-                p.have += 1;
-                if p.have == world {
-                    ready.push(op);
+                };
+                for &(_, rank, i) in group {
+                    if let Some(d) = take(rank, i) {
+                        p.kind = d.kind;
+                        p.keys = d.len();
+                        p.records[rank as usize] = Some(d);
+                        p.have += 1;
+                    }
                 }
-            }
-        }
-        ready.sort_unstable();
-        let mut completions = Vec::with_capacity(ready.len());
-        for op in ready {
-            if let Some(p) = self.pending.remove(&op) {
-                let records: Vec<StorageDone> = p.records.into_iter().flatten().collect();
-                completions.push(reduce(op, p.kind, p.keys, &records));
-                self.agreed.insert(op);
+                self.pending.insert(op, p);
             }
         }
         self.last_round = Some(round);
@@ -278,11 +316,41 @@ pub fn reduce(
     keys: usize,
     records: &[StorageDone],
 ) -> StorageDone {
-    let mut out = StorageDone::query(op, vec![true; keys], true);
-    out.kind = kind;
+    reduce_owned(op, kind, keys, records.to_vec())
+}
+
+/// `reduce` over owned records: the first record's vectors become the result's, so an
+/// operation costs no allocation beyond its records'.
+fn reduce_owned(
+    op: OperationId,
+    kind: StorageOpKind,
+    keys: usize,
+    records: Vec<StorageDone>,
+) -> StorageDone {
+    let mut records = records.into_iter();
+    let Some(mut out) = records.next() else {
+        let mut out = StorageDone::query(op, vec![true; keys], true);
+        out.kind = kind;
+        return out;
+    };
     let mut errors = Vec::new();
-    let mut new_writes: u64 = 0;
-    for (rank, d) in records.iter().enumerate() {
+    let mut rejections = Vec::new();
+    if let Some(e) = out.error.take() {
+        errors.push(format!("rank 0: {e}"));
+    }
+    if let Some(r) = out.rejection.take() {
+        rejections.push((0usize, r));
+    }
+    out.op = op;
+    out.kind = kind;
+    out.success.resize(keys, false);
+    out.bytes.resize(keys, 0);
+    out.capacity.resize(keys, false);
+    out.failures.resize(keys, None);
+    let mut new_writes = u64::from(out.new_writes);
+    let mut owners = 1;
+    for (rank, d) in records.enumerate().map(|(i, d)| (i + 1, d)) {
+        owners += 1;
         out.retired &= d.retired;
         for i in 0..keys {
             out.success[i] &= d.success[i];
@@ -293,16 +361,16 @@ pub fn reduce(
         if let Some(e) = &d.error {
             errors.push(format!("rank {rank}: {e}"));
         }
+        if let Some(r) = d.rejection {
+            rejections.push((rank, r));
+        }
         new_writes += u64::from(d.new_writes);
     }
-    let rejections: Vec<Rejection> = records.iter().filter_map(|d| d.rejection).collect();
-    if !records.is_empty() && rejections.len() == records.len() {
-        out.rejection = rejections.first().copied();
+    if rejections.len() == owners {
+        out.rejection = rejections.first().map(|(_, r)| *r);
     } else {
-        for (rank, d) in records.iter().enumerate() {
-            if let Some(r) = d.rejection {
-                errors.push(format!("rank {rank}: rejected ({})", r.as_str()));
-            }
+        for (rank, r) in &rejections {
+            errors.push(format!("rank {rank}: rejected ({})", r.as_str()));
         }
     }
     if !errors.is_empty() {
@@ -354,6 +422,85 @@ pub fn seal_local_report(mut report: RoundReport) -> RoundReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use messages::Rejection;
+
+    /// The reduction as the contract states it, record by record from an all-true start:
+    /// the reference `reduce` must equal.
+    fn reference_reduce(
+        op: OperationId,
+        kind: StorageOpKind,
+        keys: usize,
+        records: &[StorageDone],
+    ) -> StorageDone {
+        let mut out = StorageDone::query(op, vec![true; keys], true);
+        out.kind = kind;
+        let mut errors = Vec::new();
+        let mut new_writes: u64 = 0;
+        for (rank, d) in records.iter().enumerate() {
+            out.retired &= d.retired;
+            for i in 0..keys {
+                out.success[i] &= d.success[i];
+                out.bytes[i] = out.bytes[i].saturating_add(d.bytes[i]);
+                out.capacity[i] |= d.capacity[i];
+                out.failures[i] = merge_failure(out.failures[i], d.failures[i]);
+            }
+            if let Some(e) = &d.error {
+                errors.push(format!("rank {rank}: {e}"));
+            }
+            new_writes += u64::from(d.new_writes);
+        }
+        let rejections: Vec<Rejection> = records.iter().filter_map(|d| d.rejection).collect();
+        if !records.is_empty() && rejections.len() == records.len() {
+            out.rejection = rejections.first().copied();
+        } else {
+            for (rank, d) in records.iter().enumerate() {
+                if let Some(r) = d.rejection {
+                    errors.push(format!("rank {rank}: rejected ({})", r.as_str()));
+                }
+            }
+        }
+        if !errors.is_empty() {
+            out.error = Some(errors.join("; "));
+        }
+        out.new_writes = new_writes.min(keys as u64) as u32;
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn reduce_equals_the_record_by_record_reduction(
+            world in 1usize..5,
+            keys in 0usize..6,
+            seed in proptest::collection::vec(proptest::num::u64::ANY, 20),
+        ) {
+            let mut x = seed.iter().copied().cycle();
+            let mut next = move || x.next().unwrap_or(0);
+            let records: Vec<StorageDone> = (0..world)
+                .map(|_| {
+                    let mut d = StorageDone::get(
+                        OperationId(7),
+                        (0..keys).map(|_| next() % 3 != 0).collect(),
+                        (0..keys).map(|_| next() % 100).collect(),
+                        (0..keys)
+                            .map(|_| match next() % 4 {
+                                0 => Some(ObjectFailure::Missing),
+                                1 => Some(ObjectFailure::Invalid),
+                                _ => None,
+                            })
+                            .collect(),
+                        next() % 4 != 0,
+                    );
+                    d.capacity = (0..keys).map(|_| next() % 5 == 0).collect();
+                    d.rejection = (next() % 3 == 0).then_some(Rejection::Shutdown);
+                    d.error = (next() % 4 == 0).then(|| format!("e{}", next() % 9));
+                    d.new_writes = (next() % 3) as u32;
+                    d
+                })
+                .collect();
+            let want = reference_reduce(OperationId(7), StorageOpKind::Get, keys, &records);
+            proptest::prop_assert_eq!(reduce(OperationId(7), StorageOpKind::Get, keys, &records), want);
+        }
+    }
 
     #[test]
     fn the_agreed_set_compacts_into_its_floor() {
