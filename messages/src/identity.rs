@@ -138,8 +138,12 @@ impl Namespace {
             n += 2;
             n += dec(v, &mut buf[n..]);
         }
-        // Only ASCII was appended to the namespace's valid UTF-8.
-        StorageKey(Arc::from(String::from_utf8_lossy(&buf[..n])))
+        // Only ASCII was appended to the namespace's valid UTF-8: the check is the fast
+        // ASCII path and never fails; the key is one allocation.
+        match std::str::from_utf8(&buf[..n]) {
+            Ok(key) => StorageKey(Arc::from(key)),
+            Err(_) => StorageKey(Arc::from(String::from_utf8_lossy(&buf[..n]))),
+        }
     }
 
     /// Whether a key belongs to this namespace.

@@ -429,6 +429,13 @@ impl CacheCoordinator {
                 new_keys: b.new_keys,
             })
             .collect();
+        let rows: usize = packing
+            .blocks
+            .iter()
+            .map(|b| table.pages(b.addr.group as usize) as usize)
+            .sum();
+        plan.keys.reserve_exact(rows);
+        plan.rows.reserve_exact(rows);
         for b in &packing.blocks {
             for page in 0..table.pages(b.addr.group as usize) {
                 plan.keys
