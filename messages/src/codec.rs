@@ -119,14 +119,14 @@ mod tests {
     #[test]
     fn a_record_whose_masks_disagree_with_its_keys_is_malformed() {
         let done = StorageDone::query(OperationId(3), vec![true; 4], true);
-        let mut w = WireProbe::from(&done);
+        let mut w = WireDone::from(done.clone());
         w.2 = 70; // 70 keys claimed, one mask word and 4 byte counts sent
         let bytes = encode(&w).unwrap();
         assert!(matches!(
             decode::<StorageDone>(&bytes),
             Err(CodecError::Malformed(m)) if m.contains("do not match")
         ));
-        let mut w = WireProbe::from(&done);
+        let mut w = WireDone::from(done.clone());
         w.5 = vec![1];
         w.6 = vec![1]; // key 0 both missing and invalid
         let bytes = encode(&w).unwrap();
@@ -134,44 +134,6 @@ mod tests {
             decode::<StorageDone>(&bytes),
             Err(CodecError::Malformed(m)) if m.contains("both missing and invalid")
         ));
-    }
-
-    /// The wire tuple, built field by field to forge records.
-    #[derive(serde::Serialize)]
-    struct WireProbe(
-        OperationId,
-        u8,
-        u32,
-        Vec<u64>,
-        Vec<u64>,
-        Vec<u64>,
-        Vec<u64>,
-        Vec<u64>,
-        bool,
-        Option<u8>,
-        Option<String>,
-        u32,
-    );
-
-    impl WireProbe {
-        fn from(d: &StorageDone) -> Self {
-            let n = d.success.len();
-            let words = n.div_ceil(64);
-            WireProbe(
-                d.op,
-                d.kind.index() as u8,
-                n as u32,
-                vec![0; words],
-                d.bytes.clone(),
-                vec![0; words],
-                vec![0; words],
-                vec![0; words],
-                d.retired,
-                None,
-                None,
-                0,
-            )
-        }
     }
 
     #[test]

@@ -256,19 +256,19 @@ pub struct StorageDone {
 /// keys per word (missing and invalid as two masks), so a record costs a few words however
 /// many keys it has and decodes without a field name or a per-key map.
 #[derive(Serialize, Deserialize)]
-struct WireDone(
-    OperationId,
-    u8,
-    u32,
-    Vec<u64>,
-    Vec<u64>,
-    Vec<u64>,
-    Vec<u64>,
-    Vec<u64>,
-    bool,
-    Option<u8>,
-    Option<String>,
-    u32,
+pub(crate) struct WireDone(
+    pub(crate) OperationId,
+    pub(crate) u8,
+    pub(crate) u32,
+    pub(crate) Vec<u64>,
+    pub(crate) Vec<u64>,
+    pub(crate) Vec<u64>,
+    pub(crate) Vec<u64>,
+    pub(crate) Vec<u64>,
+    pub(crate) bool,
+    pub(crate) Option<u8>,
+    pub(crate) Option<String>,
+    pub(crate) u32,
 );
 
 const REJECTIONS: [Rejection; 7] = [
