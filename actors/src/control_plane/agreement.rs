@@ -272,9 +272,12 @@ impl Agreement {
             } else if group.len() == world {
                 let records: Vec<StorageDone> =
                     group.iter().filter_map(|&(_, r, i)| take(r, i)).collect();
-                let (kind, keys) = (records[0].kind, records[0].len());
-                completions.push(reduce_owned(op, kind, keys, records));
-                self.agreed.insert(op);
+                // Validated above: every record of the group has the first one's kind and
+                // key count.
+                if let Some((kind, keys)) = records.first().map(|d| (d.kind, d.len())) {
+                    completions.push(reduce_owned(op, kind, keys, records));
+                    self.agreed.insert(op);
+                }
             } else {
                 let mut p = PendingOp {
                     kind: StorageOpKind::Query,
