@@ -351,6 +351,7 @@ fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<LoopShared>
     let rank = settings.tp.rank;
     let sys = actix_web::rt::System::new();
     sys.block_on(async move {
+        let waker = state.loop_waker();
         let data = actix_web::web::Data::new(state);
         let mut servers = vec![];
         for l in &listeners {
@@ -391,6 +392,9 @@ fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<LoopShared>
                 _ = term.recv() => {}
             }
             signals.stop.store(true, Ordering::SeqCst);
+            // A quiet loop starts its drain now (and meets a dead peer in its next exchange)
+            // instead of at its next tick.
+            waker.notify_one();
         });
         let watcher = shared.clone();
         actix_web::rt::spawn(async move {

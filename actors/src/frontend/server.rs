@@ -79,6 +79,14 @@ pub struct FrontendState {
     wake: Arc<tokio::sync::Notify>,
 }
 
+impl FrontendState {
+    /// What wakes a quiet round loop (the HTTP side notifies it with every submission and
+    /// admin command; a signal handler notifies it when a stop is requested).
+    pub fn loop_waker(&self) -> Arc<tokio::sync::Notify> {
+        self.wake.clone()
+    }
+}
+
 /// A bounded inbox of `capacity` requests and its HTTP side.
 pub fn inbox(
     capacity: usize,
