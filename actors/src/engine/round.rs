@@ -192,10 +192,11 @@ impl<X, D> RankEngine<X, D> {
 
 impl<X: ExecutorPort, D: DevicePort> RankEngine<X, D> {
     /// Step 1, the head feedback point: this rank's report of the next round — its clock,
-    /// the executor's new completion records and pressure (validated: the first invalid
-    /// record turns the report into an error report), and the last forwards' digests. With
-    /// storage disabled there is no poll. The caller adds frontend messages and the admin
-    /// preflight, then exchanges it through the mesh port.
+    /// the executor's new completion records and pressure, and the last forwards' digests.
+    /// With storage disabled there is no poll. The caller adds frontend messages and the
+    /// admin preflight, then exchanges it through the mesh port, which validates the records
+    /// inside the round's error boundary (`seal_local_report`: the first invalid record
+    /// turns the report into an error report) — once, for both adapters.
     pub async fn head(&mut self) -> Result<RoundReport, EngineError> {
         self.round += 1;
         let mut report = RoundReport::idle(self.rank, self.round, self.clock.now_us());
@@ -204,9 +205,6 @@ impl<X: ExecutorPort, D: DevicePort> RankEngine<X, D> {
             let (done, pressure) = ex.poll().await?;
             self.last_pressure = pressure;
             report.pressure = pressure.observation();
-            report.error = done
-                .iter()
-                .find_map(|d| d.validate().err().map(|e| e.to_string()));
             report.completions = done;
         }
         Ok(report)
