@@ -8,7 +8,7 @@
 use super::request::RequestState;
 use super::{RequestEvent, Scheduler};
 use crate::frontend::FallbackReason;
-use crate::model::RankDigest;
+use crate::model::{DecodeState, RankDigest};
 use crate::storage_transfer::HandBack;
 use messages::RequestId;
 
@@ -27,19 +27,28 @@ impl Scheduler {
         match self.model.reduce_ranks(parts) {
             Ok(reduced) => {
                 let (tok, state) = self.model.first_token(reduced);
-                r.output.push(tok);
-                self.events.push(RequestEvent::Token(id, tok));
-                if r.output.len() as u32 >= r.max_tokens {
-                    self.finish(id);
-                } else {
-                    r.state = RequestState::Decode {
-                        state,
-                        last: tok,
-                        fresh: true,
-                    };
-                }
+                self.emit_token(id, tok, state, true);
             }
             Err(e) => self.abort(id, &format!("rank digests disagree: {e}")),
+        }
+    }
+
+    /// A request's next token: emitted, then the request finishes at `max_tokens` or decodes
+    /// on from `state` (`fresh`: the token came from this round's digest).
+    fn emit_token(&mut self, id: RequestId, tok: u32, state: DecodeState, fresh: bool) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        r.output.push(tok);
+        self.events.push(RequestEvent::Token(id, tok));
+        if r.output.len() as u32 >= r.max_tokens {
+            self.finish(id);
+        } else {
+            r.state = RequestState::Decode {
+                state,
+                last: tok,
+                fresh,
+            };
         }
     }
 
@@ -66,17 +75,7 @@ impl Scheduler {
             let (tok, next) = self.model.decode(state, last);
             self.decode_contexts
                 .push((r.prompt.len() + r.output.len()) as u64);
-            r.output.push(tok);
-            self.events.push(RequestEvent::Token(id, tok));
-            if r.output.len() as u32 >= r.max_tokens {
-                self.finish(id);
-            } else {
-                r.state = RequestState::Decode {
-                    state: next,
-                    last: tok,
-                    fresh: false,
-                };
-            }
+            self.emit_token(id, tok, next, false);
         }
     }
 
