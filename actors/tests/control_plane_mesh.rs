@@ -70,6 +70,7 @@ async fn run_world(world: u32) {
             id: RequestId(round),
             prompt: vec![1, 2],
             max_tokens: 4,
+            sampling: messages::SamplingParams::GREEDY,
         });
         let out: Vec<AgreedRound> = round_all(&mut cores, reports)
             .await

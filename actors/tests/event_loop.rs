@@ -88,6 +88,7 @@ fn submit(rig: &Rig, salt: u32) -> flume::Receiver<TokenEvent> {
         .send(Submission {
             prompt: (0..40).map(|i| (i * 37 + salt) % 991).collect(),
             max_tokens: 3,
+            sampling: messages::SamplingParams::GREEDY,
             events,
         })
         .unwrap();
@@ -100,7 +101,7 @@ async fn answer(rx: &flume::Receiver<TokenEvent>) -> Vec<TokenEvent> {
     loop {
         match tokio::time::timeout(Duration::from_secs(30), rx.recv_async()).await {
             Ok(Ok(ev)) => {
-                let last = !matches!(ev, TokenEvent::Token(_));
+                let last = !matches!(ev, TokenEvent::Token(..));
                 out.push(ev);
                 if last {
                     return out;
@@ -150,7 +151,7 @@ async fn the_loop_serves_answers_admin_and_quits_cleanly_on_stop() {
         .await
         .unwrap()
         .unwrap();
-    assert!(matches!(first, TokenEvent::Token(_)), "{first:?}");
+    assert!(matches!(first, TokenEvent::Token(..)), "{first:?}");
     shared.stop.store(true, Ordering::SeqCst);
     let start = Instant::now();
     let result = tokio::time::timeout(Duration::from_secs(30), handle)
@@ -171,6 +172,7 @@ async fn the_loop_serves_answers_admin_and_quits_cleanly_on_stop() {
         .send(Submission {
             prompt: vec![1],
             max_tokens: 1,
+            sampling: messages::SamplingParams::GREEDY,
             events,
         })
         .is_err());

@@ -210,6 +210,7 @@ fn writer(spec: &str, ns: &Namespace) {
             tokens: p.tokens.clone(),
             context_len: 0,
             groups,
+            sampling: messages::SamplingParams::GREEDY,
         },
     )
     .unwrap();
@@ -381,6 +382,7 @@ fn reader(spec: &str, ns: &Namespace) {
                 tokens: p.tokens.clone(),
                 context_len: BOUNDARY,
                 groups,
+                sampling: messages::SamplingParams::GREEDY,
             },
         )
         .unwrap();

@@ -44,7 +44,7 @@ async fn serve(r: &mut ActorRank, id: u64, prompt: &[u32]) -> (Vec<u32>, PrefixS
         r.run_round(agreed).await.unwrap();
         for ev in r.drain_events() {
             match ev {
-                RequestEvent::Token(_, t) => tokens.push(t),
+                RequestEvent::Token(_, t, _) => tokens.push(t),
                 RequestEvent::Finished { split: s, .. } => split = Some(s),
                 RequestEvent::Aborted(_, why) => panic!("aborted: {why}"),
             }
@@ -148,6 +148,18 @@ fn trace(round: u64) -> Vec<FrontendMessage> {
         id: RequestId(id),
         prompt: (0..n).map(|i| (i * 37 + salt) % 991).collect(),
         max_tokens: 3,
+        // one request samples (seeded, with log-probabilities): both forms draw alike
+        sampling: if id == 3 {
+            messages::SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                top_k: 50,
+                seed: 42,
+                logprobs: Some(3),
+            }
+        } else {
+            messages::SamplingParams::GREEDY
+        },
     };
     match round {
         1 => vec![req(1, 5, 40), req(2, 9, 24)],

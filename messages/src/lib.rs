@@ -11,6 +11,7 @@ pub mod ids;
 pub mod ops;
 pub mod pressure;
 pub mod round;
+pub mod sampling;
 pub mod settings;
 
 pub use codec::{decode, encode, CodecError, FORMAT_VERSION};
@@ -27,3 +28,4 @@ pub use round::{
     AdminCommand, AgreedRound, ControlError, ExchangeRound, FrontendMessage, PrefillDigest,
     RankDigest, RoundReport, Shard,
 };
+pub use sampling::{SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};

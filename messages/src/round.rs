@@ -9,6 +9,7 @@
 use crate::ids::RequestId;
 use crate::ops::StorageDone;
 use crate::pressure::PressureObservation;
+use crate::sampling::{SamplingParams, TokenLogprobs};
 use serde::{Deserialize, Serialize};
 
 /// An administrative command entered at the leader's frontend: the one vocabulary of the
@@ -41,6 +42,9 @@ pub enum FrontendMessage {
         id: RequestId,
         prompt: Vec<u32>,
         max_tokens: u32,
+        /// How its tokens are chosen (every rank draws the same token).
+        #[serde(default)]
+        sampling: SamplingParams,
     },
     Cancel {
         id: RequestId,
@@ -76,12 +80,17 @@ pub struct RankDigest {
     pub value: u64,
 }
 
-/// A rank's digest of one request's prefill, sent at the tail feedback point of the round
-/// that ran the forward and gathered with the next round's reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+/// A rank's digest of one request's forward step (a prefill, or a decode step of a backend
+/// that decodes on the device), sent at the tail feedback point of the round that ran the
+/// forward and gathered with the next round's reports.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PrefillDigest {
     pub request: RequestId,
     pub digest: RankDigest,
+    /// A backend that draws the token on the device (the transformer: `digest.value` is
+    /// the token) reports its log-probabilities here when the request asked for them.
+    #[serde(default)]
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// One owner's report for one round (the head feedback point).
@@ -223,6 +232,13 @@ mod tests {
             id: RequestId(3),
             prompt: vec![1, 2, 3],
             max_tokens: 8,
+            sampling: SamplingParams {
+                temperature: 0.5,
+                top_p: 0.9,
+                top_k: 40,
+                seed: 7,
+                logprobs: Some(2),
+            },
         });
         r.frontend
             .push(FrontendMessage::Admin(AdminCommand::SetWeightVersion {

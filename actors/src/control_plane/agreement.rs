@@ -146,6 +146,16 @@ impl Agreement {
                     r.rank
                 )));
             }
+            for m in &r.frontend {
+                if let messages::FrontendMessage::NewRequest { id, sampling, .. } = m {
+                    if let Err(e) = sampling.validate() {
+                        return Err(fail(format!(
+                            "rank {} carried request {id:?} with invalid sampling: {e}",
+                            r.rank
+                        )));
+                    }
+                }
+            }
         }
         // The admin preflight: every owner runs it in the same (agreed) round, so all or
         // none report it; the agreed result is Ok only when every owner's is.

@@ -3,29 +3,32 @@
 //! mailbox order, so submission order is execution order. No message blocks on a fence (a
 //! wait is the caller's repeated `FenceDone`). It holds no other actor's type.
 
+use super::backend::ForwardBackend;
 use super::engine::DeviceCopyEngineCore;
-use super::forward::{ForwardOutcome, ForwardStep};
+use super::forward::{DecodeStep, ForwardOutcome, ForwardStep};
 use super::memory::DeviceMemory;
 use super::ops::{DeviceCopyBatch, DeviceError, FenceId};
-use crate::model::SyntheticModel;
 use actix::prelude::*;
-use std::sync::Arc;
+use messages::RequestId;
 
 pub struct DeviceCopyEngine {
     core: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
-    model: Arc<SyntheticModel>,
+    backend: ForwardBackend,
 }
 
 impl DeviceCopyEngine {
-    pub fn new(memory: Box<dyn DeviceMemory>, model: Arc<SyntheticModel>) -> Self {
-        Self::from_core(DeviceCopyEngineCore::new(memory), model)
+    pub fn new(memory: Box<dyn DeviceMemory>, backend: impl Into<ForwardBackend>) -> Self {
+        Self::from_core(DeviceCopyEngineCore::new(memory), backend)
     }
     /// An actor around an engine core the startup factory already built.
     pub fn from_core(
         core: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
-        model: Arc<SyntheticModel>,
+        backend: impl Into<ForwardBackend>,
     ) -> Self {
-        Self { core, model }
+        Self {
+            core,
+            backend: backend.into(),
+        }
     }
 }
 
@@ -67,10 +70,20 @@ impl Handler<PoisonSlots> for DeviceCopyEngine {
     }
 }
 
-/// Run a forward step over device blocks.
+/// Run a request's prefill step over device blocks.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Result<ForwardOutcome, DeviceError>")]
-pub struct RunForward(pub ForwardStep);
+pub struct RunForward(pub RequestId, pub ForwardStep);
+
+/// Run a request's decode step (a backend that draws on the device).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<ForwardOutcome, DeviceError>")]
+pub struct RunDecode(pub RequestId, pub DecodeStep);
+
+/// The device-side decode state of these requests ends.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ReleaseSteps(pub Vec<RequestId>);
 
 impl Handler<SubmitDeviceCopies> for DeviceCopyEngine {
     type Result = Result<FenceId, DeviceError>;
@@ -89,7 +102,20 @@ impl Handler<PollFences> for DeviceCopyEngine {
 impl Handler<RunForward> for DeviceCopyEngine {
     type Result = Result<ForwardOutcome, DeviceError>;
     fn handle(&mut self, msg: RunForward, _: &mut Self::Context) -> Self::Result {
-        let model = self.model.clone();
-        self.core.forward(&model, &msg.0)
+        self.backend.forward(&mut self.core, msg.0, &msg.1)
+    }
+}
+
+impl Handler<RunDecode> for DeviceCopyEngine {
+    type Result = Result<ForwardOutcome, DeviceError>;
+    fn handle(&mut self, msg: RunDecode, _: &mut Self::Context) -> Self::Result {
+        self.backend.decode(&mut self.core, msg.0, &msg.1)
+    }
+}
+
+impl Handler<ReleaseSteps> for DeviceCopyEngine {
+    type Result = ();
+    fn handle(&mut self, msg: ReleaseSteps, _: &mut Self::Context) {
+        self.backend.release(&msg.0)
     }
 }

@@ -150,6 +150,7 @@ pub fn flat_kv(profile: &str, prompt_tokens: u64) -> Result<FlatKvBenchReport, D
                 context: vec![],
                 written: first.clone(),
             }],
+            sampling: messages::SamplingParams::GREEDY,
         },
     )?;
     let compute_kv_s = t.elapsed().as_secs_f64();
@@ -194,6 +195,7 @@ pub fn flat_kv(profile: &str, prompt_tokens: u64) -> Result<FlatKvBenchReport, D
             context: second[req.start as usize..req.end as usize].to_vec(),
             written: second[wr.start as usize..wr.end as usize].to_vec(),
         }],
+        sampling: messages::SamplingParams::GREEDY,
     };
     let t = Instant::now();
     let out = e.forward(&model, &step)?;

@@ -8,6 +8,7 @@ use super::engine::DeviceCopyEngineCore;
 use super::memory::DeviceMemory;
 use super::ops::{DeviceError, DeviceSlot};
 use crate::model::{GroupContext, RankDigest, Shard, SyntheticModel};
+use messages::{SamplingParams, TokenLogprobs};
 
 /// One group's block table for a step: the slots of `required_blocks(group, context_len)`
 /// in order, and the slots of `written_blocks(group, context_len, tokens.len())` in order
@@ -28,15 +29,31 @@ pub struct ForwardStep {
     pub context_len: u64,
     /// One table per group, in group order.
     pub groups: Vec<GroupBlockTable>,
+    /// How a backend that draws on the device picks the first output token.
+    #[serde(default)]
+    pub sampling: SamplingParams,
 }
 
+/// One decode step of a backend that draws tokens on the device: `token` (the last output
+/// token) is fed at `position` and the next token is drawn as output `output_index`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DecodeStep {
+    pub token: u32,
+    pub position: u64,
+    pub sampling: SamplingParams,
+    pub output_index: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ForwardOutcome {
-    /// This rank's partial digest, for the all-reduce.
+    /// This rank's partial digest, for the all-reduce (a backend that draws on the device:
+    /// `value` is the drawn token).
     pub digest: RankDigest,
     pub new_tokens: u64,
     /// Emulated device time of the step (cost model), microseconds.
     pub device_time_us: u64,
+    /// The drawn token's log-probabilities, when the request asked for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
@@ -111,6 +128,7 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
             digest,
             new_tokens: end - c,
             device_time_us: model.profile().device_time_us(end - c, c),
+            logprobs: None,
         }))
     }
 
@@ -195,6 +213,7 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
             digest,
             new_tokens: end - c,
             device_time_us: model.profile().device_time_us(end - c, c),
+            logprobs: None,
         })
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod actor;
 pub mod availability;
+pub mod backend;
 pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -26,11 +27,15 @@ mod tests;
 #[cfg(test)]
 mod transfer_tests;
 
-pub use actor::{DeviceCopyEngine, FenceDone, PollFences, RunForward, SubmitDeviceCopies};
+pub use actor::{
+    DeviceCopyEngine, FenceDone, PollFences, ReleaseSteps, RunDecode, RunForward,
+    SubmitDeviceCopies,
+};
 pub use availability::{detect_cuda, CudaAvailability};
+pub use backend::ForwardBackend;
 pub use emulated::EmulatedDeviceMemory;
 pub use engine::DeviceCopyEngineCore;
-pub use forward::{ForwardOutcome, ForwardStep, GroupBlockTable};
+pub use forward::{DecodeStep, ForwardOutcome, ForwardStep, GroupBlockTable};
 pub use geometry::{AddressTable, DeviceGeometry};
 pub use memory::{DeviceMemory, ResolvedCopy};
 pub use ops::{CopyDirection, DeviceCopy, DeviceCopyBatch, DeviceError, DeviceSlot, FenceId};

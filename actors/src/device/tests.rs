@@ -257,6 +257,7 @@ fn forward_over_device_blocks_matches_recomputation() {
             tokens: tokens.clone(),
             context_len: c,
             groups,
+            sampling: messages::SamplingParams::GREEDY,
         };
         let out = e.forward(&model, &step).unwrap();
         let reduced = model.reduce_ranks(&[out.digest]).unwrap();
@@ -327,6 +328,7 @@ fn a_partial_context_block_is_extended_in_place() {
             context: vec![DeviceSlot(4), DeviceSlot(5), DeviceSlot(6)],
             written: vec![DeviceSlot(6), DeviceSlot(1)],
         }],
+        sampling: messages::SamplingParams::GREEDY,
     };
     let out = e.forward(&model, &step).unwrap();
     let first = model
@@ -379,8 +381,13 @@ fn actor_submits_polls_and_runs_forward_in_order() {
                 context: vec![DeviceSlot(5)],
                 written: vec![DeviceSlot(6)],
             }],
+            sampling: messages::SamplingParams::GREEDY,
         };
-        let out = addr.send(RunForward(step)).await.unwrap().unwrap();
+        let out = addr
+            .send(RunForward(messages::RequestId(1), step))
+            .await
+            .unwrap()
+            .unwrap();
         let first = model
             .first_token(model.reduce_ranks(&[out.digest]).unwrap())
             .0;

@@ -63,6 +63,7 @@ fn flat_kv_round_trip_through_the_memory_store() {
                 context: vec![],
                 written: written.clone(),
             }],
+            sampling: messages::SamplingParams::GREEDY,
         };
         e.forward(&model, &step).unwrap();
         let src: Vec<HostRange> = (0..n_blocks)

@@ -9,13 +9,13 @@ use super::EngineError;
 use crate::control_plane::plane::ControlPlaneCore;
 use crate::device::actor::{FenceDone, PoisonSlots};
 use crate::device::{
-    DeviceCopyBatch, DeviceCopyEngine, DeviceSlot, FenceId, ForwardOutcome, ForwardStep,
-    PollFences, RunForward, SubmitDeviceCopies,
+    DecodeStep, DeviceCopyBatch, DeviceCopyEngine, DeviceSlot, FenceId, ForwardOutcome,
+    ForwardStep, PollFences, ReleaseSteps, RunDecode, RunForward, SubmitDeviceCopies,
 };
 use crate::l3::actor::{Close, Poll, Snapshot, SubmitTraced};
 use crate::l3::{CloseReport, L3ExecutorActor};
 use actix::{Addr, MailboxError};
-use messages::{AgreedRound, ControlError, RoundReport};
+use messages::{AgreedRound, ControlError, RequestId, RoundReport};
 use std::time::{Duration, Instant};
 
 impl From<MailboxError> for EngineError {
@@ -62,8 +62,22 @@ impl DevicePort for DeviceActorPort {
     async fn copy(&mut self, batch: DeviceCopyBatch) -> Result<FenceId, EngineError> {
         Ok(self.addr.send(SubmitDeviceCopies(batch)).await??)
     }
-    async fn forward(&mut self, step: ForwardStep) -> Result<ForwardOutcome, EngineError> {
-        Ok(self.addr.send(RunForward(step)).await??)
+    async fn forward(
+        &mut self,
+        id: RequestId,
+        step: ForwardStep,
+    ) -> Result<ForwardOutcome, EngineError> {
+        Ok(self.addr.send(RunForward(id, step)).await??)
+    }
+    async fn decode(
+        &mut self,
+        id: RequestId,
+        step: DecodeStep,
+    ) -> Result<ForwardOutcome, EngineError> {
+        Ok(self.addr.send(RunDecode(id, step)).await??)
+    }
+    async fn release(&mut self, ids: Vec<RequestId>) -> Result<(), EngineError> {
+        Ok(self.addr.send(ReleaseSteps(ids)).await?)
     }
     async fn wait_fence(&mut self, fence: FenceId) -> Result<(), EngineError> {
         let start = Instant::now();

@@ -184,7 +184,7 @@ fn inputs(round: u64, exec: &mut Executor, vocab: u32) -> AgreedInputs {
     if round < 8 {
         for k in 0..2 {
             let id = round * 2 + k + 1;
-            new_requests.push((RequestId(id), prompt(id, vocab), 2 + (id % 3) as u32));
+            new_requests.push((RequestId(id), prompt(id, vocab), 2 + (id % 3) as u32).into());
         }
     }
     let cancellations = match round {
@@ -204,6 +204,7 @@ fn inputs(round: u64, exec: &mut Executor, vocab: u32) -> AgreedInputs {
         cancellations,
         completions: exec.completions(round),
         digests: std::mem::take(&mut exec.digests),
+        logprobs: vec![],
     }
 }
 

@@ -5,10 +5,12 @@
 //! anything the round decides, and it never reorders what it is handed.
 
 use super::EngineError;
-use crate::device::{DeviceCopyBatch, DeviceSlot, FenceId, ForwardOutcome, ForwardStep};
+use crate::device::{
+    DecodeStep, DeviceCopyBatch, DeviceSlot, FenceId, ForwardOutcome, ForwardStep,
+};
 use crate::l3::CloseReport;
 pub use crate::l3::ExecutorSnapshot;
-use messages::{AgreedRound, ControlError, PressureSnapshot, RoundReport};
+use messages::{AgreedRound, ControlError, PressureSnapshot, RequestId, RoundReport};
 use messages::{StorageDone, StorageOp};
 use std::future::Future;
 
@@ -42,11 +44,20 @@ pub trait DevicePort {
         &mut self,
         batch: DeviceCopyBatch,
     ) -> impl Future<Output = Result<FenceId, EngineError>>;
-    /// Runs one forward step (ordered after the copies submitted before it).
+    /// Runs one request's prefill step (ordered after the copies submitted before it).
     fn forward(
         &mut self,
+        id: RequestId,
         step: ForwardStep,
     ) -> impl Future<Output = Result<ForwardOutcome, EngineError>>;
+    /// Runs one request's decode step (a backend that draws tokens on the device).
+    fn decode(
+        &mut self,
+        id: RequestId,
+        step: DecodeStep,
+    ) -> impl Future<Output = Result<ForwardOutcome, EngineError>>;
+    /// Ends the device-side decode state of finished or aborted requests.
+    fn release(&mut self, ids: Vec<RequestId>) -> impl Future<Output = Result<(), EngineError>>;
     /// Waits for a fence (the round's D2H copies, before Host L2 publishes).
     fn wait_fence(&mut self, fence: FenceId) -> impl Future<Output = Result<(), EngineError>>;
     /// Retires completed fences (a round without D2H).

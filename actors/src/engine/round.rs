@@ -14,11 +14,15 @@ use super::ports::{DevicePort, ExecutorPort, TracedOp};
 use super::sync_ports::{now, Loopback, SyncDevice};
 use super::EngineError;
 use crate::clock::SharedClock;
-use crate::device::{DeviceCopyBatch, DeviceCopyEngine, DeviceCopyEngineCore, DeviceMemory};
+use crate::device::{
+    DeviceCopyBatch, DeviceCopyEngine, DeviceCopyEngineCore, DeviceMemory, ForwardBackend,
+};
 use crate::host::HostCacheStorage;
 use crate::l3::{CloseReport, ExecutorStats, L3Executor, L3ExecutorActor};
 use crate::model::{CostModel, RankDigest, SyntheticModel};
-use crate::scheduler::{AdminCommand, AgreedInputs, RequestEvent, Scheduler, SchedulerStats};
+use crate::scheduler::{
+    AdminCommand, AgreedInputs, NewRequest, RequestEvent, Scheduler, SchedulerStats,
+};
 use crate::storage_transfer::{ClearKind, ClearRefused, StmStats, StorageTransferManager};
 use actix::Addr;
 use messages::{
@@ -246,13 +250,25 @@ impl<X: ExecutorPort, D: DevicePort> RankEngine<X, D> {
         }
         let shard = self.pipeline.scheduler().layout().shard;
         for (id, step) in plan.forwards {
-            let out = self.device.forward(step).await?;
+            let out = self.device.forward(id, step).await?;
             work.forwards += 1;
             debug_assert_eq!(shard, out.digest.shard);
             self.digests.push(PrefillDigest {
                 request: id,
                 digest: out.digest,
+                logprobs: out.logprobs,
             });
+        }
+        for (id, step) in plan.decodes {
+            let out = self.device.decode(id, step).await?;
+            self.digests.push(PrefillDigest {
+                request: id,
+                digest: out.digest,
+                logprobs: out.logprobs,
+            });
+        }
+        if !plan.released.is_empty() {
+            self.device.release(plan.released).await?;
         }
         if !plan.d2h.is_empty() {
             let fence = self.device.copy(DeviceCopyBatch::new(plan.d2h)).await?;
@@ -338,6 +354,7 @@ impl<X: ExecutorPort, D: DevicePort> RankEngine<X, D> {
 
 /// The synchronous form: the same round on the cores, driven to its end on this thread.
 impl RankEngine<L3Executor, SyncDevice> {
+    /// A round owner whose device runs the scheduler's synthetic model.
     pub fn new(
         scheduler: Scheduler,
         executor: Option<L3Executor>,
@@ -346,6 +363,23 @@ impl RankEngine<L3Executor, SyncDevice> {
         clock: SharedClock,
     ) -> Self {
         let model = Arc::new(scheduler.model().clone());
+        Self::with_backend(scheduler, executor, device, model.into(), host, clock)
+    }
+
+    /// A round owner whose device runs `backend`; a backend that draws tokens on the device
+    /// makes the scheduler plan a device decode step per token.
+    pub fn with_backend(
+        mut scheduler: Scheduler,
+        executor: Option<L3Executor>,
+        device: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
+        backend: ForwardBackend,
+        host: Arc<HostCacheStorage>,
+        clock: SharedClock,
+    ) -> Self {
+        if backend.draws_on_device() {
+            scheduler = scheduler.with_device_draws();
+        }
+        let model = Arc::new(scheduler.model().clone());
         let cost = model.profile().cost;
         let rank = scheduler.layout().shard.index;
         Self {
@@ -353,7 +387,7 @@ impl RankEngine<L3Executor, SyncDevice> {
             executor,
             device: SyncDevice {
                 core: device,
-                model: model.clone(),
+                backend,
             },
             host,
             model,
@@ -421,7 +455,7 @@ impl RankEngine<L3Executor, SyncDevice> {
         self.map_ports(
             |e| L3ExecutorActor::new(e).start(),
             |d| DeviceActorPort {
-                addr: DeviceCopyEngine::from_core(d.core, d.model).start(),
+                addr: DeviceCopyEngine::from_core(d.core, d.backend).start(),
                 rank,
                 fence_deadline,
             },
@@ -446,7 +480,13 @@ fn agreed_inputs(agreed: AgreedRound) -> (AgreedInputs, Vec<AdminCommand>, bool)
                 id,
                 prompt,
                 max_tokens,
-            } => inputs.new_requests.push((id, prompt, max_tokens)),
+                sampling,
+            } => inputs.new_requests.push(NewRequest {
+                id,
+                prompt,
+                max_tokens,
+                sampling,
+            }),
             FrontendMessage::Cancel { id } => inputs.cancellations.push(id),
             FrontendMessage::Admin(a) => admin.push(a),
             FrontendMessage::Shutdown => shutdown = true,
@@ -455,6 +495,13 @@ fn agreed_inputs(agreed: AgreedRound) -> (AgreedInputs, Vec<AdminCommand>, bool)
     let mut by_req: BTreeMap<RequestId, Vec<RankDigest>> = BTreeMap::new();
     for d in agreed.digests {
         by_req.entry(d.request).or_default().push(d.digest);
+        if let Some(lp) = d.logprobs {
+            // One rank's report suffices (every rank drew the same token from the same
+            // logits; the digests check the token).
+            if inputs.logprobs.last().map(|(id, _)| *id) != Some(d.request) {
+                inputs.logprobs.push((d.request, lp));
+            }
+        }
     }
     inputs.digests = by_req.into_iter().collect();
     (inputs, admin, shutdown)
@@ -475,6 +522,7 @@ pub fn agree_single(
                 id,
                 prompt,
                 max_tokens,
+                sampling: messages::SamplingParams::GREEDY,
             }
         }));
     report.frontend.extend(

@@ -7,14 +7,12 @@ use super::ports::{DevicePort, ExecutorPoll, ExecutorPort, ExecutorSnapshot, Mes
 use super::EngineError;
 use crate::control_plane::agreement::{seal_local_report, Agreement};
 use crate::device::{
-    DeviceCopyBatch, DeviceCopyEngineCore, DeviceMemory, DeviceSlot, FenceId, ForwardOutcome,
-    ForwardStep,
+    DecodeStep, DeviceCopyBatch, DeviceCopyEngineCore, DeviceMemory, DeviceSlot, FenceId,
+    ForwardBackend, ForwardOutcome, ForwardStep,
 };
 use crate::l3::{CloseReport, L3Executor};
-use crate::model::SyntheticModel;
-use messages::{AgreedRound, ControlError, RoundReport};
+use messages::{AgreedRound, ControlError, RequestId, RoundReport};
 use std::future::Future;
-use std::sync::Arc;
 
 /// Drives a future of a synchronous adapter to its end on this thread.
 pub fn now<F: Future>(f: F) -> F::Output {
@@ -43,10 +41,10 @@ impl ExecutorPort for L3Executor {
     }
 }
 
-/// The DeviceCopyEngine core and the model its forwards run.
+/// The DeviceCopyEngine core and the backend its forwards run.
 pub struct SyncDevice {
     pub core: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
-    pub model: Arc<SyntheticModel>,
+    pub backend: ForwardBackend,
 }
 
 impl DevicePort for SyncDevice {
@@ -56,8 +54,23 @@ impl DevicePort for SyncDevice {
     async fn copy(&mut self, batch: DeviceCopyBatch) -> Result<FenceId, EngineError> {
         Ok(self.core.submit(&batch)?)
     }
-    async fn forward(&mut self, step: ForwardStep) -> Result<ForwardOutcome, EngineError> {
-        Ok(self.core.forward(&self.model, &step)?)
+    async fn forward(
+        &mut self,
+        id: RequestId,
+        step: ForwardStep,
+    ) -> Result<ForwardOutcome, EngineError> {
+        Ok(self.backend.forward(&mut self.core, id, &step)?)
+    }
+    async fn decode(
+        &mut self,
+        id: RequestId,
+        step: DecodeStep,
+    ) -> Result<ForwardOutcome, EngineError> {
+        Ok(self.backend.decode(&mut self.core, id, &step)?)
+    }
+    async fn release(&mut self, ids: Vec<RequestId>) -> Result<(), EngineError> {
+        self.backend.release(&ids);
+        Ok(())
     }
     async fn wait_fence(&mut self, fence: FenceId) -> Result<(), EngineError> {
         Ok(self.core.wait_fence(fence)?)

@@ -85,7 +85,7 @@ fn serve_until(
         e.run_round_now(agreed).unwrap();
         for ev in e.drain_events() {
             match ev {
-                RequestEvent::Token(r, t) if r.0 == id => tokens.push(t),
+                RequestEvent::Token(r, t, _) if r.0 == id => tokens.push(t),
                 RequestEvent::Finished {
                     id: r,
                     split,

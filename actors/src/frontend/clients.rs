@@ -84,6 +84,7 @@ impl Clients {
             let Ok(Submission {
                 prompt,
                 max_tokens,
+                sampling,
                 events,
             }) = inbox.submissions.try_recv()
             else {
@@ -102,6 +103,7 @@ impl Clients {
                 id,
                 prompt,
                 max_tokens,
+                sampling,
             });
         }
         while let Ok(AdminSubmission { command, reply }) = inbox.admin.try_recv() {
@@ -115,12 +117,12 @@ impl Clients {
     pub fn deliver(&mut self, events: Vec<RequestEvent>, metrics: &Metrics) {
         for ev in events {
             match ev {
-                RequestEvent::Token(id, t) => {
+                RequestEvent::Token(id, t, logprobs) => {
                     if let Some(start) = self.started.remove(&id) {
                         metrics.ttft_seconds.observe(start.elapsed().as_secs_f64());
                     }
                     if let Some(tx) = self.pending.get(&id) {
-                        let _ = tx.send(TokenEvent::Token(t));
+                        let _ = tx.send(TokenEvent::Token(t, logprobs));
                     }
                 }
                 RequestEvent::Finished {
@@ -209,6 +211,7 @@ mod tests {
         s.0.send(Submission {
             prompt,
             max_tokens: 2,
+            sampling: messages::SamplingParams::GREEDY,
             events,
         })
         .unwrap();
@@ -265,7 +268,7 @@ mod tests {
         .unwrap();
         c.deliver(
             vec![
-                RequestEvent::Token(ids[0], 42),
+                RequestEvent::Token(ids[0], 42, None),
                 RequestEvent::Finished {
                     id: ids[0],
                     split: PrefixSplit::default(),
@@ -274,7 +277,7 @@ mod tests {
             ],
             &metrics,
         );
-        assert!(matches!(rx1.try_recv(), Ok(TokenEvent::Token(42))));
+        assert!(matches!(rx1.try_recv(), Ok(TokenEvent::Token(42, None))));
         assert!(matches!(rx1.try_recv(), Ok(TokenEvent::Done { .. })));
         assert_eq!(metrics.ttft_seconds.get_sample_count(), 1);
         assert_eq!(c.pending(), 1);

@@ -15,7 +15,8 @@ use std::sync::Arc;
 /// What the round loop reports back for one request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TokenEvent {
-    Token(u32),
+    /// The next output token, with its log-probabilities when the request asked for them.
+    Token(u32, Option<messages::TokenLogprobs>),
     Done {
         usage: PrefixUsage,
         finish_reason: &'static str,
@@ -28,6 +29,8 @@ pub enum TokenEvent {
 pub struct Submission {
     pub prompt: Vec<u32>,
     pub max_tokens: u32,
+    /// How its tokens are chosen (validated).
+    pub sampling: messages::SamplingParams,
     /// Events for the client; a send error means the client went away (a cancellation).
     pub events: flume::Sender<TokenEvent>,
 }
@@ -228,6 +231,7 @@ async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> 
     let sub = Submission {
         prompt,
         max_tokens: req.max_tokens,
+        sampling: messages::SamplingParams::GREEDY,
         events: tx,
     };
     if let Err(e) = state.submit.try_send(sub) {
@@ -246,7 +250,7 @@ async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> 
     let mut tokens = vec![];
     loop {
         match rx.recv_async().await {
-            Ok(TokenEvent::Token(t)) => tokens.push(t),
+            Ok(TokenEvent::Token(t, _)) => tokens.push(t),
             Ok(TokenEvent::Done {
                 usage,
                 finish_reason,
@@ -323,7 +327,7 @@ fn stream_response(
                 return futures::future::ready(None);
             }
             let chunk = match ev {
-                TokenEvent::Token(t) => {
+                TokenEvent::Token(t, _) => {
                     tokens.push(t);
                     let c = serde_json::json!({
                         "id": id, "object": "text_completion", "model": model,
@@ -584,7 +588,7 @@ mod tests {
         std::thread::spawn(move || {
             while let Ok(s) = inbox.submissions.recv() {
                 for t in s.prompt.iter().take(s.max_tokens as usize) {
-                    let _ = s.events.send(TokenEvent::Token(*t));
+                    let _ = s.events.send(TokenEvent::Token(*t, None));
                 }
                 let _ = s.events.send(TokenEvent::Done {
                     usage: PrefixUsage {
@@ -804,6 +808,7 @@ mod tests {
                 .try_send(Submission {
                     prompt: vec![1],
                     max_tokens: 1,
+                    sampling: messages::SamplingParams::GREEDY,
                     events: tx,
                 })
                 .unwrap();

@@ -39,13 +39,16 @@ pub struct ReducedDigest {
 }
 
 /// What a decode step carries forward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct DecodeState {
     pub digest: u64,
 }
 
 const FIRST_TOKEN_SEED: u64 = 0x7473_6c33_6669_7273;
 const DECODE_SEED: u64 = 0x7473_6c33_6465_636f;
+const SCORE_SEED: u64 = 0x7473_6c33_7363_6f72;
 
 impl SyntheticModel {
     /// This rank's partial digest of a prefill of `tokens` (the whole prompt) whose first
@@ -220,23 +223,58 @@ impl SyntheticModel {
         })
     }
 
-    /// The first output token of a reduced prefill, and the state decode continues from.
-    pub fn first_token(&self, reduced: ReducedDigest) -> (u32, DecodeState) {
+    /// The state of a reduced prefill: what the first output token is drawn from.
+    pub fn first_state(&self, reduced: ReducedDigest) -> DecodeState {
         let mut buf = [0u8; 16];
         buf[..8].copy_from_slice(&reduced.value.to_le_bytes());
         buf[8..].copy_from_slice(&reduced.tokens.to_le_bytes());
-        let digest = xxh3_64_with_seed(&buf, FIRST_TOKEN_SEED);
-        (self.token_of(digest), DecodeState { digest })
+        DecodeState {
+            digest: xxh3_64_with_seed(&buf, FIRST_TOKEN_SEED),
+        }
     }
 
-    /// One decode step: the next token from the previous state and the last token.
+    /// The state after `token` followed `state`: what the next token is drawn from.
+    pub fn next_state(&self, state: DecodeState, token: u32) -> DecodeState {
+        DecodeState {
+            digest: xxh3_64_with_seed(&token.to_le_bytes(), state.digest ^ DECODE_SEED),
+        }
+    }
+
+    /// The first output token of a reduced prefill (greedy), and the state decode
+    /// continues from.
+    pub fn first_token(&self, reduced: ReducedDigest) -> (u32, DecodeState) {
+        let state = self.first_state(reduced);
+        (self.greedy_token(state), state)
+    }
+
+    /// One greedy decode step: the next token from the previous state and the last token.
     pub fn decode(&self, state: DecodeState, token: u32) -> (u32, DecodeState) {
-        let digest = xxh3_64_with_seed(&token.to_le_bytes(), state.digest ^ DECODE_SEED);
-        (self.token_of(digest), DecodeState { digest })
+        let next = self.next_state(state, token);
+        (self.greedy_token(next), next)
     }
 
-    fn token_of(&self, digest: u64) -> u32 {
-        (digest % self.profile().vocab.max(1) as u64) as u32
+    /// The highest-scoring token of a state (`scores`' argmax).
+    pub fn greedy_token(&self, state: DecodeState) -> u32 {
+        (state.digest % self.profile().vocab.max(1) as u64) as u32
+    }
+
+    /// The synthetic model's scores over its vocabulary at a state, for sampling and
+    /// log-probabilities: every token a deterministic score in [0, 8) from the state, the
+    /// greedy token 9 (so the argmax is `greedy_token`). Built only for requests that
+    /// sample or ask for log-probabilities.
+    pub fn scores(&self, state: DecodeState) -> Vec<f32> {
+        let vocab = self.profile().vocab.max(1);
+        let top = self.greedy_token(state);
+        (0..vocab)
+            .map(|t| {
+                if t == top {
+                    9.0
+                } else {
+                    let h = xxh3_64_with_seed(&t.to_le_bytes(), state.digest ^ SCORE_SEED);
+                    (h >> 40) as f32 / (1u64 << 24) as f32 * 8.0
+                }
+            })
+            .collect()
     }
 
     /// Single-rank prefill (TP = 1) with supplied context.

@@ -17,6 +17,7 @@ pub mod cost;
 pub mod forward;
 pub mod kv;
 pub mod profile;
+pub mod sampling;
 pub mod synthetic;
 
 pub use cost::{CostModel, PublishedPoint, StepItem};

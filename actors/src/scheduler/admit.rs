@@ -84,6 +84,11 @@ impl Scheduler {
             tokens: prompt,
             context_len: matched.boundary as u64,
             groups: taken.tables,
+            sampling: self
+                .requests
+                .get(&id)
+                .map(|r| r.sampling)
+                .unwrap_or_default(),
         };
         plan.forwards.push((id, step));
         self.account_admission(id, matched, taken.held, scratch)?;

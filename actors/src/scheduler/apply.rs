@@ -10,13 +10,13 @@
 //! I/O and never reads a clock: deadlines arrive as the manager's `waits_ended`.
 
 use super::request::{PrefetchPhase, Request, RequestState};
-use super::{AgreedInputs, RefUse, Scheduler};
+use super::{AgreedInputs, NewRequest, RefUse, Scheduler};
 use crate::frontend::FallbackReason;
 use crate::storage_transfer::{
     BackendTrouble, HandBack, HostRef, RoundEffects, RoundInput, StorageReport,
     StorageTransferManager, WaitEnd,
 };
-use messages::{OperationId, ProtocolError, RequestId};
+use messages::{OperationId, ProtocolError, RequestId, TokenLogprobs};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The storage half of an agreed round, for the StorageTransferManager (the completions
@@ -56,6 +56,7 @@ impl Scheduler {
             cancellations,
             completions,
             digests,
+            logprobs,
             ..
         } = input;
         match (report, storage) {
@@ -79,18 +80,28 @@ impl Scheduler {
                 }
             }
         }
-        for (id, prompt, max_tokens) in new_requests {
+        for NewRequest {
+            id,
+            prompt,
+            max_tokens,
+            sampling,
+        } in new_requests
+        {
             if self.requests.contains_key(&id) || prompt.is_empty() {
                 continue;
             }
             self.trace.request_arrived(id, prompt.len());
-            self.requests
-                .insert(id, Request::new(id, prompt, max_tokens.max(1)));
+            self.requests.insert(
+                id,
+                Request::sampled(id, prompt, max_tokens.max(1), sampling),
+            );
             self.queue.insert(id);
             self.unprepared.push_back(id);
         }
+        let mut logprobs: BTreeMap<RequestId, TokenLogprobs> = logprobs.into_iter().collect();
         for (id, parts) in digests {
-            self.apply_digest(id, &parts);
+            let lp = logprobs.remove(&id);
+            self.apply_digest(id, &parts, lp);
         }
         self.decode_step();
         Ok(())
@@ -338,7 +349,10 @@ mod tests {
             ..AgreedInputs::default()
         });
         let events = rig.s.drain_events();
-        assert!(matches!(events[..], [RequestEvent::Token(RequestId(1), _)]));
+        assert!(matches!(
+            events[..],
+            [RequestEvent::Token(RequestId(1), ..)]
+        ));
         assert_eq!(rig.s.state_of(RequestId(1)), Some("decode"));
         // The first decode token comes the round after the digest's.
         let plan = rig.plan();
@@ -348,7 +362,7 @@ mod tests {
         assert_eq!(rig.plan().decode_contexts, vec![13]);
         rig.apply(AgreedInputs::default());
         let events = rig.s.drain_events();
-        assert!(matches!(events[0], RequestEvent::Token(RequestId(1), _)));
+        assert!(matches!(events[0], RequestEvent::Token(RequestId(1), ..)));
         let Some(RequestEvent::Finished { split, .. }) = finished(&events, 1) else {
             panic!("{events:?}");
         };

@@ -303,11 +303,14 @@ impl Driver {
         for _ in live..self.cfg.waiting {
             self.next_request += 1;
             let id = self.next_request;
-            new_requests.push((
-                RequestId(id),
-                prompt(id, self.cfg.prompt_tokens, self.vocab),
-                self.cfg.max_tokens,
-            ));
+            new_requests.push(
+                (
+                    RequestId(id),
+                    prompt(id, self.cfg.prompt_tokens, self.vocab),
+                    self.cfg.max_tokens,
+                )
+                    .into(),
+            );
         }
         AgreedInputs {
             tick_us: self.tick_us,
@@ -316,6 +319,7 @@ impl Driver {
             cancellations: vec![],
             completions: self.owed.completions(self.cfg.outstanding),
             digests: std::mem::take(&mut self.digests),
+            logprobs: vec![],
         }
     }
 

@@ -7,40 +7,104 @@
 
 use super::request::RequestState;
 use super::{RequestEvent, Scheduler};
+use crate::device::DecodeStep;
 use crate::frontend::FallbackReason;
+use crate::model::sampling::sample;
 use crate::model::{DecodeState, RankDigest};
 use crate::storage_transfer::HandBack;
-use messages::RequestId;
+use messages::{RequestId, SamplingParams, TokenLogprobs};
+
+/// The token a device drew: every rank's part names the same token at the same position.
+fn drawn_token(parts: &[RankDigest], vocab: u32) -> Result<u32, String> {
+    let first = parts.first().ok_or("no rank digests")?;
+    if parts.len() != first.shard.count as usize {
+        return Err(format!(
+            "{} rank digests for {} shards",
+            parts.len(),
+            first.shard.count
+        ));
+    }
+    if parts
+        .iter()
+        .any(|p| p.value != first.value || p.tokens != first.tokens)
+    {
+        return Err("ranks drew different tokens".into());
+    }
+    u32::try_from(first.value)
+        .ok()
+        .filter(|t| *t < vocab)
+        .ok_or_else(|| format!("drawn token {} outside the vocabulary", first.value))
+}
 
 fn fallback_name(f: FallbackReason) -> &'static str {
     f.as_str()
 }
 
 impl Scheduler {
-    pub(super) fn apply_digest(&mut self, id: RequestId, parts: &[RankDigest]) {
-        let Some(r) = self.requests.get_mut(&id) else {
+    /// A forward step's digests arrived (every rank's part): the next token is drawn —
+    /// from the reduced digest by the synthetic model, or read from the digest where the
+    /// device drew it — and emitted.
+    pub(super) fn apply_digest(
+        &mut self,
+        id: RequestId,
+        parts: &[RankDigest],
+        logprobs: Option<TokenLogprobs>,
+    ) {
+        let Some(r) = self.requests.get(&id) else {
             return;
         };
-        if !matches!(r.state, RequestState::Prefill) {
+        match (&r.state, self.device_draws) {
+            (RequestState::Prefill, _) | (RequestState::Stepping, true) => {}
+            _ => return,
+        }
+        if self.device_draws {
+            match drawn_token(parts, self.model.profile().vocab) {
+                Ok(tok) => self.emit_token(id, tok, logprobs, DecodeState::default(), false),
+                Err(e) => self.abort(id, &format!("rank digests disagree: {e}")),
+            }
             return;
         }
         match self.model.reduce_ranks(parts) {
             Ok(reduced) => {
-                let (tok, state) = self.model.first_token(reduced);
-                self.emit_token(id, tok, state, true);
+                let state = self.model.first_state(reduced);
+                let (tok, lp) = self.draw(state, &r.sampling, 0);
+                self.emit_token(id, tok, lp, state, true);
             }
             Err(e) => self.abort(id, &format!("rank digests disagree: {e}")),
         }
     }
 
+    /// The synthetic model's token at `state` for output position `step`: the greedy token
+    /// without building scores when the request neither samples nor asks for
+    /// log-probabilities.
+    fn draw(
+        &self,
+        state: DecodeState,
+        sampling: &SamplingParams,
+        step: u64,
+    ) -> (u32, Option<TokenLogprobs>) {
+        if !sampling.needs_scores() {
+            return (self.model.greedy_token(state), None);
+        }
+        let s = sample(&self.model.scores(state), sampling, step);
+        (s.token, s.logprobs)
+    }
+
     /// A request's next token: emitted, then the request finishes at `max_tokens` or decodes
     /// on from `state` (`fresh`: the token came from this round's digest).
-    fn emit_token(&mut self, id: RequestId, tok: u32, state: DecodeState, fresh: bool) {
+    fn emit_token(
+        &mut self,
+        id: RequestId,
+        tok: u32,
+        logprobs: Option<TokenLogprobs>,
+        state: DecodeState,
+        fresh: bool,
+    ) {
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
         r.output.push(tok);
-        self.events.push(RequestEvent::Token(id, tok));
+        self.events.push(RequestEvent::Token(id, tok, logprobs));
         if r.output.len() as u32 >= r.max_tokens {
             self.finish(id);
         } else {
@@ -52,7 +116,8 @@ impl Scheduler {
         }
     }
 
-    /// One decode step for every decoding request (one token per round).
+    /// One decode step for every decoding request (one token per round): drawn here by the
+    /// synthetic model, or planned as a device decode step when the device draws.
     pub(super) fn decode_step(&mut self) {
         // At most max_running IDs: the running set, not the live requests.
         let ids: Vec<RequestId> = self.running.iter().copied().collect();
@@ -63,6 +128,21 @@ impl Scheduler {
             let RequestState::Decode { state, last, fresh } = r.state else {
                 continue;
             };
+            let context = (r.prompt.len() + r.output.len()) as u64;
+            if self.device_draws {
+                // The token at position `context - 1` is fed; the next one is drawn there.
+                r.state = RequestState::Stepping;
+                self.device_decodes.push((
+                    id,
+                    DecodeStep {
+                        token: last,
+                        position: context - 1,
+                        sampling: r.sampling,
+                        output_index: r.output.len() as u64,
+                    },
+                ));
+                continue;
+            }
             if fresh {
                 // The first token came from this round's digest; decode starts next round.
                 r.state = RequestState::Decode {
@@ -72,15 +152,19 @@ impl Scheduler {
                 };
                 continue;
             }
-            let (tok, next) = self.model.decode(state, last);
-            self.decode_contexts
-                .push((r.prompt.len() + r.output.len()) as u64);
-            self.emit_token(id, tok, next, false);
+            let step = r.output.len() as u64;
+            let sampling = r.sampling;
+            let next = self.model.next_state(state, last);
+            let (tok, lp) = self.draw(next, &sampling, step);
+            self.decode_contexts.push(context);
+            self.emit_token(id, tok, lp, next, false);
         }
     }
 
     fn release_running(&mut self, id: RequestId) {
-        self.running.remove(&id);
+        if self.running.remove(&id) && self.device_draws {
+            self.device_released.push(id);
+        }
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };

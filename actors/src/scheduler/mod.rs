@@ -39,14 +39,16 @@ use crate::cache::coordinator::{
     CacheCoordinator, CacheError, CoordinatorConfig, ReadyHold, Reservation,
 };
 use crate::cache::keys::BlockAddr;
-use crate::device::DeviceSlot;
+use crate::device::{DecodeStep, DeviceSlot};
 use crate::frontend::FallbackReason;
 use crate::model::{RankDigest, SyntheticModel};
 use crate::storage_transfer::trace::RequestTrace;
 use crate::storage_transfer::{HandBack, HostRef};
 use geometry::RankLayout;
 use messages::settings::StorageConfig;
-use messages::{Namespace, PressureObservation, RequestId, StorageDone};
+use messages::{
+    Namespace, PressureObservation, RequestId, SamplingParams, StorageDone, TokenLogprobs,
+};
 use request::{PrefixSplit, Request};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -62,22 +64,47 @@ pub struct SchedulerConfig {
     pub tail_capacity: usize,
 }
 
+/// A request as the agreed round brings it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRequest {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampling: SamplingParams,
+}
+
+/// A greedy request (tests, benchmarks, tools).
+impl From<(RequestId, Vec<u32>, u32)> for NewRequest {
+    fn from((id, prompt, max_tokens): (RequestId, Vec<u32>, u32)) -> Self {
+        Self {
+            id,
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::GREEDY,
+        }
+    }
+}
+
 /// Agreed inputs of one round, identical on every rank.
 #[derive(Clone, Debug, Default)]
 pub struct AgreedInputs {
     pub tick_us: u64,
     pub pressure: PressureObservation,
-    pub new_requests: Vec<(RequestId, Vec<u32>, u32)>,
+    pub new_requests: Vec<NewRequest>,
     pub cancellations: Vec<RequestId>,
     pub completions: Vec<StorageDone>,
-    /// Every rank's partial digest of a prefill, per request.
+    /// Every rank's partial digest of a forward step, per request.
     pub digests: Vec<(RequestId, Vec<RankDigest>)>,
+    /// The log-probabilities a backend that draws tokens on the device reported with a
+    /// step's digest (only for requests that asked for them).
+    pub logprobs: Vec<(RequestId, TokenLogprobs)>,
 }
 
 /// What a request tells its client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RequestEvent {
-    Token(RequestId, u32),
+    /// The next output token, with its log-probabilities when the request asked for them.
+    Token(RequestId, u32, Option<TokenLogprobs>),
     Finished {
         id: RequestId,
         split: PrefixSplit,
@@ -151,6 +178,14 @@ pub struct Scheduler {
     pending_admin: VecDeque<AdminCommand>,
     /// Context lengths of this round's decode tokens (taken by `plan`).
     decode_contexts: Vec<u64>,
+    /// The forward backend draws tokens on the device (the transformer): a prefill's
+    /// digest carries the drawn token and every decode step is a device step.
+    device_draws: bool,
+    /// This round's device decode steps (taken by `plan`).
+    device_decodes: Vec<(RequestId, DecodeStep)>,
+    /// Requests whose device-side state (the backend's KV of generated tokens) ends with
+    /// this round (taken by `plan`).
+    device_released: Vec<RequestId>,
     /// Request spans (observation only).
     trace: RequestTrace,
     /// Debug builds: Device slots freed since the last plan (see `Plan::poison`).
@@ -192,6 +227,9 @@ impl Scheduler {
             stats: SchedulerStats::default(),
             pending_admin: VecDeque::new(),
             decode_contexts: Vec::new(),
+            device_draws: false,
+            device_decodes: Vec::new(),
+            device_released: Vec::new(),
             trace,
             freed_device: Default::default(),
         };
@@ -199,6 +237,16 @@ impl Scheduler {
             me.poison_freed_device_blocks();
         }
         Ok(me)
+    }
+
+    /// A backend that draws tokens on the device: prefill digests carry the drawn token,
+    /// and each further token is a device decode step of the plan.
+    pub fn with_device_draws(mut self) -> Self {
+        self.device_draws = true;
+        self
+    }
+    pub fn device_draws(&self) -> bool {
+        self.device_draws
     }
 
     pub fn cache(&self) -> &CacheCoordinator {

@@ -9,7 +9,7 @@
 //! and never reads a clock.
 
 use super::Scheduler;
-use crate::device::{DeviceCopy, DeviceSlot, ForwardStep};
+use crate::device::{DecodeStep, DeviceCopy, DeviceSlot, ForwardStep};
 use crate::storage_transfer::StorageTransferManager;
 use messages::{RequestId, StorageOp};
 
@@ -25,6 +25,11 @@ pub struct Plan<S = StorageOp> {
     /// The context length of every decode token this round produced (the device time of
     /// the round's decode steps is charged from them).
     pub decode_contexts: Vec<u64>,
+    /// Device decode steps (a backend that draws tokens on the device), after the forwards.
+    pub decodes: Vec<(RequestId, DecodeStep)>,
+    /// Requests whose device-side decode state ends (finished or aborted), after the
+    /// decodes.
+    pub released: Vec<RequestId>,
     /// Debug builds: Device slots freed since the last plan, poisoned before this round's
     /// device work (crate::host::poison).
     pub poison: Vec<DeviceSlot>,
@@ -38,6 +43,8 @@ impl<S> Default for Plan<S> {
             forwards: Vec::new(),
             d2h: Vec::new(),
             decode_contexts: Vec::new(),
+            decodes: Vec::new(),
+            released: Vec::new(),
             poison: Vec::new(),
         }
     }
@@ -48,6 +55,8 @@ impl<S> Plan<S> {
         self.storage.is_empty()
             && self.h2d.is_empty()
             && self.forwards.is_empty()
+            && self.decodes.is_empty()
+            && self.released.is_empty()
             && self.d2h.is_empty()
     }
 
@@ -59,6 +68,8 @@ impl<S> Plan<S> {
             forwards: self.forwards,
             d2h: self.d2h,
             decode_contexts: self.decode_contexts,
+            decodes: self.decodes,
+            released: self.released,
             poison: self.poison,
         }
     }
@@ -100,6 +111,8 @@ impl Scheduler {
     pub fn plan(&mut self, mut storage: Option<&mut StorageTransferManager>) -> Plan {
         let mut plan = Plan {
             decode_contexts: std::mem::take(&mut self.decode_contexts),
+            decodes: std::mem::take(&mut self.device_decodes),
+            released: std::mem::take(&mut self.device_released),
             ..Plan::default()
         };
         if self.pending_admin.is_empty() {
@@ -134,6 +147,7 @@ mod tests {
             tokens: vec![1; tokens],
             context_len,
             groups: vec![],
+            sampling: messages::SamplingParams::GREEDY,
         }
     }
 

@@ -7,7 +7,7 @@ use crate::cache::coordinator::QueryPlan;
 use crate::frontend::FallbackReason;
 use crate::model::DecodeState;
 use crate::storage_transfer::StorageLease;
-use messages::RequestId;
+use messages::{RequestId, SamplingParams};
 
 /// What resumes when the L3 wait ends (the PD bootstrap ACK updates it; a fused engine
 /// host always resumes Submitted).
@@ -44,6 +44,8 @@ pub enum RequestState {
         /// The first token was produced this round.
         fresh: bool,
     },
+    /// A device decode step is planned; waiting for its digest (the drawn token).
+    Stepping,
     Finished,
     Aborted,
 }
@@ -55,7 +57,7 @@ impl RequestState {
             RequestState::Prefetching { .. } => "prefetching",
             RequestState::Admissible => "admissible",
             RequestState::Prefill => "prefill",
-            RequestState::Decode { .. } => "decode",
+            RequestState::Decode { .. } | RequestState::Stepping => "decode",
             RequestState::Finished => "finished",
             RequestState::Aborted => "aborted",
         }
@@ -90,6 +92,7 @@ pub struct Request {
     pub id: RequestId,
     pub prompt: Vec<u32>,
     pub max_tokens: u32,
+    pub sampling: SamplingParams,
     pub state: RequestState,
     pub resources: AdmissionResources,
     pub output: Vec<u32>,
@@ -103,10 +106,20 @@ pub struct Request {
 
 impl Request {
     pub fn new(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> Self {
+        Self::sampled(id, prompt, max_tokens, SamplingParams::GREEDY)
+    }
+
+    pub fn sampled(
+        id: RequestId,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+        sampling: SamplingParams,
+    ) -> Self {
         Self {
             id,
             prompt,
             max_tokens,
+            sampling,
             state: RequestState::Submitted,
             resources: AdmissionResources::default(),
             output: vec![],

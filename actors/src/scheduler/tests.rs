@@ -121,7 +121,7 @@ pub(super) fn arrivals(requests: &[(u64, &[u32], u32)]) -> AgreedInputs {
     AgreedInputs {
         new_requests: requests
             .iter()
-            .map(|(id, p, n)| (RequestId(*id), p.to_vec(), *n))
+            .map(|(id, p, n)| (RequestId(*id), p.to_vec(), *n).into())
             .collect(),
         ..AgreedInputs::default()
     }
