@@ -218,8 +218,9 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::super::tests::*;
-    use super::super::RequestEvent;
+    use super::super::{AgreedInputs, RequestEvent};
     use crate::frontend::FallbackReason;
+    use crate::model::RankDigest;
     use messages::{RequestId, StorageOp};
 
     #[test]
@@ -272,5 +273,149 @@ mod tests {
             rig.s.free_scratch.len(),
             rig.s.cfg.layout.scratch_slots as usize
         );
+    }
+
+    fn tokens_of(events: &[RequestEvent]) -> Vec<(u32, Option<messages::TokenLogprobs>)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                RequestEvent::Token(_, t, lp) => Some((*t, lp.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs request 1 (`sampling`, 5 tokens) on a storage-disabled rig; its tokens.
+    fn run_sampled(
+        device_draws: bool,
+        sampling: messages::SamplingParams,
+    ) -> (Vec<(u32, Option<messages::TokenLogprobs>)>, Vec<RequestId>) {
+        let mut rig = rig(false);
+        if device_draws {
+            rig.s = std::mem::replace(&mut rig.s, super::super::tests::rig(false).s)
+                .with_device_draws();
+        }
+        let p = prompt(10, 3);
+        let plan = rig.round(AgreedInputs {
+            new_requests: vec![super::super::NewRequest {
+                id: RequestId(1),
+                prompt: p,
+                max_tokens: 5,
+                sampling,
+            }],
+            ..AgreedInputs::default()
+        });
+        assert_eq!(plan.forwards.len(), 1);
+        assert_eq!(plan.forwards[0].1.sampling, sampling, "the step carries it");
+        rig.d2h_done();
+        let mut digests = digests_of(&plan);
+        let mut events = vec![];
+        let mut released = vec![];
+        for round in 0..12 {
+            let plan = rig.round(AgreedInputs {
+                digests: std::mem::take(&mut digests),
+                ..AgreedInputs::default()
+            });
+            events.extend(rig.s.drain_events());
+            released.extend(plan.released.iter().copied());
+            if device_draws {
+                // each decode step's digest names the drawn token (here: 100 + round)
+                for (id, step) in &plan.decodes {
+                    assert_eq!(step.sampling, sampling);
+                    digests.push((
+                        *id,
+                        vec![RankDigest {
+                            shard: messages::Shard::SINGLE,
+                            tokens: step.position + 1,
+                            value: 100 + round,
+                        }],
+                    ));
+                }
+            } else {
+                assert!(plan.decodes.is_empty() && plan.released.is_empty());
+            }
+            if finished(&events, 1).is_some() {
+                break;
+            }
+        }
+        released.extend(rig.plan().released);
+        assert!(rig.plan().released.is_empty(), "released once");
+        (tokens_of(&events), released)
+    }
+
+    #[test]
+    fn greedy_logprobs_name_the_greedy_token_and_sampling_is_seeded() {
+        use messages::SamplingParams;
+        let (greedy, released) = run_sampled(false, SamplingParams::GREEDY);
+        assert!(
+            released.is_empty(),
+            "the synthetic model keeps no device state"
+        );
+        assert_eq!(greedy.len(), 5);
+        assert!(greedy.iter().all(|(_, lp)| lp.is_none()));
+        let with_lp = SamplingParams {
+            logprobs: Some(3),
+            ..SamplingParams::GREEDY
+        };
+        let (lp, _) = run_sampled(false, with_lp);
+        // the same tokens, each the most likely of its top list
+        assert_eq!(
+            lp.iter().map(|t| t.0).collect::<Vec<_>>(),
+            greedy.iter().map(|t| t.0).collect::<Vec<_>>()
+        );
+        for (t, l) in &lp {
+            let l = l.as_ref().unwrap();
+            assert_eq!(l.top_len(), 3);
+            assert_eq!(l.top().next().unwrap().0, *t);
+        }
+        let warm = SamplingParams {
+            temperature: 1.5,
+            seed: 9,
+            ..SamplingParams::GREEDY
+        };
+        let (a, _) = run_sampled(false, warm);
+        let (b, _) = run_sampled(false, warm);
+        assert_eq!(a, b, "a seed reproduces");
+        let (c, _) = run_sampled(false, SamplingParams { seed: 10, ..warm });
+        assert_ne!(a, c);
+        assert_ne!(
+            a.iter().map(|t| t.0).collect::<Vec<_>>(),
+            greedy.iter().map(|t| t.0).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_device_drawing_backend_gets_one_decode_step_per_token_and_a_release() {
+        let (tokens, released) = run_sampled(true, messages::SamplingParams::GREEDY);
+        // the prefill digest's value (the request ID, 1) is the first token; its decode
+        // step is planned in the same round (round 0 draws 100), one token per round
+        assert_eq!(
+            tokens.iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![1, 100, 101, 102, 103]
+        );
+        // the finished request's device state is released, once
+        assert_eq!(released, vec![RequestId(1)]);
+    }
+
+    #[test]
+    fn a_drawn_token_outside_the_vocabulary_aborts_the_request() {
+        let mut rig = rig(false);
+        rig.s =
+            std::mem::replace(&mut rig.s, super::super::tests::rig(false).s).with_device_draws();
+        let p = prompt(10, 3);
+        let plan = rig.arrive(&[(1, &p, 3)]);
+        rig.d2h_done();
+        let mut d = digests_of(&plan);
+        d[0].1[0].value = u64::from(u32::MAX) + 7;
+        rig.apply(AgreedInputs {
+            digests: d,
+            ..AgreedInputs::default()
+        });
+        let events = rig.s.drain_events();
+        assert!(
+            matches!(&events[..], [RequestEvent::Aborted(_, why)] if why.contains("vocabulary")),
+            "{events:?}"
+        );
+        assert_eq!(rig.plan().released, vec![RequestId(1)]);
     }
 }
