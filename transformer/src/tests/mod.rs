@@ -2,6 +2,7 @@
 
 mod config_tests;
 mod forward_tests;
+mod reference_tests;
 mod text_tests;
 
 use std::path::Path;
