@@ -64,6 +64,10 @@ struct ServeFlags {
     store_dir: Option<String>,
     #[arg(long, help = settings::profile_help())]
     model_profile: Option<String>,
+    /// A Hugging Face model directory served by the transformer backend (TP = 1); see
+    /// `engine-host model init-random`.
+    #[arg(long)]
+    model_dir: Option<String>,
 }
 
 impl ServeFlags {
@@ -73,6 +77,7 @@ impl ServeFlags {
             store: self.store.clone(),
             store_dir: self.store_dir.clone(),
             model_profile: self.model_profile.clone(),
+            model_dir: self.model_dir.clone(),
             ..Default::default()
         }
     }
@@ -83,6 +88,7 @@ impl ServeFlags {
             ("--store", &self.store),
             ("--store-dir", &self.store_dir),
             ("--model-profile", &self.model_profile),
+            ("--model-dir", &self.model_dir),
         ] {
             if let Some(x) = val {
                 v.push(flag.to_string());

@@ -29,9 +29,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The model's cache geometry: the synthetic profile, or a model directory's (its config
+/// only; the weights load when the rank is built).
+fn model_geometry(s: &Settings) -> Result<SyntheticModel> {
+    if s.model.dir.is_empty() {
+        return SyntheticModel::by_name(&s.model.profile).map_err(|e| anyhow!("{e}"));
+    }
+    let (_, profile) = actors::model::checkpoint::read(
+        std::path::Path::new(&s.model.dir),
+        s.model.block_tokens as u64,
+        s.tp.world,
+    )
+    .map_err(|e| anyhow!("invalid setting model.dir: {e}"))?;
+    Ok(SyntheticModel::new(profile))
+}
+
+/// The model's name in the API (`/v1/models`) and in logs.
+pub fn model_name(s: &Settings) -> String {
+    if s.model.dir.is_empty() {
+        return format!("synthetic-{}", s.model.profile);
+    }
+    let path = std::path::Path::new(&s.model.dir);
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| s.model.dir.clone())
+}
+
 /// The rank spec and store factory from settings.
 pub fn rank_spec(s: &Settings) -> Result<RankSpec> {
-    let model = SyntheticModel::by_name(&s.model.profile).map_err(|e| anyhow!("{e}"))?;
+    let model = model_geometry(s)?;
     let groups = model.profile().groups.len().max(1) as u64;
     let host_blocks = if s.host_cache.size_bytes > 0 {
         let per_block: u64 = model
@@ -62,6 +89,8 @@ pub fn rank_spec(s: &Settings) -> Result<RankSpec> {
     };
     Ok(RankSpec {
         profile: s.model.profile.clone(),
+        model_dir: (!s.model.dir.is_empty()).then(|| s.model.dir.clone().into()),
+        block_tokens: s.model.block_tokens,
         rank: s.tp.rank,
         world: s.tp.world,
         device_blocks: s.model.device_blocks,
@@ -243,7 +272,7 @@ pub fn run(settings: Settings) -> Result<()> {
             1024,
             limits(&settings, &model),
             settings.server.admin_token.expose().to_string(),
-            format!("synthetic-{}", settings.model.profile),
+            model_name(&settings),
             Arc::new(move || m.metrics.render()),
             shared.health.clone(),
         )
@@ -252,7 +281,7 @@ pub fn run(settings: Settings) -> Result<()> {
         rank = settings.tp.rank,
         world = settings.tp.world,
         store = settings.storage.backend.as_str(),
-        profile = %settings.model.profile,
+        model = %model_name(&settings),
         replica = %settings.replica_label(),
         namespace = %engine.scheduler().namespace().as_str(),
         "engine host starting"

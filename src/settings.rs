@@ -68,6 +68,10 @@ impl Serialize for Secret {
 #[serde(deny_unknown_fields)]
 pub struct ModelSettings {
     pub profile: String,
+    /// A Hugging Face model directory served by the transformer backend; empty: `profile`.
+    pub dir: String,
+    /// Tokens per KV block of a model directory's cache geometry.
+    pub block_tokens: u32,
     pub checkpoint: String,
     pub weight_version: u64,
     /// -1: no draft model.
@@ -175,6 +179,32 @@ impl Settings {
                 "model.profile",
                 format!("must be one of {}", MODEL_PROFILES.join(", ")),
             ));
+        }
+        if !self.model.dir.is_empty() {
+            if !std::path::Path::new(&self.model.dir)
+                .join("config.json")
+                .is_file()
+            {
+                return Err(bad(
+                    "model.dir",
+                    format!(
+                        "must be a model directory holding config.json (none in {})",
+                        self.model.dir
+                    ),
+                ));
+            }
+            if self.tp.world != 1 {
+                return Err(bad(
+                    "model.dir",
+                    format!(
+                        "the transformer backend serves a model directory on one rank; tp.world is {}",
+                        self.tp.world
+                    ),
+                ));
+            }
+        }
+        if self.model.block_tokens == 0 {
+            return Err(bad("model.block_tokens", "must be greater than 0"));
         }
         if self.model.draft_weight_version < -1 {
             return Err(bad(
@@ -385,6 +415,7 @@ pub struct Overrides {
     pub store: Option<String>,
     pub store_dir: Option<String>,
     pub model_profile: Option<String>,
+    pub model_dir: Option<String>,
     pub rank: Option<u32>,
     pub world: Option<u32>,
     pub peers: Option<Vec<String>>,
@@ -446,6 +477,9 @@ pub fn load(
     }
     if let Some(v) = &overrides.model_profile {
         b = set(b, "model.profile", v.clone().into())?;
+    }
+    if let Some(v) = &overrides.model_dir {
+        b = set(b, "model.dir", v.clone().into())?;
     }
     if let Some(v) = overrides.rank {
         b = set(b, "tp.rank", (v as u64).into())?;

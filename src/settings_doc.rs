@@ -71,7 +71,9 @@ pub const ENTRIES: &[Entry] = &[
         ty: Some("string: tiny | llama-8b-like | llama-8b-like-h100-fp8 | hybrid-swa | hybrid-state | replay-small"),
         ..r("model.profile", "Synthetic model profile (flag `--model-profile`): its layers, cache groups, KV heads and cost model.", "one of the profiles `serve --help` lists", "bogus")
     },
-    e("model.checkpoint", "Checkpoint identity in the L3 namespace; empty: derived from the profile."),
+    r("model.dir", "A Hugging Face model directory (config.json, safetensors weights, tokenizer.json, tokenizer_config.json) served by the transformer backend on one rank (flag `--model-dir`); the hash of its config and weights enters the L3 namespace. Empty: the synthetic `model.profile`.", "empty, or a directory holding config.json (with `tp.world` = 1)", "/nonexistent/tsl3-model"),
+    r("model.block_tokens", "Tokens per KV block of a model directory's cache geometry (the synthetic profiles fix their own).", "greater than 0", "0"),
+    e("model.checkpoint", "Checkpoint identity in the L3 namespace; empty: derived from the profile (or the model directory's hash, which is always appended)."),
     e("model.weight_version", "Weight version in the L3 namespace (`POST /admin/weight_version` moves it)."),
     r("model.draft_weight_version", "Draft model weight version; -1: no draft model.", "-1 or a version >= 0", "-2"),
     r("model.device_blocks", "Device (L1) KV blocks per cache group on each rank.", "greater than 0", "0"),

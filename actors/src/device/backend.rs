@@ -11,6 +11,7 @@ use super::engine::DeviceCopyEngineCore;
 use super::forward::{DecodeStep, ForwardOutcome, ForwardStep};
 use super::memory::DeviceMemory;
 use super::ops::DeviceError;
+use super::transformer::TransformerBackend;
 use crate::model::SyntheticModel;
 use messages::RequestId;
 use std::sync::Arc;
@@ -18,12 +19,14 @@ use std::sync::Arc;
 /// What runs a step's forward.
 pub enum ForwardBackend {
     Synthetic(Arc<SyntheticModel>),
+    Transformer(Box<TransformerBackend>),
 }
 
 impl std::fmt::Debug for ForwardBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ForwardBackend::Synthetic(m) => write!(f, "Synthetic({})", m.profile().name),
+            ForwardBackend::Transformer(t) => write!(f, "Transformer({})", t.model().identity()),
         }
     }
 }
@@ -40,6 +43,7 @@ impl ForwardBackend {
     pub fn draws_on_device(&self) -> bool {
         match self {
             ForwardBackend::Synthetic(_) => false,
+            ForwardBackend::Transformer(_) => true,
         }
     }
 
@@ -47,11 +51,12 @@ impl ForwardBackend {
     pub fn forward<M: DeviceMemory>(
         &mut self,
         core: &mut DeviceCopyEngineCore<M>,
-        _id: RequestId,
+        id: RequestId,
         step: &ForwardStep,
     ) -> Result<ForwardOutcome, DeviceError> {
         match self {
             ForwardBackend::Synthetic(m) => core.forward(m, step),
+            ForwardBackend::Transformer(t) => t.forward(core, id, step),
         }
     }
 
@@ -60,9 +65,10 @@ impl ForwardBackend {
         &mut self,
         _core: &mut DeviceCopyEngineCore<M>,
         id: RequestId,
-        _step: &DecodeStep,
+        step: &DecodeStep,
     ) -> Result<ForwardOutcome, DeviceError> {
         match self {
+            ForwardBackend::Transformer(t) => t.decode(id, step),
             ForwardBackend::Synthetic(_) => Err(DeviceError::Forward(format!(
                 "request {id:?}: the synthetic model draws tokens in the scheduler; it has \
                  no device decode step"
@@ -72,9 +78,10 @@ impl ForwardBackend {
 
     /// The device-side state of these requests ends (finished or aborted); unknown IDs are
     /// ignored.
-    pub fn release(&mut self, _ids: &[RequestId]) {
+    pub fn release(&mut self, ids: &[RequestId]) {
         match self {
             ForwardBackend::Synthetic(_) => {}
+            ForwardBackend::Transformer(t) => t.release(ids),
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod geometry;
 pub mod memory;
 pub mod ops;
 pub mod select;
+pub mod transformer;
 
 #[cfg(test)]
 mod tests;

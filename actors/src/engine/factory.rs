@@ -1,10 +1,15 @@
 //! The startup factory (seed 000: cache/l3/factory.py): derives the deployment identity
-//! and namespace from the model profile and the rank geometry, sizes the shared Host
-//! allocation, and builds one RankEngine. Storage disabled: no executor, no store client.
+//! and namespace from the model (a synthetic profile, or a model directory whose
+//! checkpoint hash enters the namespace) and the rank geometry, sizes the shared Host
+//! allocation, and builds one RankEngine with its forward backend. Storage disabled: no
+//! executor, no store client.
 
 use super::RankEngine;
 use crate::clock::SharedClock;
-use crate::device::{device_memory, DeviceBackendChoice, DeviceCopyEngineCore, DeviceGeometry};
+use crate::device::transformer::TransformerBackend;
+use crate::device::{
+    device_memory, DeviceBackendChoice, DeviceCopyEngineCore, DeviceGeometry, ForwardBackend,
+};
 use crate::host::HostCacheStorage;
 use crate::l3::store::Store;
 use crate::l3::L3Executor;
@@ -14,6 +19,7 @@ use crate::scheduler::{Scheduler, SchedulerConfig};
 use messages::settings::{StorageConfig, StorageRuntimeConfig};
 use messages::DeploymentIdentity;
 use std::sync::Arc;
+use transformer::{ComputeDevice, Transformer};
 
 /// Why a rank could not be built; each names the part that failed.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +43,13 @@ pub enum StartupError {
 /// Everything one rank is built from.
 #[derive(Clone, Debug)]
 pub struct RankSpec {
+    /// The synthetic model profile (ignored when `model_dir` is set).
     pub profile: String,
+    /// A Hugging Face model directory served by the transformer backend (None: the
+    /// synthetic `profile`).
+    pub model_dir: Option<std::path::PathBuf>,
+    /// Tokens per cache block of a model directory's geometry.
+    pub block_tokens: u32,
     pub rank: u32,
     pub world: u32,
     /// Device blocks per cache group.
@@ -57,7 +69,14 @@ impl RankSpec {
     /// The model and this rank's layout (geometry, pool sizes, scratch blocks): what the
     /// rank allocates, computed without allocating it.
     pub fn layout(&self) -> Result<(SyntheticModel, RankLayout), StartupError> {
-        let model = SyntheticModel::by_name(&self.profile)?;
+        let model = match &self.model_dir {
+            None => SyntheticModel::by_name(&self.profile)?,
+            Some(dir) => {
+                let (_, profile) =
+                    crate::model::checkpoint::read(dir, self.block_tokens as u64, self.world)?;
+                SyntheticModel::new(profile)
+            }
+        };
         let scratch = (self.max_running as u32).saturating_mul(model.profile().groups.len() as u32);
         let layout = RankLayout::new(
             model.profile(),
@@ -77,6 +96,8 @@ impl RankSpec {
     pub fn small(storage: bool) -> Self {
         Self {
             profile: "tiny".into(),
+            model_dir: None,
+            block_tokens: 16,
             rank: 0,
             world: 1,
             device_blocks: 64,
@@ -158,7 +179,32 @@ pub fn build_rank(
     make_store: impl FnOnce(&Arc<HostCacheStorage>) -> Result<Arc<dyn Store>, String>,
 ) -> Result<RankEngine, StartupError> {
     let (model, layout) = spec.layout()?;
-    let namespace = identity(spec, &layout).namespace();
+    let transformer = match &spec.model_dir {
+        None => None,
+        Some(dir) => {
+            let device = match spec.device {
+                DeviceBackendChoice::Cuda { ordinal } => ComputeDevice::Cuda(ordinal as usize),
+                _ => ComputeDevice::Cpu,
+            };
+            let t = Transformer::load(dir, device)
+                .map_err(|e| crate::model::ModelError::Checkpoint(e.to_string()))?;
+            Some(Arc::new(t))
+        }
+    };
+    let namespace = match &transformer {
+        None => identity(spec, &layout).namespace(),
+        Some(t) => {
+            // The checkpoint hash enters the namespace: another checkpoint never reuses
+            // this KV, whatever the directory or a setting calls it.
+            let mut s = spec.clone();
+            s.checkpoint = if spec.checkpoint.is_empty() {
+                format!("hf/{}", t.identity())
+            } else {
+                format!("{}/hf/{}", spec.checkpoint, t.identity())
+            };
+            identity(&s, &layout).namespace()
+        }
+    };
     let host = HostCacheStorage::new(layout.host_bytes().max(1))?;
     let dev_geometry = DeviceGeometry::new(layout.device_slots(), layout.slot_bytes())?;
     let (memory, _) = device_memory(host.clone(), dev_geometry, spec.device)?;
@@ -197,5 +243,14 @@ pub fn build_rank(
             }
         }));
     }
-    Ok(RankEngine::new(scheduler, executor, device, host, clock))
+    let backend = match transformer {
+        None => ForwardBackend::Synthetic(Arc::new(scheduler.model().clone())),
+        Some(t) => ForwardBackend::Transformer(Box::new(TransformerBackend::new(
+            t,
+            Arc::new(scheduler.model().clone()),
+        )?)),
+    };
+    Ok(RankEngine::with_backend(
+        scheduler, executor, device, backend, host, clock,
+    ))
 }

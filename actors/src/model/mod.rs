@@ -13,6 +13,7 @@
 //! single-rank recomputation. A restored prefix that is wrong in one byte changes the
 //! output. See `forward.rs` for how sliding-window and State groups keep that property.
 
+pub mod checkpoint;
 pub mod cost;
 pub mod forward;
 pub mod kv;
@@ -72,4 +73,6 @@ pub enum ModelError {
     NoNewTokens { context: u64, tokens: u64 },
     #[error("rank reduction: {0}")]
     Reduce(String),
+    #[error("model directory: {0}")]
+    Checkpoint(String),
 }
