@@ -1,9 +1,29 @@
 //! Wall time of whole-prompt prefills (and a context prefill and a decode step) on random
-//! models: `cargo run --release -p transformer --example prefill_bench`.
+//! models: `cargo run --release -p transformer --example prefill_bench`. Also prints the
+//! process CPU time of each whole prefill (Linux /proc), which a shared machine inflates less.
 
 use std::time::Instant;
 
 use transformer::{init_random, ComputeDevice, RandomModelSpec, Transformer, TransformerError};
+
+/// Process CPU seconds (user + system) from /proc/self/stat; 0 where unavailable.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let Some(rest) = stat.rsplit(')').next() else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
 
 fn main() -> Result<(), TransformerError> {
     let specs = [
@@ -32,9 +52,11 @@ fn main() -> Result<(), TransformerError> {
             let tokens: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % 256).collect();
             // One warm-up, then the measured run.
             model.prefill(&tokens[..16], 0, &[])?;
+            let cpu = cpu_seconds();
             let t = Instant::now();
             let whole = model.prefill(&tokens, 0, &[])?;
             let full = t.elapsed();
+            let cpu = cpu_seconds() - cpu;
             let half = len / 2;
             let t = Instant::now();
             let ctx = model.prefill(&tokens, half, &[&whole.new_rows[..half * row_bytes]])?;
@@ -44,8 +66,9 @@ fn main() -> Result<(), TransformerError> {
             model.decode(&mut kv, 1)?;
             let decode = t.elapsed();
             println!(
-                "  prefill {len:>5} tokens: {:>8.1} ms   (second half over a {half}-row context: {:>8.1} ms; one decode step after: {:>6.2} ms)",
+                "  prefill {len:>5} tokens: {:>8.1} ms wall, {:>6.2} CPU-s   (second half over a {half}-row context: {:>8.1} ms; one decode step after: {:>6.2} ms)",
                 full.as_secs_f64() * 1e3,
+                cpu,
                 context.as_secs_f64() * 1e3,
                 decode.as_secs_f64() * 1e3
             );

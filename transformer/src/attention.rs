@@ -1,6 +1,7 @@
 //! Causal grouped-query attention of a run of new queries over all of a request's keys.
 
 use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
 
 use crate::error::{CandleContext, TransformerError};
 
@@ -17,6 +18,32 @@ pub(crate) fn attend(
     v: &Tensor,
     start: usize,
     window: Option<usize>,
+) -> Result<Tensor, TransformerError> {
+    let path = if q.device().is_cpu() {
+        SoftmaxPath::Host
+    } else {
+        SoftmaxPath::Tensor
+    };
+    attend_with(q, k, v, start, window, path)
+}
+
+/// How the masked softmax over a block's scores is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SoftmaxPath {
+    /// Tensor ops (an additive mask and candle's softmax): any device.
+    Tensor,
+    /// One fused pass per score row over host memory (mask, max, exp, normalise), rows in
+    /// parallel on the rayon pool: CPU only, several times fewer passes over the scores.
+    Host,
+}
+
+pub(crate) fn attend_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    start: usize,
+    window: Option<usize>,
+    path: SoftmaxPath,
 ) -> Result<Tensor, TransformerError> {
     let (heads, n, head_dim) = q.dims3().op("attention q dims")?;
     let (kv_heads, keys, _) = k.dims3().op("attention k dims")?;
@@ -41,8 +68,7 @@ pub(crate) fn attend(
             None => 0,
         };
         let len = last_query + 1 - lo;
-        let qb = q
-            .narrow(1, a, m)
+        let qb = (q.narrow(1, a, m).and_then(|t| t * scale))
             .and_then(|t| t.contiguous())
             .and_then(|t| t.reshape((kv_heads, group * m, head_dim)))
             .op("attention query block")?;
@@ -57,18 +83,41 @@ pub(crate) fn attend(
         let scores = kb
             .t()
             .and_then(|kt| qb.matmul(&kt))
-            .and_then(|s| s.to_dtype(DType::F32))
-            .and_then(|s| s * scale)
-            .and_then(|s| s.reshape((kv_heads, group, m, len)))
             .op("attention scores")?;
-        let scores = match mask(first_query, m, lo, len, window, device)? {
-            Some(mask) => scores.broadcast_add(&mask).op("attention mask")?,
-            None => scores,
+        let probs = match path {
+            SoftmaxPath::Tensor => {
+                let scores = scores
+                    .to_dtype(DType::F32)
+                    .and_then(|s| s.reshape((kv_heads, group, m, len)))
+                    .op("attention scores f32")?;
+                let scores = match mask(first_query, m, lo, len, window, device)? {
+                    Some(mask) => scores.broadcast_add(&mask).op("attention mask")?,
+                    None => scores,
+                };
+                candle_nn::ops::softmax_last_dim(&scores)
+                    .and_then(|p| p.to_dtype(vb.dtype()))
+                    .and_then(|p| p.reshape((kv_heads, group * m, len)))
+                    .op("attention softmax")?
+            }
+            SoftmaxPath::Host => {
+                let mut values = scores
+                    .to_dtype(DType::F32)
+                    .and_then(|s| s.flatten_all())
+                    .and_then(|s| s.to_vec1::<f32>())
+                    .op("attention scores to host")?;
+                values.par_chunks_mut(len).enumerate().for_each(|(r, row)| {
+                    let qp = first_query + r % m;
+                    let from = match window {
+                        Some(w) => (qp + 1).saturating_sub(w).max(lo),
+                        None => lo,
+                    };
+                    softmax_row(row, from - lo, qp - lo);
+                });
+                Tensor::from_vec(values, (kv_heads, group * m, len), device)
+                    .and_then(|p| p.to_dtype(vb.dtype()))
+                    .op("attention softmax from host")?
+            }
         };
-        let probs = candle_nn::ops::softmax_last_dim(&scores)
-            .and_then(|p| p.to_dtype(vb.dtype()))
-            .and_then(|p| p.reshape((kv_heads, group * m, len)))
-            .op("attention softmax")?;
         let out = probs
             .matmul(&vb)
             .and_then(|o| o.reshape((heads, m, head_dim)))
@@ -81,6 +130,24 @@ pub(crate) fn attend(
         .and_then(|o| o.contiguous())
         .and_then(|o| o.reshape((n, heads * head_dim)))
         .op("attention output")
+}
+
+/// Softmax of `row[first..=last]` in place; every other entry (masked keys) becomes 0.
+fn softmax_row(row: &mut [f32], first: usize, last: usize) {
+    let max = row[first..=last]
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sum = 0f32;
+    for x in &mut row[first..=last] {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    for x in &mut row[first..=last] {
+        *x *= inv;
+    }
+    row[..first].fill(0.0);
+    row[last + 1..].fill(0.0);
 }
 
 /// The additive mask (m, len) for queries [first, first + m) over keys [lo, lo + len), or
@@ -171,8 +238,14 @@ mod tests {
 
     #[test]
     fn matches_reference_with_and_without_window() {
-        for window in [None, Some(3)] {
-            let (start, n, d) = (5, 7, 4);
+        // The second shape spans two query blocks.
+        for (window, start, n) in [
+            (None, 5, 7),
+            (Some(3), 5, 7),
+            (None, 3, 300),
+            (Some(100), 3, 300),
+        ] {
+            let d = 4;
             let (q, qn) = tensor(4, n, d, 1);
             let (k, kn) = tensor(2, start + n, d, 2);
             let (v, vn) = tensor(2, start + n, d, 3);

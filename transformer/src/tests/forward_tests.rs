@@ -434,3 +434,42 @@ fn sharded_checkpoints_load_through_their_index() {
         .to_string();
     assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
 }
+
+#[test]
+fn model_and_request_kv_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Transformer>();
+    send_sync::<crate::RequestKv>();
+    send_sync::<crate::TextTokenizer>();
+    send_sync::<crate::ChatTemplate>();
+    // And one model serves prefills from several threads at once, identically.
+    let dir = model_dir(&RandomModelSpec::default());
+    let m = load(dir.path());
+    let want = m.prefill(&prompt(8), 0, &[]).unwrap().logits;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| m.prefill(&prompt(8), 0, &[]).unwrap().logits))
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), want);
+        }
+    });
+}
+
+#[test]
+fn prompts_longer_than_a_query_block_split_the_same() {
+    let dir = model_dir(&RandomModelSpec::default());
+    let m = load(dir.path());
+    let rb = m.kv_layout().row_bytes();
+    let tokens = prompt(300);
+    let whole = m.prefill(&tokens, 0, &[]).unwrap();
+    let first = m.prefill(&tokens[..40], 0, &[]).unwrap();
+    let second = m
+        .prefill(&tokens, 40, &blocks(&first.new_rows, rb, 16))
+        .unwrap();
+    let d = max_abs_diff(&whole.logits, &second.logits);
+    assert!(d <= LOGIT_TOL, "logits differ by {d}");
+    let mut rows = first.new_rows;
+    rows.extend_from_slice(&second.new_rows);
+    assert!(max_abs_diff(&floats(&whole.new_rows), &floats(&rows)) <= ROW_TOL);
+}
