@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod launch;
+pub mod model_cmd;
 pub mod serve;
 pub mod settings;
 pub mod settings_doc;

@@ -146,6 +146,11 @@ enum Command {
         #[command(subcommand)]
         which: BenchCommand,
     },
+    /// Model directory tools (`model init-random DIR`).
+    Model {
+        #[command(subcommand)]
+        which: engine_host::model_cmd::ModelCommand,
+    },
 }
 
 /// (name, `--help` text) of every `bench` subcommand, for the settings reference.
@@ -299,6 +304,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Model { which } => match which.run() {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Bench { which } => match run_bench(which, &env) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -36,7 +36,10 @@ fn err(e: impl std::fmt::Display) -> DeviceError {
 
 impl TransformerBackend {
     /// `geometry` must be the profile `model::checkpoint::profile_of` derived for `model`.
-    pub fn new(model: Arc<Transformer>, geometry: Arc<SyntheticModel>) -> Result<Self, DeviceError> {
+    pub fn new(
+        model: Arc<Transformer>,
+        geometry: Arc<SyntheticModel>,
+    ) -> Result<Self, DeviceError> {
         let groups = &geometry.profile().groups;
         let [g] = groups.as_slice() else {
             return Err(err(format!(
@@ -159,7 +162,11 @@ impl TransformerBackend {
 
     /// A decode step on the request's KV (the prefill's context and new rows, then every
     /// decoded token).
-    pub fn decode(&mut self, id: RequestId, step: &DecodeStep) -> Result<ForwardOutcome, DeviceError> {
+    pub fn decode(
+        &mut self,
+        id: RequestId,
+        step: &DecodeStep,
+    ) -> Result<ForwardOutcome, DeviceError> {
         let kv = self
             .running
             .get_mut(&id)

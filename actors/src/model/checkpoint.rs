@@ -60,7 +60,9 @@ pub fn read(
         )));
     }
     if block_tokens == 0 {
-        return Err(ModelError::Checkpoint("block_tokens must be at least 1".into()));
+        return Err(ModelError::Checkpoint(
+            "block_tokens must be at least 1".into(),
+        ));
     }
     let profile = profile_of(&config, block_tokens, CPU_VALUE_BYTES);
     Ok((config, profile))
@@ -75,8 +77,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         transformer::init_random(dir.path(), &transformer::RandomModelSpec::default()).unwrap();
         let (config, profile) = read(dir.path(), 16, 1).unwrap();
-        let m = transformer::Transformer::load(dir.path(), transformer::ComputeDevice::Cpu)
-            .unwrap();
+        let m =
+            transformer::Transformer::load(dir.path(), transformer::ComputeDevice::Cpu).unwrap();
         let g = profile.groups[0];
         assert_eq!(
             g.bytes_per_token_or_checkpoint(),
@@ -86,7 +88,9 @@ mod tests {
         assert_eq!(profile.vocab as usize, config.vocab_size);
         let e = read(dir.path(), 16, 2).unwrap_err().to_string();
         assert!(e.contains("TP = 1") && e.contains("2 ranks"), "{e}");
-        let e = read(&dir.path().join("nope"), 16, 1).unwrap_err().to_string();
+        let e = read(&dir.path().join("nope"), 16, 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("config.json"), "{e}");
     }
 }
