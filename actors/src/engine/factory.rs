@@ -183,7 +183,7 @@ pub fn build_rank(
         None => None,
         Some(dir) => {
             let device = match spec.device {
-                DeviceBackendChoice::Cuda { ordinal } => ComputeDevice::Cuda(ordinal as usize),
+                DeviceBackendChoice::Cuda { ordinal } => ComputeDevice::Cuda(ordinal),
                 _ => ComputeDevice::Cpu,
             };
             let t = Transformer::load(dir, device)
