@@ -376,6 +376,10 @@ impl BenchRun for ExecutorArgs {
 pub struct TtftArgs {
     #[arg(long, default_value = "llama-8b-like", help = settings::profile_help())]
     profile: String,
+    /// Serve this model directory (transformer backend, real CPU compute) instead of
+    /// --profile; `engine-host model init-random DIR` writes one.
+    #[arg(long)]
+    model_dir: Option<String>,
     /// Prompt lengths in tokens.
     #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
     lengths: Vec<u64>,
@@ -407,6 +411,7 @@ impl BenchRun for TtftArgs {
     fn run(self, _env: &BenchEnv) -> Result<(), String> {
         super::ttft::run(&super::ttft::TtftConfig {
             profile: self.profile,
+            model_dir: self.model_dir.map(Into::into),
             lengths: self.lengths,
             runs: self.runs,
             soft_deadline_ms: self.soft_deadline_ms,

@@ -44,10 +44,16 @@ pub const COHORTS: [&str; 9] = [
     "l3-mooncake",
 ];
 
+/// Tokens per block of a model directory's geometry (`model.block_tokens`'s default).
+const MODEL_DIR_BLOCK_TOKENS: u64 = 16;
+
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct TtftConfig {
     pub profile: String,
+    /// A model directory served by the transformer backend instead of `profile` (real
+    /// compute: no modeled device time).
+    pub model_dir: Option<PathBuf>,
     pub lengths: Vec<u64>,
     pub runs: usize,
     /// The one wait budget of every cohort: `storage.contract.soft_deadline_ms`.
@@ -64,6 +70,16 @@ pub struct TtftConfig {
     /// Also measure Mooncake Store as the MEMORY tier (settings from the environment
     /// deploy/mooncake/env.sh exports).
     pub mooncake: bool,
+}
+
+impl TtftConfig {
+    /// The model measured: the synthetic profile, or `dir:<path>` for a model directory.
+    pub fn model_name(&self) -> String {
+        match &self.model_dir {
+            None => self.profile.clone(),
+            Some(d) => format!("dir:{}", d.display()),
+        }
+    }
 }
 
 /// One timed request.
@@ -132,7 +148,14 @@ fn prompt(kind: u64, len: u64, run: usize, vocab: u32) -> Vec<u32> {
 
 impl<'a> Bench<'a> {
     fn new(cfg: &'a TtftConfig) -> Result<Self, String> {
-        let profile = ModelProfile::by_name(&cfg.profile).map_err(|e| e.to_string())?;
+        let profile = match &cfg.model_dir {
+            None => ModelProfile::by_name(&cfg.profile).map_err(|e| e.to_string())?,
+            Some(dir) => {
+                actors::model::checkpoint::read(dir, MODEL_DIR_BLOCK_TOKENS, 1)
+                    .map_err(|e| e.to_string())?
+                    .1
+            }
+        };
         let max_len = *cfg.lengths.iter().max().ok_or("no prompt length given")?;
         let block = profile
             .groups
@@ -171,11 +194,11 @@ impl<'a> Bench<'a> {
     }
 
     fn start_with(&mut self, store: Store, what: &str) -> Result<EngineProcess, String> {
-        let mut args = vec![
-            "--model-profile".to_string(),
-            self.cfg.profile.clone(),
-            "--store".into(),
-        ];
+        let mut args = match &self.cfg.model_dir {
+            None => vec!["--model-profile".to_string(), self.cfg.profile.clone()],
+            Some(d) => vec!["--model-dir".to_string(), d.display().to_string()],
+        };
+        args.push("--store".into());
         let mut extra: Vec<(String, String)> = vec![];
         match store {
             Store::Local(dir) => {
@@ -520,9 +543,10 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
     std::fs::create_dir_all(cfg.out.join("logs"))
         .map_err(|e| format!("{}: {e}", cfg.out.display()))?;
     let mut b = Bench::new(cfg)?;
+    let model = cfg.model_name();
     println!(
-        "bench ttft: profile {} lengths {:?} runs {} soft deadline {} ms, device time {}, Device capacity {} blocks per group, output {}",
-        cfg.profile,
+        "bench ttft: model {} lengths {:?} runs {} soft deadline {} ms, device time {}, Device capacity {} blocks per group, output {}",
+        model,
         cfg.lengths,
         cfg.runs,
         cfg.soft_deadline_ms,
@@ -575,7 +599,7 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
         .collect();
     let doc = json!({
         "bench": "ttft",
-        "profile": cfg.profile,
+        "profile": model,
         "lengths": cfg.lengths,
         "runs": cfg.runs,
         "soft_deadline_ms": cfg.soft_deadline_ms,
@@ -597,7 +621,7 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
     )
     .map_err(|e| format!("{}: {e}", json_path.display()))?;
     let svg = cfg.out.join("ttft.svg");
-    plot(&summaries, &cfg.profile, longest, &svg)?;
+    plot(&summaries, &model, longest, &svg)?;
     println!("wrote {} and {}", json_path.display(), svg.display());
     if let Some(e) = failure {
         return Err(e);
