@@ -75,7 +75,8 @@ pub struct StorageTransferManager {
     gate: PressureGate,
     pub(super) backups: BackupQueue,
     negative: NegativeMetadata,
-    pub(super) pending_put_keys: BTreeMap<StorageKey, u32>,
+    /// Pending PUTs per key (lookups only, never iterated).
+    pub(super) pending_put_keys: super::backup::KeyTable<u32>,
     now_us: u64,
     lease_serial: u64,
     pub(crate) epoch: u64,
@@ -119,7 +120,7 @@ impl StorageTransferManager {
             waits: BTreeMap::new(),
             deadlines: DeadlineQueue::new(),
             ready_expiry: DeadlineQueue::new(),
-            pending_put_keys: BTreeMap::new(),
+            pending_put_keys: Default::default(),
             now_us: 0,
             lease_serial: 0,
             epoch: 0,
@@ -595,6 +596,18 @@ impl StorageTransferManager {
         request: RequestId,
         keys: Vec<StorageKey>,
     ) -> Result<(StorageQueryOp, StorageLease), Refusal> {
+        let n = keys.len();
+        self.issue_query_with(request, n, move || keys)
+    }
+
+    /// `issue_query` of `n` keys that `keys` makes only once the QUERY is admitted (a
+    /// refusal builds none). `keys()` must return exactly `n` keys.
+    pub fn issue_query_with(
+        &mut self,
+        request: RequestId,
+        n: usize,
+        keys: impl FnOnce() -> Vec<StorageKey>,
+    ) -> Result<(StorageQueryOp, StorageLease), Refusal> {
         if self.quarantined {
             return Err(Refusal::Disabled);
         }
@@ -602,12 +615,14 @@ impl StorageTransferManager {
             return Err(Refusal::AlreadyWaiting(request));
         }
         let gates = self.gates();
-        if let Err(e) = admit_query(gates, &mut self.credits, &self.cfg, keys.len()) {
+        if let Err(e) = admit_query(gates, &mut self.credits, &self.cfg, n) {
             if e == Refusal::PressureClosed {
                 self.pressure_bypasses += 1;
             }
             return Err(e);
         }
+        let keys = keys();
+        debug_assert_eq!(keys.len(), n, "the admitted key count");
         let op = self.ids.next_id();
         self.tickets.insert(
             op,
