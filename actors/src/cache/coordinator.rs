@@ -426,8 +426,7 @@ impl CacheCoordinator {
             bound.min(local.saturating_add(limits.lookahead_tokens))
         };
         let candidates: Vec<Candidate> = table
-            .candidates(local)
-            .into_iter()
+            .candidates_iter(local)
             .filter(|c| c.boundary <= hi)
             .collect();
         match candidates.first() {
@@ -491,7 +490,7 @@ impl CacheCoordinator {
         );
         let device_tokens = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
         let mut longest_legal = None;
-        for c in table.candidates(device_tokens) {
+        for c in table.candidates_iter(device_tokens) {
             let t = table.tally(c);
             if !t.legal_at(Have::Assumed) {
                 continue;

@@ -124,9 +124,11 @@ impl Scheduler {
             return;
         }
         let host_credits = stm.host_credits_left();
-        let prompt = r.prompt.clone();
         let reusable = r.reusable();
-        let res = match self.cache.reserve(&prompt, reusable, &hints, host_credits) {
+        let res = match self
+            .cache
+            .reserve(&r.prompt, reusable, &hints, host_credits)
+        {
             Ok(res) => res,
             Err(_) => {
                 self.end_prefetch(id, Some(FallbackReason::Miss));

@@ -434,12 +434,10 @@ impl StorageTransferManager {
             return;
         };
         let (kind, waiter, epoch) = (t.kind, t.waiter, t.epoch);
-        let keys = t.keys.clone();
-        let refs = t.refs.clone();
-        if kind == StorageOpKind::Get {
+        if kind == StorageOpKind::Get && done.failures.iter().any(|f| f.is_some()) {
             for (i, f) in done.failures.iter().enumerate() {
                 if f.is_some() {
-                    if let Some(key) = keys.get(i) {
+                    if let Some(key) = t.keys.get(i) {
                         if self.negative.record(key) {
                             fx.negative.push(key.clone());
                         }
@@ -447,6 +445,13 @@ impl StorageTransferManager {
                 }
             }
         }
+        // Only a QUERY's result and a PUT's outcome need the ticket's keys (and a PUT its
+        // references) after settlement; a GET reads them from the ticket in place.
+        let (keys, refs) = match kind {
+            StorageOpKind::Query => (t.keys.clone(), Vec::new()),
+            StorageOpKind::Put => (t.keys.clone(), t.refs.clone()),
+            StorageOpKind::Get => (Vec::new(), Vec::new()),
+        };
         if kind == StorageOpKind::Put {
             self.unpend_put_keys(op);
         }
