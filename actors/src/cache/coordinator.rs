@@ -379,6 +379,28 @@ impl CacheCoordinator {
         credits: QueryCredits,
         limits: QueryLimits,
     ) -> QueryPlan {
+        let mut plan = self.plan_query_rows(tokens, reusable, credits, limits);
+        plan.keys = self.query_keys(&plan);
+        plan
+    }
+
+    /// The page keys of a plan's rows, in row order (what `plan_query` puts in `keys`).
+    pub fn query_keys(&self, plan: &QueryPlan) -> Vec<StorageKey> {
+        plan.rows
+            .iter()
+            .map(|r| page_key(&self.namespace, &self.geometry, r.block, r.page))
+            .collect()
+    }
+
+    /// `plan_query` without the page keys (`keys` stays empty; `query_keys` makes them):
+    /// a caller whose QUERY may still be refused builds no key strings for nothing.
+    pub fn plan_query_rows(
+        &self,
+        tokens: &[u32],
+        reusable: u32,
+        credits: QueryCredits,
+        limits: QueryLimits,
+    ) -> QueryPlan {
         let bound = Self::bound(tokens, reusable);
         let index = PromptIndex::new(&self.geometry, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
@@ -404,8 +426,7 @@ impl CacheCoordinator {
             bound.min(local.saturating_add(limits.lookahead_tokens))
         };
         let candidates: Vec<Candidate> = table
-            .candidates(local)
-            .into_iter()
+            .candidates_iter(local)
             .filter(|c| c.boundary <= hi)
             .collect();
         match candidates.first() {
@@ -434,12 +455,9 @@ impl CacheCoordinator {
             .iter()
             .map(|b| table.pages(b.addr.group as usize) as usize)
             .sum();
-        plan.keys.reserve_exact(rows);
         plan.rows.reserve_exact(rows);
         for b in &packing.blocks {
             for page in 0..table.pages(b.addr.group as usize) {
-                plan.keys
-                    .push(page_key(&self.namespace, &self.geometry, b.addr, page));
                 plan.rows.push(QueryRow {
                     block: b.addr,
                     page,
@@ -472,7 +490,7 @@ impl CacheCoordinator {
         );
         let device_tokens = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
         let mut longest_legal = None;
-        for c in table.candidates(device_tokens) {
+        for c in table.candidates_iter(device_tokens) {
             let t = table.tally(c);
             if !t.legal_at(Have::Assumed) {
                 continue;

@@ -75,7 +75,21 @@ impl BuildHasher for BuildContentHasher {
 /// One step of the chain: the hash of `tokens` appended to the prefix named by `parent`.
 /// The token count is hashed too, so a partial (tail) block never aliases a full one.
 pub fn chain_hash(scratch: &mut Vec<u8>, parent: ContentHash, tokens: &[u32]) -> ContentHash {
+    // Small blocks hash from a stack buffer (no allocation); larger ones use `scratch`.
+    const STACK: usize = 256;
+    let need = 20 + 4 * tokens.len();
+    if need <= STACK {
+        let mut buf = [0u8; STACK];
+        buf[..8].copy_from_slice(&parent.hi.to_le_bytes());
+        buf[8..16].copy_from_slice(&parent.lo.to_le_bytes());
+        buf[16..20].copy_from_slice(&(tokens.len() as u32).to_le_bytes());
+        for (i, t) in tokens.iter().enumerate() {
+            buf[20 + 4 * i..24 + 4 * i].copy_from_slice(&t.to_le_bytes());
+        }
+        return ContentHash::from_u128(xxh3_128(&buf[..need]));
+    }
     scratch.clear();
+    scratch.reserve(need);
     scratch.extend_from_slice(&parent.hi.to_le_bytes());
     scratch.extend_from_slice(&parent.lo.to_le_bytes());
     scratch.extend_from_slice(&(tokens.len() as u32).to_le_bytes());

@@ -82,14 +82,13 @@ struct GroupTable {
     block_tokens: u32,
     pages: u32,
     have: Vec<Have>,
-    /// counts[h][i]: blocks with level h among blocks [0, i).
-    counts: [Vec<u32>; 4],
+    /// counts[i][h]: blocks with level h among blocks [0, i) (one allocation per group).
+    counts: Vec<[u32; 4]>,
 }
 
 impl GroupTable {
     fn count(&self, h: Have, start: u32, end: u32) -> u32 {
-        let c = &self.counts[h as usize];
-        c[end as usize] - c[start as usize]
+        self.counts[end as usize][h as usize] - self.counts[start as usize][h as usize]
     }
 
     /// The complete-block range [start, end) and whether a tail block is needed at `b`.
@@ -178,15 +177,12 @@ impl MatchTable {
                         .map(|k| avail(BlockAddr::new(g, index.block_hash(g, k))))
                         .collect(),
                 };
-                let mut counts: [Vec<u32>; 4] = Default::default();
-                for (level, c) in counts.iter_mut().enumerate() {
-                    c.reserve(have.len() + 1);
-                    let mut run = 0u32;
-                    c.push(0);
-                    for h in &have {
-                        run += (*h as usize == level) as u32;
-                        c.push(run);
-                    }
+                let mut counts: Vec<[u32; 4]> = Vec::with_capacity(have.len() + 1);
+                let mut run = [0u32; 4];
+                counts.push(run);
+                for h in &have {
+                    run[*h as usize] += 1;
+                    counts.push(run);
                 }
                 GroupTable {
                     kind: spec.kind,
@@ -249,31 +245,41 @@ impl MatchTable {
     /// Candidate boundaries in (lo, hi], longest first: aligned multiples of the LCM parent
     /// block and the table's tails.
     pub fn candidates(&self, lo: u32) -> Vec<Candidate> {
+        self.candidates_iter(lo).collect()
+    }
+
+    /// `candidates` without collecting them (longest first, allocation-free).
+    pub fn candidates_iter(&self, lo: u32) -> impl Iterator<Item = Candidate> + '_ {
         let l = self.parent_tokens;
-        let mut out = Vec::new();
         let mut ti = self.tails.len();
         let mut a = self.hi / l * l;
-        loop {
-            while ti > 0 && self.tails[ti - 1].candidate.boundary > a {
+        let mut done = false;
+        std::iter::from_fn(move || loop {
+            if done {
+                return None;
+            }
+            if ti > 0 && self.tails[ti - 1].candidate.boundary > a {
                 let b = self.tails[ti - 1].candidate.boundary;
                 ti -= 1;
                 if b > lo {
-                    out.push(Candidate {
+                    return Some(Candidate {
                         boundary: b,
                         tail: Some(ti),
                     });
                 }
+                continue;
             }
             if a <= lo || a == 0 {
-                break;
+                done = true;
+                return None;
             }
-            out.push(Candidate {
+            let c = Candidate {
                 boundary: a,
                 tail: None,
-            });
+            };
             a -= l;
-        }
-        out
+            return Some(c);
+        })
     }
 
     /// The counts of a candidate's required blocks and keys by level.
@@ -310,9 +316,7 @@ impl MatchTable {
 
     /// The longest legal candidate above `lo` at level `min` (boundary 0 when none).
     pub fn longest(&self, lo: u32, min: Have) -> Option<Candidate> {
-        self.candidates(lo)
-            .into_iter()
-            .find(|c| self.legal(*c, min))
+        self.candidates_iter(lo).find(|c| self.legal(*c, min))
     }
 
     /// The blocks `c` requires, by group then position (tail last).

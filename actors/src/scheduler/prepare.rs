@@ -54,16 +54,30 @@ impl Scheduler {
                 continue;
             };
             r.resources.storage_prepared = true;
-            let qp = self.cache.plan_query(&r.prompt, r.reusable(), q, limits);
-            if qp.bypass.is_some() || qp.keys.is_empty() {
+            // The page keys are made only for a QUERY the manager admits (most refusals,
+            // e.g. exhausted credits, then cost no key strings).
+            let mut qp = self
+                .cache
+                .plan_query_rows(&r.prompt, r.reusable(), q, limits);
+            if qp.bypass.is_some() || qp.rows.is_empty() {
                 r.state = RequestState::Admissible;
                 continue;
             }
             r.resources.local_at_plan = qp.local_tokens;
             r.resources.planned_boundary = qp.boundaries.first().map_or(0, |b| b.boundary);
-            let keys = qp.keys.clone();
             let parent = self.trace.request_span(id).cloned();
-            match stm.plan_query(id, keys, parent) {
+            let cache = &self.cache;
+            let n = qp.rows.len();
+            let planned = stm.plan_query_with(
+                id,
+                n,
+                || {
+                    qp.keys = cache.query_keys(&qp);
+                    qp.keys.clone()
+                },
+                parent,
+            );
+            match planned {
                 Ok((_, lease)) => {
                     r.state = RequestState::Prefetching {
                         continuation: Continuation::Submitted,
@@ -110,9 +124,11 @@ impl Scheduler {
             return;
         }
         let host_credits = stm.host_credits_left();
-        let prompt = r.prompt.clone();
         let reusable = r.reusable();
-        let res = match self.cache.reserve(&prompt, reusable, &hints, host_credits) {
+        let res = match self
+            .cache
+            .reserve(&r.prompt, reusable, &hints, host_credits)
+        {
             Ok(res) => res,
             Err(_) => {
                 self.end_prefetch(id, Some(FallbackReason::Miss));

@@ -7,7 +7,39 @@
 
 use super::HostRef;
 use messages::StorageKey;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+
+/// A fast hasher for `StorageKey` lookup tables (xxh3 over the key's bytes). Tables keyed
+/// with it are only looked up, never iterated, so no order comes from it.
+#[derive(Clone, Copy, Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = self.0.rotate_left(29) ^ xxhash_rust::xxh3::xxh3_64(bytes);
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.0 = self.0.rotate_left(7) ^ v as u64;
+    }
+}
+
+/// Builds `KeyHasher`s.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct BuildKeyHasher;
+
+impl BuildHasher for BuildKeyHasher {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
+    }
+}
+
+/// A lookup-only table keyed by storage key (never iterated).
+pub type KeyTable<V> = HashMap<StorageKey, V, BuildKeyHasher>;
 
 /// Why a backup candidate was dropped (the fixed `reason` label of the dropped-keys counter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,7 +101,8 @@ pub enum OfferOutcome {
 pub struct BackupQueue {
     capacity: usize,
     queue: VecDeque<BackupCandidate>,
-    queued_keys: BTreeMap<StorageKey, u32>,
+    /// Queued occurrences per key (lookups only; the queue keeps the order).
+    queued_keys: KeyTable<u32>,
     dropped: [u64; 5],
     coalesced: u64,
     /// References of candidates that left the queue without a PUT (dropped or coalesced):
@@ -83,7 +116,7 @@ impl BackupQueue {
         Self {
             capacity: capacity.max(1) as usize,
             queue: VecDeque::new(),
-            queued_keys: BTreeMap::new(),
+            queued_keys: KeyTable::default(),
             dropped: [0; 5],
             coalesced: 0,
             forgotten: Vec::new(),

@@ -75,7 +75,8 @@ pub struct StorageTransferManager {
     gate: PressureGate,
     pub(super) backups: BackupQueue,
     negative: NegativeMetadata,
-    pub(super) pending_put_keys: BTreeMap<StorageKey, u32>,
+    /// Pending PUTs per key (lookups only, never iterated).
+    pub(super) pending_put_keys: super::backup::KeyTable<u32>,
     now_us: u64,
     lease_serial: u64,
     pub(crate) epoch: u64,
@@ -119,7 +120,7 @@ impl StorageTransferManager {
             waits: BTreeMap::new(),
             deadlines: DeadlineQueue::new(),
             ready_expiry: DeadlineQueue::new(),
-            pending_put_keys: BTreeMap::new(),
+            pending_put_keys: Default::default(),
             now_us: 0,
             lease_serial: 0,
             epoch: 0,
@@ -433,12 +434,10 @@ impl StorageTransferManager {
             return;
         };
         let (kind, waiter, epoch) = (t.kind, t.waiter, t.epoch);
-        let keys = t.keys.clone();
-        let refs = t.refs.clone();
-        if kind == StorageOpKind::Get {
+        if kind == StorageOpKind::Get && done.failures.iter().any(|f| f.is_some()) {
             for (i, f) in done.failures.iter().enumerate() {
                 if f.is_some() {
-                    if let Some(key) = keys.get(i) {
+                    if let Some(key) = t.keys.get(i) {
                         if self.negative.record(key) {
                             fx.negative.push(key.clone());
                         }
@@ -446,6 +445,13 @@ impl StorageTransferManager {
                 }
             }
         }
+        // Only a QUERY's result and a PUT's outcome need the ticket's keys (and a PUT its
+        // references) after settlement; a GET reads them from the ticket in place.
+        let (keys, refs) = match kind {
+            StorageOpKind::Query => (t.keys.clone(), Vec::new()),
+            StorageOpKind::Put => (t.keys.clone(), t.refs.clone()),
+            StorageOpKind::Get => (Vec::new(), Vec::new()),
+        };
         if kind == StorageOpKind::Put {
             self.unpend_put_keys(op);
         }
@@ -595,6 +601,18 @@ impl StorageTransferManager {
         request: RequestId,
         keys: Vec<StorageKey>,
     ) -> Result<(StorageQueryOp, StorageLease), Refusal> {
+        let n = keys.len();
+        self.issue_query_with(request, n, move || keys)
+    }
+
+    /// `issue_query` of `n` keys that `keys` makes only once the QUERY is admitted (a
+    /// refusal builds none). `keys()` must return exactly `n` keys.
+    pub fn issue_query_with(
+        &mut self,
+        request: RequestId,
+        n: usize,
+        keys: impl FnOnce() -> Vec<StorageKey>,
+    ) -> Result<(StorageQueryOp, StorageLease), Refusal> {
         if self.quarantined {
             return Err(Refusal::Disabled);
         }
@@ -602,12 +620,14 @@ impl StorageTransferManager {
             return Err(Refusal::AlreadyWaiting(request));
         }
         let gates = self.gates();
-        if let Err(e) = admit_query(gates, &mut self.credits, &self.cfg, keys.len()) {
+        if let Err(e) = admit_query(gates, &mut self.credits, &self.cfg, n) {
             if e == Refusal::PressureClosed {
                 self.pressure_bypasses += 1;
             }
             return Err(e);
         }
+        let keys = keys();
+        debug_assert_eq!(keys.len(), n, "the admitted key count");
         let op = self.ids.next_id();
         self.tickets.insert(
             op,

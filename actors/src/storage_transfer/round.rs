@@ -136,7 +136,20 @@ impl StorageTransferManager {
         keys: Vec<StorageKey>,
         parent: Option<Span>,
     ) -> Result<(OperationId, StorageLease), Refusal> {
-        let (q, lease) = self.issue_query(request, keys)?;
+        let n = keys.len();
+        self.plan_query_with(request, n, move || keys, parent)
+    }
+
+    /// `plan_query` of `n` keys that `keys` makes only once the QUERY is admitted: a
+    /// refused QUERY costs no key strings.
+    pub fn plan_query_with(
+        &mut self,
+        request: RequestId,
+        n: usize,
+        keys: impl FnOnce() -> Vec<StorageKey>,
+        parent: Option<Span>,
+    ) -> Result<(OperationId, StorageLease), Refusal> {
+        let (q, lease) = self.issue_query_with(request, n, keys)?;
         let op = q.op;
         self.planning.record(StorageOp::Query(q), parent);
         Ok((op, lease))
