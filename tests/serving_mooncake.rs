@@ -114,3 +114,39 @@ fn the_example_config_serves_as_written_against_the_deploy_scripts() {
     assert_eq!(tokens(&b), tokens(&a));
     assert!(second.stop().success());
 }
+
+/// The transformer backend over Mooncake: a random Llama-format checkpoint
+/// (`engine-host model init-random`) served by two fresh processes in turn; the second
+/// restores the prefix the first backed up and draws the recomputed greedy tokens.
+#[test]
+fn a_real_model_restores_its_prefix_from_mooncake_in_a_fresh_process() {
+    let Some(mc) = mooncake_env() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["model", "init-random", model.to_str().unwrap(), "--seed", "9"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = model.to_str().unwrap();
+    // The random model's vocabulary is 260 tokens.
+    let p: Vec<u32> = salted_prompt(70).into_iter().map(|t| t % 256).collect();
+    let want = {
+        let h = Host::start(&["serve", "--model-dir", m, "--store", "none"], &[]);
+        let v = h.complete(&p, 6);
+        assert!(h.stop().success());
+        tokens(&v)
+    };
+    let mc: Vec<(&str, &str)> = mc.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let args = ["serve", "--model-dir", m, "--store", "mooncake"];
+    let first = Host::start(&args, &mc);
+    let a = first.complete(&p, 6);
+    assert_eq!(tokens(&a), want);
+    first.wait_backups_settled();
+    assert!(first.stop().success());
+    let second = Host::start(&args, &mc);
+    let b = second.complete(&p, 6);
+    assert_eq!(b["tsl3"]["l3"], 64, "{b}");
+    assert_eq!(tokens(&b), want, "restored from Mooncake, read by real attention");
+    assert!(second.stop().success());
+}

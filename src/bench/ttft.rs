@@ -550,7 +550,11 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
         cfg.lengths,
         cfg.runs,
         cfg.soft_deadline_ms,
-        if cfg.emulate_device_time { "emulated (cost model)" } else { "not emulated" },
+        match (&cfg.model_dir, cfg.emulate_device_time) {
+            (Some(_), _) => "real (transformer compute on this CPU)",
+            (None, true) => "emulated (cost model)",
+            (None, false) => "not emulated",
+        },
         b.device_blocks,
         cfg.out.display()
     );

@@ -51,7 +51,7 @@ fn open_device(device: ComputeDevice) -> Result<Device, TransformerError> {
         }),
         #[cfg(not(feature = "cuda"))]
         ComputeDevice::Cuda(ordinal) => Err(TransformerError::Device(format!(
-            "CUDA device {ordinal} requested, but the transformer crate was built without CUDA (feature `cuda`)"
+            "CUDA device {ordinal} requested, but the transformer crate was built without CUDA (engine-host feature `cuda-model`, the transformer crate's `cuda`)"
         ))),
     }
 }
