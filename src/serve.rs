@@ -244,6 +244,7 @@ pub fn run(settings: Settings) -> Result<()> {
             limits(&settings, &model),
             settings.server.admin_token.expose().to_string(),
             format!("synthetic-{}", settings.model.profile),
+            Arc::new(actors::frontend::ByteCodec),
             Arc::new(move || m.metrics.render()),
             shared.health.clone(),
         )
