@@ -587,10 +587,11 @@ mod tests {
         probe(ib);
         let app =
             test::init_service(App::new().app_data(web::Data::new(st)).configure(configure)).await;
-        for (payload, needle) in [
-            ("{not json", "bad JSON"),
-            (r#"{"prompt":""}"#, "empty"),
-            (r#"{"prompt":[300]}"#, "vocabulary"),
+        for (payload, needle, param) in [
+            ("{not json", "bad JSON", serde_json::Value::Null),
+            (r#"{"prompt":""}"#, "empty", "prompt".into()),
+            (r#"{"prompt":[300]}"#, "vocabulary", "prompt".into()),
+            (r#"{"max_tokens":1}"#, "required", "prompt".into()),
         ] {
             let req = test::TestRequest::post()
                 .uri("/v1/completions")
@@ -598,8 +599,13 @@ mod tests {
                 .to_request();
             let resp = test::call_service(&app, req).await;
             assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-            let body = test::read_body(resp).await;
-            assert!(String::from_utf8_lossy(&body).contains(needle), "{payload}");
+            let v: serde_json::Value = test::read_body_json(resp).await;
+            assert!(
+                v["error"]["message"].as_str().unwrap().contains(needle),
+                "{payload}"
+            );
+            assert_eq!(v["error"]["param"], param, "{payload}");
+            assert_eq!(v["error"]["type"], "invalid_request_error");
         }
     }
 

@@ -42,6 +42,41 @@ impl TextCodec for EosCodec {
     }
 }
 
+/// Tokens are UTF-8 bytes decoded lossily (a character may span tokens, as in a byte-level
+/// BPE).
+struct Utf8Codec;
+
+impl TextCodec for Utf8Codec {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        ByteCodec.encode(text)
+    }
+    fn decode(&self, tokens: &[u32]) -> String {
+        let bytes: Vec<u8> = tokens.iter().map(|t| *t as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+    fn token_text(&self, token: u32) -> String {
+        self.decode(&[token])
+    }
+    fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        ByteCodec.chat_prompt(messages)
+    }
+    fn eos_tokens(&self) -> Vec<u32> {
+        vec![]
+    }
+}
+
+/// Healthy until the replica failed.
+struct Failed;
+
+impl HealthSource for Failed {
+    fn render(&self) -> (bool, String) {
+        (false, "{}".into())
+    }
+    fn failure(&self) -> Option<String> {
+        Some("rank 1 failed: gone".into())
+    }
+}
+
 const MODEL: &str = "synthetic-tiny";
 
 fn state_with(codec: Arc<dyn TextCodec>) -> (FrontendState, FrontendInbox) {
@@ -627,5 +662,65 @@ async fn unsupported_and_unknown_parameters_are_named() {
         );
         assert_eq!(code, StatusCode::NOT_FOUND);
         assert_eq!(v["error"]["code"], "model_not_found");
+    }
+}
+
+#[actix_web::test]
+async fn streamed_text_holds_multi_byte_characters_until_complete() {
+    let (st, ib) = state_with(Arc::new(Utf8Codec));
+    fake_loop(ib, Duration::ZERO);
+    let app = app!(st);
+    // "é€a" as bytes: the fake loop answers with the same bytes.
+    let prompt: Vec<u32> = "é€a".bytes().map(u32::from).collect();
+    let (_, v) = post!(
+        &app,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 6, "stream": true})
+    );
+    let texts: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(texts, ["é", "€", "a"], "{v}");
+    let (_, v) = post!(
+        &app,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 6})
+    );
+    assert_eq!(v["choices"][0]["text"], "é€a");
+}
+
+#[actix_web::test]
+async fn a_failed_replica_answers_503_in_openai_shape() {
+    let (st, _ib) = inbox(
+        4,
+        RequestLimits {
+            max_prompt_tokens: 64,
+            max_output_tokens: 4,
+            vocab_size: 256,
+        },
+        String::new(),
+        MODEL.into(),
+        Arc::new(ByteCodec),
+        Arc::new(String::new),
+        Arc::new(Failed),
+    );
+    let app = app!(st);
+    let m = json!([{"role": "user", "content": "x"}]);
+    for (path, body) in [
+        ("/v1/completions", json!({"prompt": "a", "max_tokens": 1})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": m, "max_tokens": 1, "stream": true}),
+        ),
+    ] {
+        let (code, v) = post!(&app, path, body);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{path}: {v}");
+        assert_eq!(v["error"]["code"], "replica_failed");
+        assert_eq!(v["error"]["type"], "server_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("failed"));
     }
 }
