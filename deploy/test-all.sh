@@ -58,6 +58,13 @@ echo "== observability: dashboard queries against Prometheus scraping live engin
 bash "$ROOT/deploy/checks/prometheus_live.sh"
 # --- end observability checks ---
 
+# The OpenAI API through the `openai` Python package (deploy/checks/openai_client.sh; a venv
+# deploy/.venv-openai with a pinned openai on first use): a live `engine-host serve --store
+# local` on a free loopback port answers models, completions and chat calls (batch, n, stop,
+# seeds, logprobs, echo, streaming with usage) and the client's error types.
+echo "== openai client"
+bash deploy/checks/openai_client.sh
+
 # The closing line: every cargo test that passed (a failure stops the script earlier).
 total=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tsl3-cargo-test.log | awk '{s+=$4} END {print s+0}')
 elapsed=$(($(date +%s) - started))

@@ -44,6 +44,22 @@ fn model_geometry(s: &Settings) -> Result<SyntheticModel> {
     Ok(SyntheticModel::new(profile))
 }
 
+/// The HTTP side's text codec: the model directory's tokenizer and chat template, or the
+/// synthetic model's bytes.
+fn text_codec(
+    s: &Settings,
+    engine: &actors::engine::RankEngine,
+) -> Result<Arc<dyn actors::frontend::TextCodec>> {
+    if s.model.dir.is_empty() {
+        return Ok(Arc::new(actors::frontend::ByteCodec));
+    }
+    let eos = engine.eos_tokens();
+    let text =
+        actors::frontend::model_text::ModelText::from_dir(std::path::Path::new(&s.model.dir), eos)
+            .map_err(|e| anyhow!("invalid setting model.dir: {e}"))?;
+    Ok(Arc::new(text))
+}
+
 /// The model's name in the API (`/v1/models`) and in logs.
 pub fn model_name(s: &Settings) -> String {
     if s.model.dir.is_empty() {
@@ -273,6 +289,7 @@ pub fn run(settings: Settings) -> Result<()> {
             limits(&settings, &model),
             settings.server.admin_token.expose().to_string(),
             model_name(&settings),
+            text_codec(&settings, &engine)?,
             Arc::new(move || m.metrics.render()),
             shared.health.clone(),
         )

@@ -124,10 +124,20 @@ fn a_real_model_restores_its_prefix_from_mooncake_in_a_fresh_process() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine-host"))
-        .args(["model", "init-random", model.to_str().unwrap(), "--seed", "9"])
+        .args([
+            "model",
+            "init-random",
+            model.to_str().unwrap(),
+            "--seed",
+            "9",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let m = model.to_str().unwrap();
     // The random model's vocabulary is 260 tokens.
     let p: Vec<u32> = salted_prompt(70).into_iter().map(|t| t % 256).collect();
@@ -147,6 +157,10 @@ fn a_real_model_restores_its_prefix_from_mooncake_in_a_fresh_process() {
     let second = Host::start(&args, &mc);
     let b = second.complete(&p, 6);
     assert_eq!(b["tsl3"]["l3"], 64, "{b}");
-    assert_eq!(tokens(&b), want, "restored from Mooncake, read by real attention");
+    assert_eq!(
+        tokens(&b),
+        want,
+        "restored from Mooncake, read by real attention"
+    );
     assert!(second.stop().success());
 }

@@ -8,7 +8,7 @@
 use crate::control_plane::frame::{decode_frame, encode_frame, HEADER_BYTES};
 use crate::control_plane::handshake::{HandshakeFrame, HANDSHAKE_FRAME_LIMIT};
 use crate::control_plane::mesh::{MeshFrame, MeshSettings};
-use crate::frontend::{CompletionRequest, RequestLimits};
+use crate::frontend::{ByteCodec, RequestLimits};
 use crate::l3::store::dfs::DfsStore;
 use crate::l3::store::KeyResult;
 use messages::StorageKey;
@@ -134,12 +134,15 @@ pub fn completion_body(data: &[u8]) {
         max_output_tokens: 1024,
         vocab_size: 256,
     };
-    if let Ok(req) = serde_json::from_slice::<CompletionRequest>(data) {
-        if let Ok(tokens) = req.tokens(&limits) {
-            assert!(!tokens.is_empty() && tokens.len() <= limits.max_prompt_tokens);
-            assert!(tokens.iter().all(|t| *t < limits.vocab_size));
+    let parsed = crate::frontend::openai::completions::parse(data, &limits, &ByteCodec, "m");
+    if let Ok(plan) = parsed {
+        for p in &plan.prompts {
+            assert!(!p.tokens.is_empty() && p.tokens.len() <= limits.max_prompt_tokens);
+            assert!(p.tokens.iter().all(|t| *t < limits.vocab_size));
         }
+        assert!(plan.generation.max_tokens <= limits.max_output_tokens);
     }
+    let _ = crate::frontend::openai::chat::parse(data, &limits, &ByteCodec, "m");
     crate::frontend::server::fuzz_admin_bodies(data);
 }
 
@@ -147,6 +150,8 @@ pub fn completion_seeds() -> Vec<Vec<u8>> {
     [
         r#"{"prompt":"The quick brown fox","max_tokens":8}"#,
         r#"{"prompt":[1,2,3,255],"max_tokens":1,"stream":true,"model":"m"}"#,
+        r#"{"prompt":["ab",[1]],"n":2,"stop":["x"],"logprobs":2,"seed":-1}"#,
+        r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":true,"top_logprobs":2}"#,
         r#"{"target":3,"draft":2}"#,
         r#"{"host":false}"#,
     ]

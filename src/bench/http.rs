@@ -135,7 +135,8 @@ pub struct Streamed {
     pub last: serde_json::Value,
 }
 
-/// POSTs `body` (a completion request with `"stream": true`) and reads the SSE stream.
+/// POSTs `body` (a completion request with `"stream": true` and
+/// `"stream_options": {"include_usage": true}`) and reads the SSE stream.
 pub fn stream_completion(addr: &str, body: &str, timeout: Duration) -> Result<Streamed, String> {
     let mut s = connect(addr, timeout)?;
     let start = Instant::now();
@@ -168,9 +169,12 @@ pub fn stream_completion(addr: &str, body: &str, timeout: Duration) -> Result<St
             }
             let v: serde_json::Value =
                 serde_json::from_str(data).map_err(|e| format!("bad SSE data: {e}"))?;
-            if v.get("usage").is_some() || v.get("error").is_some() {
+            // The usage chunk (asked for with stream_options.include_usage) is the last;
+            // a choice's finish chunk carries no token.
+            let finish = v["choices"][0]["finish_reason"].is_string();
+            if v.get("usage").is_some_and(|u| !u.is_null()) || v.get("error").is_some() {
                 last = v;
-            } else {
+            } else if !finish {
                 token_times.push(start.elapsed());
             }
         }

@@ -218,9 +218,11 @@ fn replay_one(
     let r = &t.requests[i];
     let instance = route(cfg, t, i);
     let max_tokens = (r.output_length.max(1)).min(u64::from(cfg.max_output.max(1)));
-    let body =
-        json!({"prompt": t.prompt(r, vocab, salt(cfg)), "max_tokens": max_tokens, "stream": true})
-            .to_string();
+    let body = json!({
+        "prompt": t.prompt(r, vocab, salt(cfg)), "max_tokens": max_tokens, "temperature": 0,
+        "stream": true, "stream_options": {"include_usage": true},
+    })
+    .to_string();
     let mut o = Outcome {
         index: i,
         instance,

@@ -243,7 +243,11 @@ impl<'a> Bench<'a> {
     }
 
     fn body(prompt: &[u32], max_tokens: u32) -> String {
-        json!({"prompt": prompt, "max_tokens": max_tokens, "stream": true}).to_string()
+        json!({
+            "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": true,
+            "stream_options": {"include_usage": true},
+        })
+        .to_string()
     }
 
     /// A completion that must succeed: its stream and output tokens.

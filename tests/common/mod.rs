@@ -130,7 +130,9 @@ impl Host {
 
     /// A completion that must succeed; the response document.
     pub fn complete(&self, prompt: &[u32], max_tokens: u32) -> serde_json::Value {
-        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens}).to_string();
+        let body =
+            serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+                .to_string();
         let (code, text) = self.post("/v1/completions", &body, None);
         assert_eq!(code, 200, "{text}");
         serde_json::from_str(&text).unwrap()

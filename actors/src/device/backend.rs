@@ -47,6 +47,14 @@ impl ForwardBackend {
         }
     }
 
+    /// The model's end-of-sequence tokens (none for the synthetic model).
+    pub fn eos_tokens(&self) -> Vec<u32> {
+        match self {
+            ForwardBackend::Synthetic(_) => vec![],
+            ForwardBackend::Transformer(t) => t.model().generation().eos_token_ids.clone(),
+        }
+    }
+
     /// A prefill step of request `id` over the core's blocks.
     pub fn forward<M: DeviceMemory>(
         &mut self,

@@ -428,6 +428,11 @@ impl RankEngine<L3Executor, SyncDevice> {
     pub fn health(&self) -> Option<HealthState> {
         self.executor.as_ref().map(|e| e.health())
     }
+    /// The forward backend's end-of-sequence tokens (a model directory's; none for the
+    /// synthetic model).
+    pub fn eos_tokens(&self) -> Vec<u32> {
+        self.device.backend.eos_tokens()
+    }
 
     /// One round of a world of one through the loopback ControlPlane: head, agree (with
     /// these frontend messages), run. For tests and tools.

@@ -1,15 +1,17 @@
-//! The actix-web routes: `POST /v1/completions` (JSON or SSE stream), `GET /health`
-//! (and `/health/live`, `/health/ready`),
-//! `GET /metrics`, and the admin endpoints behind a bearer token. Requests reach the round
-//! loop through a bounded flume inbox (full: 503, never an unbounded queue).
+//! The actix-web route table and the plumbing the routes share: the OpenAI API
+//! (`GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/completions`,
+//! `POST /v1/chat/completions`; bodies, shapes and rendering are `super::openai`),
+//! `GET /health` (and `/health/live`, `/health/ready`), `GET /metrics`, and the admin
+//! endpoints behind a bearer token. Requests reach the round loop through a bounded flume
+//! inbox (full: 503, never an unbounded queue). Every error is a JSON body in OpenAI's
+//! shape: an unknown path is a 404, a known path with the wrong method a 405, a body over
+//! the limit a 413.
 
-use super::api::{
-    BadRequest, Choice, CompletionRequest, CompletionResponse, ErrorBody, ErrorDetail, PrefixUsage,
-    PromptTokensDetails, RequestLimits, Tsl3Info, Usage,
-};
+use super::api::{PrefixUsage, RequestLimits};
+use super::openai::{self, params::Generation, run::Stops, ApiError};
+use super::text::TextCodec;
 use actix_web::{http::StatusCode, web, HttpRequest, HttpResponse};
 use futures::StreamExt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// What the round loop reports back for one request.
@@ -73,12 +75,16 @@ pub struct FrontendState {
     admin: flume::Sender<AdminSubmission>,
     pub limits: RequestLimits,
     pub admin_token: String,
+    /// The served model id (`/v1/models`; a request naming another is a 404).
     pub model: String,
+    /// Text <-> tokens of the served model.
+    pub codec: Arc<dyn TextCodec>,
+    /// When this frontend started (the model's `created`).
+    pub created: u64,
     /// Renders the Prometheus text exposition.
     pub metrics: Render,
     /// Renders the health document (JSON) and the readiness it states.
     pub health: HealthRender,
-    next_id: Arc<AtomicU64>,
     wake: Arc<tokio::sync::Notify>,
 }
 
@@ -88,6 +94,52 @@ impl FrontendState {
     pub fn loop_waker(&self) -> Arc<tokio::sync::Notify> {
         self.wake.clone()
     }
+
+    /// Submits one engine request per choice (prompt, sampling), all or none: a replica
+    /// that failed, a full queue or a stopped engine is a 503 (choices already queued are
+    /// cancelled when their receivers drop with the error).
+    pub fn submit_all(
+        &self,
+        jobs: Vec<(Vec<u32>, messages::SamplingParams)>,
+        max_tokens: u32,
+    ) -> Result<Vec<flume::Receiver<TokenEvent>>, ApiError> {
+        // A replica that failed answers at once instead of queueing for a round loop that
+        // ended.
+        if let Some(why) = self.health.failure() {
+            return Err(ApiError::unavailable("replica_failed", why));
+        }
+        let mut receivers = Vec::with_capacity(jobs.len());
+        for (prompt, sampling) in jobs {
+            let (tx, rx) = flume::unbounded();
+            let sub = Submission {
+                prompt,
+                max_tokens,
+                sampling,
+                events: tx,
+            };
+            if let Err(e) = self.submit.try_send(sub) {
+                let why = match e {
+                    flume::TrySendError::Full(_) => "the request queue is full",
+                    flume::TrySendError::Disconnected(_) => "the engine is shutting down",
+                };
+                return Err(ApiError::unavailable("overloaded", why));
+            }
+            receivers.push(rx);
+        }
+        self.wake.notify_one();
+        Ok(receivers)
+    }
+
+    /// What ends a choice of `g` with "stop": its stop strings and token ids, and the
+    /// model's end-of-sequence tokens.
+    pub fn stops(&self, g: &Generation) -> Stops {
+        let mut token_ids = g.stop_token_ids.clone();
+        token_ids.extend(self.codec.eos_tokens());
+        Stops {
+            strings: g.stop.clone(),
+            token_ids,
+        }
+    }
 }
 
 /// A bounded inbox of `capacity` requests and its HTTP side.
@@ -96,6 +148,7 @@ pub fn inbox(
     limits: RequestLimits,
     admin_token: String,
     model: String,
+    codec: Arc<dyn TextCodec>,
     metrics: Render,
     health: HealthRender,
 ) -> (FrontendState, FrontendInbox) {
@@ -109,9 +162,10 @@ pub fn inbox(
             limits,
             admin_token,
             model,
+            codec,
+            created: openai::run::now_secs(),
             metrics,
             health,
-            next_id: Arc::new(AtomicU64::new(1)),
             wake: wake.clone(),
         },
         FrontendInbox {
@@ -122,31 +176,63 @@ pub fn inbox(
     )
 }
 
+/// One path answering `route`, and a JSON 405 for any other method.
+fn resource(path: &str, route: actix_web::Route) -> actix_web::Resource {
+    web::resource(path)
+        .route(route)
+        .default_service(web::to(method_not_allowed))
+}
+
 /// Registers every route (the leader's API).
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/v1/completions", web::post().to(completions))
-        .route("/admin/clear_cache", web::post().to(admin_clear))
-        .route("/admin/weight_version", web::post().to(admin_weights))
-        .route("/admin/reset_local", web::post().to(admin_reset_local));
+    cfg.service(resource("/v1/models", web::get().to(openai::models::list)))
+        .service(resource(
+            "/v1/models/{id:.+}",
+            web::get().to(openai::models::retrieve),
+        ))
+        .service(resource("/v1/completions", web::post().to(completions)))
+        .service(resource("/v1/chat/completions", web::post().to(chat)))
+        .service(resource("/admin/clear_cache", web::post().to(admin_clear)))
+        .service(resource(
+            "/admin/weight_version",
+            web::post().to(admin_weights),
+        ))
+        .service(resource(
+            "/admin/reset_local",
+            web::post().to(admin_reset_local),
+        ));
     configure_observability(cfg);
 }
 
 /// Registers `/metrics` and the health routes only (every rank's own address).
 pub fn configure_observability(cfg: &mut web::ServiceConfig) {
-    cfg.route("/health", web::get().to(health))
-        .route("/health/live", web::get().to(health_live))
-        .route("/health/ready", web::get().to(health_ready))
-        .route("/metrics", web::get().to(metrics))
+    cfg.service(resource("/health", web::get().to(health)))
+        .service(resource("/health/live", web::get().to(health_live)))
+        .service(resource("/health/ready", web::get().to(health_ready)))
+        .service(resource("/metrics", web::get().to(metrics)))
         .default_service(web::to(not_found));
 }
 
-/// Every unknown path or method answers a JSON error, like every other error.
+/// Every unknown path answers a JSON 404, like every other error.
 async fn not_found(req: HttpRequest) -> HttpResponse {
-    error(
+    ApiError::new(
         StatusCode::NOT_FOUND,
-        "not_found",
+        "invalid_request_error",
         format!("no route for {} {}", req.method(), req.path()),
     )
+    .code("not_found")
+    .response()
+}
+
+/// A known path asked with another method.
+async fn method_not_allowed(req: HttpRequest) -> HttpResponse {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("{} is not allowed on {}", req.method(), req.path()),
+    )
+    .code("method_not_allowed")
+    .response()
 }
 
 /// The longest request body a completion can need: the longest prompt the cache groups
@@ -166,206 +252,41 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| {
-            error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                format!("reading the request body: {e}"),
-            )
+            ApiError::bad_request(format!("reading the request body: {e}")).response()
         })?;
         if body.len() + chunk.len() > limit {
-            return Err(error(
+            return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 format!(
                     "the request body exceeds {limit} bytes (the longest prompt the cache groups hold)"
                 ),
-            ));
+            )
+            .code("request_too_large")
+            .response());
         }
         body.extend_from_slice(&chunk);
     }
     Ok(body.freeze())
 }
 
+/// A JSON error of this module's own kinds (admin, bodies), `code` the same as `type`.
 fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> HttpResponse {
-    HttpResponse::build(status).json(ErrorBody {
-        error: ErrorDetail {
-            message: message.into(),
-            kind,
-        },
-    })
-}
-
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    ApiError::new(status, kind, message).code(kind).response()
 }
 
 async fn completions(state: web::Data<FrontendState>, payload: web::Payload) -> HttpResponse {
-    let body = match read_body(payload, max_body_bytes(&state.limits)).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let req: CompletionRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                format!("bad JSON: {e}"),
-            )
-        }
-    };
-    let prompt = match req.tokens(&state.limits) {
-        Ok(p) => p,
-        Err(BadRequest(m)) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", m),
-    };
-    // A replica that failed answers at once instead of queueing for a round loop that
-    // ended.
-    if let Some(why) = state.health.failure() {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "replica_failed", why);
-    }
-    let prompt_tokens = prompt.len() as u32;
-    let (tx, rx) = flume::unbounded();
-    let sub = Submission {
-        prompt,
-        max_tokens: req.max_tokens,
-        sampling: messages::SamplingParams::GREEDY,
-        events: tx,
-    };
-    if let Err(e) = state.submit.try_send(sub) {
-        let why = match e {
-            flume::TrySendError::Full(_) => "the request queue is full",
-            flume::TrySendError::Disconnected(_) => "the engine is shutting down",
-        };
-        return error(StatusCode::SERVICE_UNAVAILABLE, "overloaded", why);
-    }
-    state.wake.notify_one();
-    let id = format!("cmpl-{}", state.next_id.fetch_add(1, Ordering::Relaxed));
-    let model = req.model.clone().unwrap_or_else(|| state.model.clone());
-    if req.stream {
-        return stream_response(id, model, prompt_tokens, rx);
-    }
-    let mut tokens = vec![];
-    loop {
-        match rx.recv_async().await {
-            Ok(TokenEvent::Token(t, _)) => tokens.push(t),
-            Ok(TokenEvent::Done {
-                usage,
-                finish_reason,
-            }) => {
-                let body = response(id, model, prompt_tokens, tokens, usage, Some(finish_reason));
-                return HttpResponse::Ok().json(body);
-            }
-            Ok(TokenEvent::Failed(m)) => {
-                return error(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", m)
-            }
-            Err(_) => {
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "engine_error",
-                    "the engine stopped before the request finished",
-                )
-            }
-        }
+    match read_body(payload, max_body_bytes(&state.limits)).await {
+        Ok(body) => openai::completions::handle(&state, &body).await,
+        Err(r) => r,
     }
 }
 
-fn response(
-    id: String,
-    model: String,
-    prompt_tokens: u32,
-    tokens: Vec<u32>,
-    usage: PrefixUsage,
-    finish_reason: Option<&'static str>,
-) -> CompletionResponse {
-    let n = tokens.len() as u32;
-    CompletionResponse {
-        id,
-        object: "text_completion",
-        created: now_secs(),
-        model,
-        choices: vec![Choice {
-            index: 0,
-            text: tokens.iter().map(|t| super::api::token_text(*t)).collect(),
-            finish_reason,
-        }],
-        usage: Usage {
-            prompt_tokens,
-            completion_tokens: n,
-            total_tokens: prompt_tokens + n,
-            prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: usage.cached(),
-            },
-        },
-        tsl3: Tsl3Info {
-            device: usage.device,
-            host: usage.host,
-            l3: usage.l3,
-            computed: usage.computed,
-            fallback_reason: usage.fallback_reason,
-            output_tokens: tokens,
-        },
+async fn chat(state: web::Data<FrontendState>, payload: web::Payload) -> HttpResponse {
+    match read_body(payload, max_body_bytes(&state.limits)).await {
+        Ok(body) => openai::chat::handle(&state, &body).await,
+        Err(r) => r,
     }
-}
-
-/// SSE: one chunk per token (the first is flushed at the first token), then a final chunk
-/// with usage and the tsl3 object, then `[DONE]`.
-fn stream_response(
-    id: String,
-    model: String,
-    prompt_tokens: u32,
-    rx: flume::Receiver<TokenEvent>,
-) -> HttpResponse {
-    let mut tokens: Vec<u32> = vec![];
-    // Ends after the final chunk even if the round loop keeps the sender alive.
-    let stream = rx
-        .into_stream()
-        .scan(false, move |finished, ev| {
-            if *finished {
-                return futures::future::ready(None);
-            }
-            let chunk = match ev {
-                TokenEvent::Token(t, _) => {
-                    tokens.push(t);
-                    let c = serde_json::json!({
-                        "id": id, "object": "text_completion", "model": model,
-                        "choices": [{"index": 0, "text": super::api::token_text(t).to_string(), "finish_reason": null}],
-                    });
-                    format!("data: {c}\n\n")
-                }
-                TokenEvent::Done {
-                    usage,
-                    finish_reason,
-                } => {
-                    *finished = true;
-                    let last = response(
-                        id.clone(),
-                        model.clone(),
-                        prompt_tokens,
-                        std::mem::take(&mut tokens),
-                        usage,
-                        Some(finish_reason),
-                    );
-                    let mut v = serde_json::to_value(&last).unwrap_or_default();
-                    if let Some(choices) = v.get_mut("choices") {
-                        *choices = serde_json::json!([{"index": 0, "text": "", "finish_reason": finish_reason}]);
-                    }
-                    format!("data: {v}\n\ndata: [DONE]\n\n")
-                }
-                TokenEvent::Failed(m) => {
-                    *finished = true;
-                    let e = serde_json::json!({"error": {"message": m, "type": "engine_error"}});
-                    format!("data: {e}\n\ndata: [DONE]\n\n")
-                }
-            };
-            futures::future::ready(Some(Ok::<_, actix_web::Error>(web::Bytes::from(chunk))))
-        });
-    HttpResponse::Ok()
-        .content_type("text/event-stream")
-        .insert_header(("cache-control", "no-cache"))
-        .streaming(stream)
 }
 
 /// The health document, always 200 (its `status` and `ready` say the rest).
@@ -576,6 +497,7 @@ mod tests {
             },
             token.into(),
             "synthetic-tiny".into(),
+            Arc::new(crate::frontend::ByteCodec),
             Arc::new(|| "tsl3_up 1\n".to_string()),
             Arc::new(FixedHealth(true, "{\"status\":\"ok\"}")),
         )
@@ -629,16 +551,34 @@ mod tests {
         probe(ib);
         let app =
             test::init_service(App::new().app_data(web::Data::new(st)).configure(configure)).await;
+        let chunks = |body: web::Bytes| -> Vec<String> {
+            String::from_utf8_lossy(&body)
+                .split("\n\n")
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        let req = test::TestRequest::post()
+            .uri("/v1/completions")
+            .set_payload(r#"{"prompt":[1,2,3],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}"#)
+            .to_request();
+        let c = chunks(test::call_and_read_body(&app, req).await);
+        assert_eq!(c.len(), 6, "3 tokens + finish + usage + DONE: {c:?}");
+        assert!(c[3].contains("\"finish_reason\":\"length\""), "{}", c[3]);
+        assert!(c[4].contains("cached_tokens") && c[4].contains("\"choices\":[]"));
+        assert!(c[5].contains("[DONE]"));
+        // Usage only when asked for.
         let req = test::TestRequest::post()
             .uri("/v1/completions")
             .set_payload(r#"{"prompt":[1,2,3],"max_tokens":3,"stream":true}"#)
             .to_request();
-        let body = test::call_and_read_body(&app, req).await;
-        let text = String::from_utf8_lossy(&body);
-        let chunks: Vec<&str> = text.split("\n\n").filter(|c| !c.is_empty()).collect();
-        assert_eq!(chunks.len(), 5, "3 tokens + final + DONE: {text}");
-        assert!(chunks[4].contains("[DONE]"));
-        assert!(chunks[3].contains("cached_tokens"));
+        let c = chunks(test::call_and_read_body(&app, req).await);
+        assert_eq!(c.len(), 5, "3 tokens + finish + DONE: {c:?}");
+        assert!(c.iter().all(|c| !c.contains("usage")), "{c:?}");
+        assert!(
+            c[3].contains("output_tokens"),
+            "the finish chunk carries tsl3"
+        );
     }
 
     #[actix_web::test]
@@ -647,10 +587,11 @@ mod tests {
         probe(ib);
         let app =
             test::init_service(App::new().app_data(web::Data::new(st)).configure(configure)).await;
-        for (payload, needle) in [
-            ("{not json", "bad JSON"),
-            (r#"{"prompt":""}"#, "empty"),
-            (r#"{"prompt":[300]}"#, "vocabulary"),
+        for (payload, needle, param) in [
+            ("{not json", "bad JSON", serde_json::Value::Null),
+            (r#"{"prompt":""}"#, "empty", "prompt".into()),
+            (r#"{"prompt":[300]}"#, "vocabulary", "prompt".into()),
+            (r#"{"max_tokens":1}"#, "required", "prompt".into()),
         ] {
             let req = test::TestRequest::post()
                 .uri("/v1/completions")
@@ -658,8 +599,13 @@ mod tests {
                 .to_request();
             let resp = test::call_service(&app, req).await;
             assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-            let body = test::read_body(resp).await;
-            assert!(String::from_utf8_lossy(&body).contains(needle), "{payload}");
+            let v: serde_json::Value = test::read_body_json(resp).await;
+            assert!(
+                v["error"]["message"].as_str().unwrap().contains(needle),
+                "{payload}"
+            );
+            assert_eq!(v["error"]["param"], param, "{payload}");
+            assert_eq!(v["error"]["type"], "invalid_request_error");
         }
     }
 
@@ -709,6 +655,7 @@ mod tests {
             },
             String::new(),
             "synthetic".into(),
+            Arc::new(crate::frontend::ByteCodec),
             Arc::new(String::new),
             Arc::new(FixedHealth(false, "")),
         );
@@ -746,6 +693,8 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let v: serde_json::Value = test::read_body_json(resp).await;
         assert!(v["error"]["message"].as_str().unwrap().contains("exceeds"));
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "request_too_large");
     }
 
     #[actix_web::test]
@@ -757,7 +706,32 @@ mod tests {
         let resp = test::call_service(&app, req).await;
         assert_eq!(resp.status(), StatusCode::NOT_FOUND);
         let v: serde_json::Value = test::read_body_json(resp).await;
-        assert_eq!(v["error"]["type"], "not_found");
+        assert_eq!(v["error"]["code"], "not_found");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/v2/nothing"));
+        assert!(v["error"].get("param").is_some());
+        // A known path with the wrong method is a JSON 405.
+        for (method, path) in [
+            ("GET", "/v1/completions"),
+            ("POST", "/v1/models"),
+            ("PUT", "/health"),
+        ] {
+            let req = test::TestRequest::default()
+                .method(method.parse().unwrap())
+                .uri(path)
+                .to_request();
+            let resp = test::call_service(&app, req).await;
+            assert_eq!(
+                resp.status(),
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path}"
+            );
+            let v: serde_json::Value = test::read_body_json(resp).await;
+            assert_eq!(v["error"]["code"], "method_not_allowed");
+        }
     }
 
     #[actix_web::test]
@@ -817,9 +791,10 @@ mod tests {
             .uri("/v1/completions")
             .set_payload(r#"{"prompt":"x","max_tokens":1}"#)
             .to_request();
-        assert_eq!(
-            test::call_service(&app, req).await.status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+        let resp = test::call_service(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let v: serde_json::Value = test::read_body_json(resp).await;
+        assert_eq!(v["error"]["code"], "overloaded");
+        assert!(v["error"]["message"].as_str().unwrap().contains("full"));
     }
 }
