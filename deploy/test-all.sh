@@ -61,9 +61,16 @@ bash "$ROOT/deploy/checks/prometheus_live.sh"
 # The OpenAI API through the `openai` Python package (deploy/checks/openai_client.sh; a venv
 # deploy/.venv-openai with a pinned openai on first use): a live `engine-host serve --store
 # local` on a free loopback port answers models, completions and chat calls (batch, n, stop,
-# seeds, logprobs, echo, streaming with usage) and the client's error types.
-echo "== openai client"
+# seeds, logprobs, echo, streaming with usage) and the client's error types: once on the
+# synthetic `tiny` model, once on a real model (the transformer backend over a random
+# Llama-format checkpoint `engine-host model init-random` writes).
+echo "== openai client (synthetic model)"
 bash deploy/checks/openai_client.sh
+echo "== openai client (a model directory: the transformer backend)"
+model_dir=$(mktemp -d)
+"$ENGINE_HOST_BIN" model init-random "$model_dir/random-llama" --seed 2
+bash deploy/checks/openai_client.sh -- --model-dir "$model_dir/random-llama"
+rm -rf "$model_dir"
 
 # The closing line: every cargo test that passed (a failure stops the script earlier).
 total=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tsl3-cargo-test.log | awk '{s+=$4} END {print s+0}')

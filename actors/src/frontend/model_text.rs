@@ -100,7 +100,10 @@ mod tests {
                 content: "hi".into(),
             }])
             .unwrap();
-        assert!(chat.contains("hi") && chat.ends_with("assistant\n"), "{chat}");
+        assert!(
+            chat.contains("hi") && chat.ends_with("assistant\n"),
+            "{chat}"
+        );
         let chat_ids = t.encode_chat(&chat).unwrap();
         assert_eq!(
             chat_ids.len() + 1,
@@ -116,7 +119,10 @@ mod tests {
         v.as_object_mut().unwrap().remove("chat_template");
         std::fs::write(&cfg, v.to_string()).unwrap();
         let plain = ModelText::from_dir(dir.path(), vec![]).unwrap();
-        assert!(plain.chat_prompt(&[]).unwrap_err().contains("chat template"));
+        assert!(plain
+            .chat_prompt(&[])
+            .unwrap_err()
+            .contains("chat template"));
         // a template that does not parse is refused at startup
         v["chat_template"] = "{% for %}".into();
         std::fs::write(&cfg, v.to_string()).unwrap();
