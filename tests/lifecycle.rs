@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{free_port, http, Host};
+use common::{free_port, free_ports_in_a_row, http, Host};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,8 @@ fn wait_exit(
 fn a_rank_whose_mesh_never_forms_exits_non_zero() {
     let peers = format!("127.0.0.1:{},127.0.0.1:{}", free_port(), free_port());
     for rank in ["0", "1"] {
-        let listen = format!("127.0.0.1:{}", free_port());
+        // Rank r serves /metrics on the listen port + r: two free ports in a row.
+        let listen = format!("127.0.0.1:{}", free_ports_in_a_row(2));
         let child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
             .args(["serve", "--store", "none", "--world", "2", "--rank", rank])
             .args(["--peers", &peers, "--listen", &listen])
