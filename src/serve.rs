@@ -208,8 +208,9 @@ pub fn make_store(
     }
 }
 
-/// The longest prompt every cache group can hold on the Device at once.
-fn limits(s: &Settings, model: &SyntheticModel) -> RequestLimits {
+/// The longest prompt every cache group can hold on the Device at once (and, for a model
+/// directory, that leaves a position for output within `max_position_embeddings`).
+fn limits(s: &Settings, model: &SyntheticModel) -> Result<RequestLimits> {
     let min_tokens = model
         .profile()
         .groups
@@ -217,11 +218,21 @@ fn limits(s: &Settings, model: &SyntheticModel) -> RequestLimits {
         .map(|g| g.block_tokens * s.model.device_blocks as u64)
         .min()
         .unwrap_or(0);
-    RequestLimits {
-        max_prompt_tokens: (min_tokens as usize).saturating_sub(1).max(1),
+    let mut max_prompt = (min_tokens as usize).saturating_sub(1).max(1);
+    if !s.model.dir.is_empty() {
+        let (config, _) = actors::model::checkpoint::read(
+            std::path::Path::new(&s.model.dir),
+            s.model.block_tokens as u64,
+            s.tp.world,
+        )
+        .map_err(|e| anyhow!("invalid setting model.dir: {e}"))?;
+        max_prompt = max_prompt.min(config.max_position_embeddings.saturating_sub(1).max(1));
+    }
+    Ok(RequestLimits {
+        max_prompt_tokens: max_prompt,
         max_output_tokens: 4096,
         vocab_size: model.profile().vocab,
-    }
+    })
 }
 
 /// Every startup validation that needs no hardware (what `check-config` runs after the
@@ -286,7 +297,7 @@ pub fn run(settings: Settings) -> Result<()> {
         let m = shared.clone();
         actors::frontend::inbox(
             1024,
-            limits(&settings, &model),
+            limits(&settings, &model)?,
             settings.server.admin_token.expose().to_string(),
             model_name(&settings),
             text_codec(&settings, &engine)?,

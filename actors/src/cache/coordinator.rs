@@ -313,21 +313,49 @@ impl CacheCoordinator {
         reusable.min(tokens.len() as u32)
     }
 
+    /// The index of `tokens` up to `bound`: a view of the caller's index of the whole
+    /// prompt (hashed once per request), or hashed now.
+    fn index_for(&self, whole: Option<&PromptIndex>, tokens: &[u32], bound: u32) -> PromptIndex {
+        match whole {
+            Some(i) => {
+                debug_assert!(i.len() >= bound, "an index of the whole prompt");
+                i.limited(bound)
+            }
+            None => PromptIndex::new(&self.geometry, tokens, bound),
+        }
+    }
+
     /// Ordinary admission (and the local probe): the longest legal boundary over real Device
     /// and published Host blocks, and how many tokens each tier supplies.
     pub fn admission_match(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
-        self.admission_match_with(tokens, reusable, true)
+        self.admission_match_with(None, tokens, reusable, true)
     }
 
     /// Admission over aligned boundaries only (no tail candidates): what the engine can
     /// restore today, so a tail hit never hides the aligned prefix below it.
     pub fn admission_match_aligned(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
-        self.admission_match_with(tokens, reusable, false)
+        self.admission_match_with(None, tokens, reusable, false)
     }
 
-    fn admission_match_with(&self, tokens: &[u32], reusable: u32, tails: bool) -> AdmissionMatch {
+    /// `admission_match_aligned` over the request's index of its whole prompt.
+    pub fn admission_match_aligned_in(
+        &self,
+        whole: &PromptIndex,
+        tokens: &[u32],
+        reusable: u32,
+    ) -> AdmissionMatch {
+        self.admission_match_with(Some(whole), tokens, reusable, false)
+    }
+
+    fn admission_match_with(
+        &self,
+        whole: Option<&PromptIndex>,
+        tokens: &[u32],
+        reusable: u32,
+        tails: bool,
+    ) -> AdmissionMatch {
         let bound = Self::bound(tokens, reusable);
-        let index = PromptIndex::new(&self.geometry, tokens, bound);
+        let index = self.index_for(whole, tokens, bound);
         let tails = if tails {
             self.tail_candidates(&index, tokens, 0, bound, &[])
         } else {
@@ -401,8 +429,20 @@ impl CacheCoordinator {
         credits: QueryCredits,
         limits: QueryLimits,
     ) -> QueryPlan {
+        self.plan_query_rows_in(None, tokens, reusable, credits, limits)
+    }
+
+    /// `plan_query_rows` over the request's index of its whole prompt (None: hashed now).
+    pub fn plan_query_rows_in(
+        &self,
+        whole: Option<&PromptIndex>,
+        tokens: &[u32],
+        reusable: u32,
+        credits: QueryCredits,
+        limits: QueryLimits,
+    ) -> QueryPlan {
         let bound = Self::bound(tokens, reusable);
-        let index = PromptIndex::new(&self.geometry, tokens, bound);
+        let index = self.index_for(whole, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
         let table = self.table(&index, tokens, bound, &tails, None, None);
         let local = table.longest(0, Have::Host).map_or(0, |c| c.boundary);
@@ -477,8 +517,20 @@ impl CacheCoordinator {
         hints: &ExistenceHints,
         host_credits: u32,
     ) -> Result<Reservation, CacheError> {
+        self.reserve_in(None, tokens, reusable, hints, host_credits)
+    }
+
+    /// `reserve` over the request's index of its whole prompt (None: hashed now).
+    pub fn reserve_in(
+        &mut self,
+        whole: Option<&PromptIndex>,
+        tokens: &[u32],
+        reusable: u32,
+        hints: &ExistenceHints,
+        host_credits: u32,
+    ) -> Result<Reservation, CacheError> {
         let bound = Self::bound(tokens, reusable);
-        let index = PromptIndex::new(&self.geometry, tokens, bound);
+        let index = self.index_for(whole, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &hints.tails);
         let table = self.table(
             &index,

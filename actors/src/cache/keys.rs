@@ -127,11 +127,18 @@ pub fn page_key(
 }
 
 /// The per-prompt chain hashes of every group (groups sharing a block size share one chain)
-/// plus the LCM parent chain that names tails.
+/// plus the LCM parent chain that names tails. Built once per prompt; `limited` views a
+/// shorter prefix of the same hashes (a chain's first k hashes do not depend on what
+/// follows), so a request hashes its prompt once however many boundaries it asks about.
 #[derive(Clone, Debug)]
 pub struct PromptIndex {
-    /// Hashed tokens (a prefix of the prompt).
+    /// Tokens this view covers (a prefix of the hashed ones).
     len: u32,
+    chains: std::sync::Arc<Chains>,
+}
+
+#[derive(Debug)]
+struct Chains {
     /// chains[c][k]: hash after k full blocks of chain c (chains[c][0] = ROOT).
     chains: Vec<Vec<ContentHash>>,
     /// The chain each group uses.
@@ -186,11 +193,22 @@ impl PromptIndex {
             .collect();
         Self {
             len,
-            chains,
-            group_chain,
-            block_tokens,
-            parent_tokens,
-            parent_chain,
+            chains: std::sync::Arc::new(Chains {
+                chains,
+                group_chain,
+                block_tokens,
+                parent_tokens,
+                parent_chain,
+            }),
+        }
+    }
+
+    /// The same hashes viewed up to `upto` tokens (clamped to this index): what
+    /// `PromptIndex::new(geometry, tokens, upto)` would build, without hashing again.
+    pub fn limited(&self, upto: u32) -> PromptIndex {
+        PromptIndex {
+            len: upto.min(self.len),
+            chains: self.chains.clone(),
         }
     }
 
@@ -205,26 +223,26 @@ impl PromptIndex {
 
     /// Complete blocks of group `g` inside the index.
     pub fn full_blocks(&self, g: usize) -> u32 {
-        self.len / self.block_tokens[g]
+        self.len / self.chains.block_tokens[g]
     }
 
     /// The content hash of block `k` (0-based, complete) of group `g`.
     pub fn block_hash(&self, g: usize, k: u32) -> ContentHash {
-        self.chains[self.group_chain[g]][k as usize + 1]
+        self.chains.chains[self.chains.group_chain[g]][k as usize + 1]
     }
 
     /// The hash of the prefix after `k` complete blocks of group `g` (k = 0: ROOT).
     pub fn prefix_hash(&self, g: usize, k: u32) -> ContentHash {
-        self.chains[self.group_chain[g]][k as usize]
+        self.chains.chains[self.chains.group_chain[g]][k as usize]
     }
 
     /// The LCM parent chain hash after `k` parent blocks.
     pub fn parent_hash(&self, k: u32) -> ContentHash {
-        self.chains[self.parent_chain][k as usize]
+        self.chains.chains[self.chains.parent_chain][k as usize]
     }
 
     pub fn parent_tokens(&self) -> u32 {
-        self.parent_tokens
+        self.chains.parent_tokens
     }
 
     /// The hash of group `g`'s partial block ending at `boundary` (boundary not a multiple
@@ -236,7 +254,7 @@ impl PromptIndex {
         g: usize,
         boundary: u32,
     ) -> ContentHash {
-        let b = self.block_tokens[g];
+        let b = self.chains.block_tokens[g];
         let k = boundary / b;
         chain_hash(
             scratch,
@@ -253,11 +271,12 @@ impl PromptIndex {
         tokens: &[u32],
         boundary: u32,
     ) -> ContentHash {
-        let k = boundary / self.parent_tokens;
+        let p = self.chains.parent_tokens;
+        let k = boundary / p;
         chain_hash(
             scratch,
             self.parent_hash(k),
-            &tokens[(k * self.parent_tokens) as usize..boundary as usize],
+            &tokens[(k * p) as usize..boundary as usize],
         )
     }
 }
@@ -279,6 +298,43 @@ mod tests {
             0,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_limited_view_is_the_index_of_the_shorter_prefix() {
+        let g = geo();
+        let p: Vec<u32> = (0..45).map(|i| i * 7 % 31).collect();
+        let whole = PromptIndex::new(&g, &p, 45);
+        let mut s = Vec::new();
+        for upto in [0, 3, 8, 17, 24, 44, 45, 99] {
+            let view = whole.limited(upto);
+            let built = PromptIndex::new(&g, &p, upto);
+            assert_eq!(view.len(), built.len(), "{upto}");
+            for grp in 0..3 {
+                assert_eq!(view.full_blocks(grp), built.full_blocks(grp), "{upto}");
+                for k in 0..built.full_blocks(grp) {
+                    assert_eq!(view.block_hash(grp, k), built.block_hash(grp, k));
+                    assert_eq!(view.prefix_hash(grp, k), built.prefix_hash(grp, k));
+                }
+            }
+            for k in 0..=built.len() / built.parent_tokens() {
+                assert_eq!(view.parent_hash(k), built.parent_hash(k));
+            }
+            for b in 1..=built.len() {
+                if b % 4 != 0 {
+                    assert_eq!(
+                        view.tail_block_hash(&mut s, &p, 0, b),
+                        built.tail_block_hash(&mut s, &p, 0, b)
+                    );
+                }
+                assert_eq!(
+                    view.tail_identity(&mut s, &p, b),
+                    built.tail_identity(&mut s, &p, b)
+                );
+            }
+        }
+        // a view never reaches past what was hashed
+        assert_eq!(PromptIndex::new(&g, &p, 20).limited(40).len(), 20);
     }
 
     #[test]

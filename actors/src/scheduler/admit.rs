@@ -55,13 +55,18 @@ impl Scheduler {
     /// allocates the written blocks and emits the forward and the D2H of new blocks.
     /// `Ok(false)`: something did not fit (nothing is kept; the request stays queued).
     fn try_admit(&mut self, id: RequestId, plan: &mut Plan) -> Result<bool, String> {
-        let (prompt, reusable) = match self.requests.get(&id) {
-            Some(r) => (r.prompt.clone(), r.reusable()),
+        let (prompt, reusable, whole) = match self.requests.get_mut(&id) {
+            Some(r) => {
+                let whole = r.whole_index(&self.cfg.layout.geometry);
+                (r.prompt.clone(), r.reusable(), whole)
+            }
             None => return Ok(true),
         };
         // Only aligned boundaries are restored (a tail block is recomputed): match over
         // aligned candidates, so a tail hit never hides the aligned prefix below it.
-        let m = self.cache.admission_match_aligned(&prompt, reusable);
+        let m = self
+            .cache
+            .admission_match_aligned_in(&whole, &prompt, reusable);
         let matched = Matched {
             boundary: m.boundary,
             device_tokens: m.device_tokens,
@@ -69,7 +74,7 @@ impl Scheduler {
             prompt_len: prompt.len() as u32,
         };
         // Plan every block first; take nothing until everything fits.
-        let needs = self.block_needs(&prompt, matched.boundary)?;
+        let needs = self.block_needs(&whole, &prompt, matched.boundary)?;
         if !self.fits(&needs) {
             return Ok(false);
         }
@@ -97,10 +102,14 @@ impl Scheduler {
 
     /// Every block the forward of `prompt` from `boundary` reads (context) and writes, per
     /// cache group; a written block past the last full one is a partial (scratch) block.
-    fn block_needs(&self, prompt: &[u32], boundary: u32) -> Result<BlockNeeds, String> {
+    fn block_needs(
+        &self,
+        index: &PromptIndex,
+        prompt: &[u32],
+        boundary: u32,
+    ) -> Result<BlockNeeds, String> {
         let len = prompt.len() as u64;
         let geometry = &self.cfg.layout.geometry;
-        let index = PromptIndex::new(geometry, prompt, prompt.len() as u32);
         let groups = geometry.group_count();
         let mut needs = BlockNeeds {
             context: vec![vec![]; groups],

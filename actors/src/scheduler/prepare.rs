@@ -56,9 +56,10 @@ impl Scheduler {
             r.resources.storage_prepared = true;
             // The page keys are made only for a QUERY the manager admits (most refusals,
             // e.g. exhausted credits, then cost no key strings).
-            let mut qp = self
-                .cache
-                .plan_query_rows(&r.prompt, r.reusable(), q, limits);
+            let whole = r.whole_index(&self.cfg.layout.geometry);
+            let mut qp =
+                self.cache
+                    .plan_query_rows_in(Some(&whole), &r.prompt, r.reusable(), q, limits);
             if qp.bypass.is_some() || qp.rows.is_empty() {
                 r.state = RequestState::Admissible;
                 continue;
@@ -125,16 +126,18 @@ impl Scheduler {
         }
         let host_credits = stm.host_credits_left();
         let reusable = r.reusable();
-        let res = match self
-            .cache
-            .reserve(&r.prompt, reusable, &hints, host_credits)
-        {
-            Ok(res) => res,
-            Err(_) => {
-                self.end_prefetch(id, Some(FallbackReason::Miss));
-                return;
-            }
-        };
+        let whole = r.whole_index(&self.cfg.layout.geometry);
+        let res =
+            match self
+                .cache
+                .reserve_in(Some(&whole), &r.prompt, reusable, &hints, host_credits)
+            {
+                Ok(res) => res,
+                Err(_) => {
+                    self.end_prefetch(id, Some(FallbackReason::Miss));
+                    return;
+                }
+            };
         if res.is_empty() {
             let _ = self.cache.abandon(res);
             self.end_prefetch(id, Some(FallbackReason::Miss));

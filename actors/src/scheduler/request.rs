@@ -4,6 +4,8 @@
 //! A Prefetching request owns no Device pages or slot and is never a forward candidate.
 
 use crate::cache::coordinator::QueryPlan;
+use crate::cache::geometry::CacheGeometry;
+use crate::cache::keys::PromptIndex;
 use crate::frontend::FallbackReason;
 use crate::model::DecodeState;
 use crate::storage_transfer::StorageLease;
@@ -102,6 +104,9 @@ pub struct Request {
     pub device_refs: Vec<crate::cache::keys::BlockAddr>,
     /// Scratch slots (partial blocks) this request holds while running.
     pub scratch: Vec<u32>,
+    /// The chain hashes of the whole prompt, made the first time the request is matched
+    /// and reused by every later match, query plan and reservation (`whole_index`).
+    pub index: Option<PromptIndex>,
 }
 
 impl Request {
@@ -127,7 +132,16 @@ impl Request {
             fallback: FallbackReason::None,
             device_refs: vec![],
             scratch: vec![],
+            index: None,
         }
+    }
+
+    /// The index of the whole prompt, hashed once per request.
+    pub fn whole_index(&mut self, geometry: &CacheGeometry) -> PromptIndex {
+        let prompt = &self.prompt;
+        self.index
+            .get_or_insert_with(|| PromptIndex::new(geometry, prompt, prompt.len() as u32))
+            .clone()
     }
 
     /// The reusable request bound: every token but the last (the forward always computes at
