@@ -33,7 +33,9 @@ wait_for() {
   local part="$1" tenths="$2"; shift 2
   for _ in $(seq "$tenths"); do
     if "$@"; then return 0; fi
-    mc_alive "$part" || fail "the $part exited during startup"
+    # Look twice before calling it dead: while the process execs, /proc/PID/cmdline can
+    # read empty for a moment (seen under load), which mc_alive would take for an exit.
+    mc_alive "$part" || { sleep 0.3; mc_alive "$part"; } || fail "the $part exited during startup"
     sleep 0.1
   done
   return 1
