@@ -117,7 +117,9 @@ fn the_example_config_serves_as_written_against_the_deploy_scripts() {
 
 /// The transformer backend over Mooncake: a random Llama-format checkpoint
 /// (`engine-host model init-random`) served by two fresh processes in turn; the second
-/// restores the prefix the first backed up and draws the recomputed greedy tokens.
+/// restores the prefix the first backed up and draws the recomputed greedy token. One
+/// token: the salted prompt may make a random model emit its end-of-sequence token early,
+/// and a choice stopped before its last token is cancelled without a tier split.
 #[test]
 fn a_real_model_restores_its_prefix_from_mooncake_in_a_fresh_process() {
     let Some(mc) = mooncake_env() else { return };
@@ -143,19 +145,19 @@ fn a_real_model_restores_its_prefix_from_mooncake_in_a_fresh_process() {
     let p: Vec<u32> = salted_prompt(70).into_iter().map(|t| t % 256).collect();
     let want = {
         let h = Host::start(&["serve", "--model-dir", m, "--store", "none"], &[]);
-        let v = h.complete(&p, 6);
+        let v = h.complete(&p, 1);
         assert!(h.stop().success());
         tokens(&v)
     };
     let mc: Vec<(&str, &str)> = mc.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let args = ["serve", "--model-dir", m, "--store", "mooncake"];
     let first = Host::start(&args, &mc);
-    let a = first.complete(&p, 6);
+    let a = first.complete(&p, 1);
     assert_eq!(tokens(&a), want);
     first.wait_backups_settled();
     assert!(first.stop().success());
     let second = Host::start(&args, &mc);
-    let b = second.complete(&p, 6);
+    let b = second.complete(&p, 1);
     assert_eq!(b["tsl3"]["l3"], 64, "{b}");
     assert_eq!(
         tokens(&b),

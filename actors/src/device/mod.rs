@@ -5,8 +5,10 @@
 //! It owns the device arena, its immutable transfer geometry and address table (bound at
 //! construction), the ordered stream and the fences. It never decides what to copy (the
 //! scheduler's plan does), never calls the store or the scheduler, and never treats a
-//! storage completion as a substitute for an H2D fence. Backends: host-emulated device
-//! memory (default, CI) and CUDA through cudarc behind the `cuda` feature.
+//! storage completion as a substitute for an H2D fence. Memory backends: host-emulated
+//! device memory (default, CI) and CUDA through cudarc behind the `cuda` feature. Forward
+//! backends (`backend.rs`): the synthetic model (`forward.rs`) and the transformer
+//! (`transformer.rs`, a model directory), both over the same block tables.
 
 pub mod actor;
 pub mod availability;

@@ -138,6 +138,7 @@ impl FrontendState {
         Stops {
             strings: g.stop.clone(),
             token_ids,
+            max_tokens: g.max_tokens,
         }
     }
 }

@@ -75,7 +75,7 @@ pub struct TextStream {
 }
 
 /// What one step of a [`TextStream`] yields.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct TextStep {
     /// New text to hand out (may be empty).
     pub delta: String,

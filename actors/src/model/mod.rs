@@ -12,6 +12,11 @@
 //! (an all-reduce SUM), so the reduced value is the same for any TP size and equals
 //! single-rank recomputation. A restored prefix that is wrong in one byte changes the
 //! output. See `forward.rs` for how sliding-window and State groups keep that property.
+//!
+//! Beside it, for both forward backends: `sampling.rs` (one rule drawing a token from
+//! scores under a request's sampling parameters) and `checkpoint.rs` (a model
+//! directory's cache geometry, read from its config.json; the transformer's arithmetic is
+//! the `transformer` crate's).
 
 pub mod checkpoint;
 pub mod cost;

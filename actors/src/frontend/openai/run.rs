@@ -50,6 +50,10 @@ pub struct Stops {
     pub strings: Vec<String>,
     /// The request's stop token ids and the model's end-of-sequence tokens.
     pub token_ids: Vec<u32>,
+    /// The choice's `max_tokens`: a stop at the last allowed token cancels nothing (the
+    /// engine finishes the request with it), so the choice waits for the engine's finish
+    /// and keeps its tier split.
+    pub max_tokens: u32,
 }
 
 /// The merged pieces of every choice of one request.
@@ -65,18 +69,32 @@ struct ChoiceRun {
     text: TextStream,
     pending: Vec<Tok>,
     output: Vec<u32>,
+    /// A stop met at the last allowed token: the finish (with usage) comes from the
+    /// engine's Done, with reason "stop".
+    stopped_last: bool,
 }
 
 impl ChoiceRun {
+    /// A stop was met: finish now (cancelling the engine request), or, at the last allowed
+    /// token, wait for the engine's Done to finish with its usage.
+    fn stop(&mut self, v: &mut Vec<Piece>) {
+        if self.output.len() as u32 >= self.stops.max_tokens {
+            self.stopped_last = true;
+        } else {
+            v.extend(self.finish("stop", None));
+        }
+    }
+
     async fn next(mut self) -> Option<(Vec<Piece>, Self)> {
         let ev = self.rx.as_ref()?.recv_async().await;
         let pieces = match ev {
+            Ok(TokenEvent::Token(_, _)) if self.stopped_last => vec![],
             Ok(TokenEvent::Token(id, logprobs)) => {
                 self.output.push(id);
                 if self.stops.token_ids.contains(&id) {
                     let step = self.text.step(&*self.codec, &self.stops.strings, true);
                     let mut v = self.flush(step.delta);
-                    v.extend(self.finish("stop", None));
+                    self.stop(&mut v);
                     v
                 } else {
                     self.text.push(id);
@@ -84,7 +102,7 @@ impl ChoiceRun {
                     let step = self.text.step(&*self.codec, &self.stops.strings, false);
                     let mut v = self.flush(step.delta);
                     if step.stopped {
-                        v.extend(self.finish("stop", None));
+                        self.stop(&mut v);
                     }
                     v
                 }
@@ -93,9 +111,17 @@ impl ChoiceRun {
                 usage,
                 finish_reason,
             }) => {
-                let step = self.text.step(&*self.codec, &self.stops.strings, true);
+                let step = if self.stopped_last {
+                    Default::default()
+                } else {
+                    self.text.step(&*self.codec, &self.stops.strings, true)
+                };
                 let mut v = self.flush(step.delta);
-                let reason = if step.stopped { "stop" } else { finish_reason };
+                let reason = if step.stopped || self.stopped_last {
+                    "stop"
+                } else {
+                    finish_reason
+                };
                 v.extend(self.finish(reason, Some(usage)));
                 v
             }
@@ -165,6 +191,7 @@ pub fn pieces(
             text: TextStream::default(),
             pending: vec![],
             output: vec![],
+            stopped_last: false,
         };
         futures::stream::unfold(run, ChoiceRun::next)
             .flat_map(futures::stream::iter)

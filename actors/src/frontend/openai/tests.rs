@@ -371,6 +371,17 @@ async fn stops_truncate_the_text_finish_with_stop_and_cancel_the_request() {
     assert_eq!(v["choices"][0]["text"], "\"");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["usage"]["completion_tokens"], 2, "the stop token counts");
+    // A stop at the last allowed token cancels nothing: the engine's finish arrives and
+    // the choice keeps its tier split.
+    let (_, v) = post!(
+        &app,
+        "/v1/completions",
+        json!({"prompt": [1, 2, 7], "max_tokens": 3})
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["choices"][0]["text"], "\"#");
+    assert!(!v["tsl3"]["l3"].is_null(), "the split is reported: {v}");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
     // No stop: "length".
     let (_, v) = post!(
         &app,
