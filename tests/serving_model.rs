@@ -9,21 +9,7 @@ use common::{tokens, Host};
 use std::process::Command;
 
 fn init_random(dir: &std::path::Path, seed: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_engine-host"))
-        .args([
-            "model",
-            "init-random",
-            dir.to_str().unwrap(),
-            "--seed",
-            seed,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::init_random_model(dir, seed.parse().unwrap());
 }
 
 fn prompt(n: u32) -> Vec<u32> {

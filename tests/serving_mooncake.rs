@@ -125,21 +125,7 @@ fn a_real_model_restores_its_prefix_from_mooncake_in_a_fresh_process() {
     let Some(mc) = mooncake_env() else { return };
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine-host"))
-        .args([
-            "model",
-            "init-random",
-            model.to_str().unwrap(),
-            "--seed",
-            "9",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::init_random_model(&model, 9);
     let m = model.to_str().unwrap();
     // The random model's vocabulary is 260 tokens.
     let p: Vec<u32> = salted_prompt(70).into_iter().map(|t| t % 256).collect();

@@ -197,3 +197,18 @@ pub fn tokens(v: &serde_json::Value) -> Vec<u64> {
         .map(|t| t.as_u64().unwrap())
         .collect()
 }
+
+/// `engine-host model init-random DIR --seed SEED`: a random Llama-format model directory.
+#[allow(dead_code)] // not every test binary serves a model directory
+pub fn init_random_model(dir: &Path, seed: u64) {
+    let out = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["model", "init-random", dir.to_str().unwrap(), "--seed"])
+        .arg(seed.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -109,7 +109,7 @@ impl Handler<RunForward> for DeviceCopyEngine {
 impl Handler<RunDecode> for DeviceCopyEngine {
     type Result = Result<ForwardOutcome, DeviceError>;
     fn handle(&mut self, msg: RunDecode, _: &mut Self::Context) -> Self::Result {
-        self.backend.decode(&mut self.core, msg.0, &msg.1)
+        self.backend.decode(msg.0, &msg.1)
     }
 }
 

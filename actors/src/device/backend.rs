@@ -69,9 +69,8 @@ impl ForwardBackend {
     }
 
     /// One decode step of request `id`.
-    pub fn decode<M: DeviceMemory>(
+    pub fn decode(
         &mut self,
-        _core: &mut DeviceCopyEngineCore<M>,
         id: RequestId,
         step: &DecodeStep,
     ) -> Result<ForwardOutcome, DeviceError> {

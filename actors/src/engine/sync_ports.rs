@@ -66,7 +66,7 @@ impl DevicePort for SyncDevice {
         id: RequestId,
         step: DecodeStep,
     ) -> Result<ForwardOutcome, EngineError> {
-        Ok(self.backend.decode(&mut self.core, id, &step)?)
+        Ok(self.backend.decode(id, &step)?)
     }
     async fn release(&mut self, ids: Vec<RequestId>) -> Result<(), EngineError> {
         self.backend.release(&ids);
