@@ -112,6 +112,7 @@ pub fn rank_spec(s: &Settings) -> Result<RankSpec> {
         device_blocks: s.model.device_blocks,
         host_blocks: host_blocks.max(1),
         max_running: s.model.max_running as usize,
+        tail_hints: s.model.tail_hints as usize,
         checkpoint: s.model.checkpoint.clone(),
         target_weight_version: s.model.weight_version,
         draft_weight_version: u64::try_from(s.model.draft_weight_version).ok(),

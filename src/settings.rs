@@ -80,6 +80,8 @@ pub struct ModelSettings {
     pub device_blocks: u32,
     /// Requests admitted to the forward at once.
     pub max_running: u32,
+    /// Capacity of the local TailTable of tail hints; 0 turns tails off.
+    pub tail_hints: u32,
     /// Sleep the profile's cost-model device time per forward (emulated device).
     pub emulate_device_time: bool,
     /// auto | emulated | cuda.
@@ -217,6 +219,9 @@ impl Settings {
         }
         if self.model.max_running == 0 {
             return Err(bad("model.max_running", "must be greater than 0"));
+        }
+        if self.model.tail_hints > 1_000_000 {
+            return Err(bad("model.tail_hints", "must be at most 1000000"));
         }
         if !matches!(self.model.device.as_str(), "auto" | "emulated" | "cuda") {
             return Err(bad("model.device", "must be auto, emulated or cuda"));

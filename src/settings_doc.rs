@@ -78,6 +78,7 @@ pub const ENTRIES: &[Entry] = &[
     r("model.draft_weight_version", "Draft model weight version; -1: no draft model.", "-1 or a version >= 0", "-2"),
     r("model.device_blocks", "Device (L1) KV blocks per cache group on each rank.", "greater than 0", "0"),
     r("model.max_running", "Requests admitted to the forward at once.", "greater than 0", "0"),
+    r("model.tail_hints", "Capacity of the local TailTable: hints of nonaligned boundaries (a prompt's end: its partial history blocks, SWA lookback and State checkpoint) whose blocks this rank published; a query proposes them beside the aligned boundaries and the exact request bound. 0 turns tails off: only aligned boundaries are reused and a prompt's partial last block is recomputed.", "0 to 1000000", "2000000"),
     e("model.emulate_device_time", "Sleep the profile's cost-model device time per forward (emulated device)."),
     Entry {
         ty: Some("string: auto | emulated | cuda"),

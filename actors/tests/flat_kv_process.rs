@@ -211,6 +211,7 @@ fn writer(spec: &str, ns: &Namespace) {
             context_len: 0,
             groups,
             sampling: messages::SamplingParams::GREEDY,
+            copy_on_write: vec![],
         },
     )
     .unwrap();
@@ -383,6 +384,7 @@ fn reader(spec: &str, ns: &Namespace) {
                 context_len: BOUNDARY,
                 groups,
                 sampling: messages::SamplingParams::GREEDY,
+                copy_on_write: vec![],
             },
         )
         .unwrap();

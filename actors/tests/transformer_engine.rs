@@ -207,6 +207,7 @@ fn a_flipped_byte_in_a_restored_block_changes_the_logits() {
             written: written.into_iter().map(DeviceSlot).collect(),
         }],
         sampling,
+        copy_on_write: vec![],
     };
     // recompute: blocks 0..3 written into slots 0, 1, 2
     let full = backend

@@ -263,7 +263,30 @@ impl CacheCoordinator {
         self.host.region_bytes()
     }
 
-    /// Tail candidates of a prompt in (lo, bound]: local hints plus the exact request bound.
+    /// Whether tails are on (the TailTable has capacity): admission matches tail boundaries
+    /// and a prompt's partial last blocks are cached under their tail addresses. Off: only
+    /// aligned boundaries are queried, reserved and reused.
+    pub fn tails_enabled(&self) -> bool {
+        self.tails.capacity() > 0
+    }
+
+    /// Records the local tail hint of an indexed prompt's nonaligned end `boundary`, once
+    /// the blocks of that tail are published on the Device (the forward that writes them is
+    /// planned). False when aligned or tails are off. A hint only proposes the boundary.
+    pub fn record_prompt_tail(
+        &mut self,
+        index: &PromptIndex,
+        tokens: &[u32],
+        boundary: u32,
+    ) -> bool {
+        match TailCandidate::at(index, tokens, boundary) {
+            Some(t) => self.tails.record(index, t),
+            None => false,
+        }
+    }
+
+    /// Tail candidates of a prompt in (lo, bound]: local hints plus the exact request bound
+    /// (none when tails are off).
     fn tail_candidates(
         &self,
         index: &PromptIndex,
@@ -272,6 +295,9 @@ impl CacheCoordinator {
         bound: u32,
         extra: &[TailCandidate],
     ) -> Vec<TailCandidate> {
+        if !self.tails_enabled() {
+            return Vec::new();
+        }
         let mut v = self.tails.candidates(index, tokens, lo, bound);
         v.extend(TailCandidate::at(index, tokens, bound));
         v.extend(
@@ -331,8 +357,17 @@ impl CacheCoordinator {
         self.admission_match_with(None, tokens, reusable, true)
     }
 
-    /// Admission over aligned boundaries only (no tail candidates): what the engine can
-    /// restore today, so a tail hit never hides the aligned prefix below it.
+    /// `admission_match` over the request's index of its whole prompt.
+    pub fn admission_match_in(
+        &self,
+        whole: &PromptIndex,
+        tokens: &[u32],
+        reusable: u32,
+    ) -> AdmissionMatch {
+        self.admission_match_with(Some(whole), tokens, reusable, true)
+    }
+
+    /// Admission over aligned boundaries only (no tail candidates).
     pub fn admission_match_aligned(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
         self.admission_match_with(None, tokens, reusable, false)
     }

@@ -62,6 +62,7 @@ impl ForwardBackend {
         id: RequestId,
         step: &ForwardStep,
     ) -> Result<ForwardOutcome, DeviceError> {
+        core.copy_slots(&step.copy_on_write)?;
         match self {
             ForwardBackend::Synthetic(m) => core.forward(m, step),
             ForwardBackend::Transformer(t) => t.forward(core, id, step),

@@ -151,6 +151,7 @@ pub fn flat_kv(profile: &str, prompt_tokens: u64) -> Result<FlatKvBenchReport, D
                 written: first.clone(),
             }],
             sampling: messages::SamplingParams::GREEDY,
+            copy_on_write: vec![],
         },
     )?;
     let compute_kv_s = t.elapsed().as_secs_f64();
@@ -196,6 +197,7 @@ pub fn flat_kv(profile: &str, prompt_tokens: u64) -> Result<FlatKvBenchReport, D
             written: second[wr.start as usize..wr.end as usize].to_vec(),
         }],
         sampling: messages::SamplingParams::GREEDY,
+        copy_on_write: vec![],
     };
     let t = Instant::now();
     let out = e.forward(&model, &step)?;

@@ -240,6 +240,34 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         Ok(())
     }
 
+    /// Whole-slot copies on the Device (copy-on-write of partial history blocks), after
+    /// all submitted work, in order; every slot is validated first.
+    pub fn copy_slots(&mut self, copies: &[super::forward::SlotCopy]) -> Result<(), DeviceError> {
+        for c in copies {
+            self.check_slot(c.from)?;
+            self.check_slot(c.to)?;
+            if c.from == c.to {
+                return Err(DeviceError::Forward(format!(
+                    "copy-on-write of device slot {} onto itself",
+                    c.from.0
+                )));
+            }
+        }
+        let len = self.geometry().slot_bytes;
+        for c in copies {
+            let from = self.slot_range(c.from, len)? as usize;
+            let to = self.slot_range(c.to, len)? as usize;
+            match self.host_view()? {
+                Some(arena) => arena.copy_within(from..from + len as usize, to),
+                None => {
+                    let bytes = self.read_slot(c.from, 0, len)?;
+                    self.write_slot(c.to, 0, &bytes)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes bytes into a slot from `offset`, after all submitted work.
     pub fn write_slot(
         &mut self,

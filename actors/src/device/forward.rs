@@ -32,6 +32,18 @@ pub struct ForwardStep {
     /// How a backend that draws on the device picks the first output token.
     #[serde(default)]
     pub sampling: SamplingParams,
+    /// Copy-on-write of partial history blocks, done before the forward: a restored tail
+    /// block's bytes are copied into the block the forward writes (which appends the new
+    /// rows after them), so the restored block itself is never written.
+    #[serde(default)]
+    pub copy_on_write: Vec<SlotCopy>,
+}
+
+/// A whole-slot copy on the Device (`from` stays untouched).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct SlotCopy {
+    pub from: DeviceSlot,
+    pub to: DeviceSlot,
 }
 
 /// One decode step of a backend that draws tokens on the device: `token` (the last output
@@ -87,6 +99,7 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         for g in 0..step.groups.len() {
             chains.push(model.chain(g, &step.tokens)?);
         }
+        let slot_bytes = self.geometry().slot_bytes as usize;
         let Some(arena) = self.host_view()? else {
             return Ok(None);
         };
@@ -122,7 +135,11 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
             model.prefill_rank(step.shard, &step.tokens, c, &context)?
         };
         for (g, b, r) in write_ranges {
-            model.fill_block_from(g, &chains[g], b, step.shard, c, &mut arena[r])?;
+            let tail_end = (r.start + slot_bytes).min(arena.len());
+            model.fill_block_from(g, &chains[g], b, step.shard, c, &mut arena[r.clone()])?;
+            // A partial block's unused rows are zeroed: its D2H copy (and an L3 object made
+            // from it) never carries a freed block's stale bytes.
+            arena[r.end..tail_end].fill(0);
         }
         Ok(Some(ForwardOutcome {
             digest,
@@ -204,9 +221,11 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         for g in 0..groups {
             chains.push(model.chain(g, &step.tokens)?);
         }
+        let slot_bytes = self.geometry().slot_bytes;
         for (g, b, slot, len) in writes {
             let mut buf = self.read_slot(slot, 0, len)?;
             model.fill_block_from(g, &chains[g], b, step.shard, c, &mut buf)?;
+            buf.resize(slot_bytes as usize, 0);
             self.write_slot(slot, 0, &buf)?;
         }
         Ok(ForwardOutcome {

@@ -38,7 +38,7 @@ pub use availability::{detect_cuda, CudaAvailability};
 pub use backend::ForwardBackend;
 pub use emulated::EmulatedDeviceMemory;
 pub use engine::DeviceCopyEngineCore;
-pub use forward::{DecodeStep, ForwardOutcome, ForwardStep, GroupBlockTable};
+pub use forward::{DecodeStep, ForwardOutcome, ForwardStep, GroupBlockTable, SlotCopy};
 pub use geometry::{AddressTable, DeviceGeometry};
 pub use memory::{DeviceMemory, ResolvedCopy};
 pub use ops::{CopyDirection, DeviceCopy, DeviceCopyBatch, DeviceError, DeviceSlot, FenceId};

@@ -258,6 +258,7 @@ fn forward_over_device_blocks_matches_recomputation() {
             context_len: c,
             groups,
             sampling: messages::SamplingParams::GREEDY,
+            copy_on_write: vec![],
         };
         let out = e.forward(&model, &step).unwrap();
         let reduced = model.reduce_ranks(&[out.digest]).unwrap();
@@ -329,6 +330,7 @@ fn a_partial_context_block_is_extended_in_place() {
             written: vec![DeviceSlot(6), DeviceSlot(1)],
         }],
         sampling: messages::SamplingParams::GREEDY,
+        copy_on_write: vec![],
     };
     let out = e.forward(&model, &step).unwrap();
     let first = model
@@ -382,6 +384,7 @@ fn actor_submits_polls_and_runs_forward_in_order() {
                 written: vec![DeviceSlot(6)],
             }],
             sampling: messages::SamplingParams::GREEDY,
+            copy_on_write: vec![],
         };
         let out = addr
             .send(RunForward(messages::RequestId(1), step))

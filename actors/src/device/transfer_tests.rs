@@ -64,6 +64,7 @@ fn flat_kv_round_trip_through_the_memory_store() {
                 written: written.clone(),
             }],
             sampling: messages::SamplingParams::GREEDY,
+            copy_on_write: vec![],
         };
         e.forward(&model, &step).unwrap();
         let src: Vec<HostRange> = (0..n_blocks)

@@ -154,6 +154,13 @@ impl TransformerBackend {
                 .get(src.start as usize..src.end as usize)
                 .ok_or_else(|| err("the model returned fewer rows than it computed"))?;
             core.write_slot(*slot, (from - b * bt) * self.row_bytes, bytes)?;
+            // A partial block's unused rows are zeroed: its D2H copy (and an L3 object made
+            // from it) never carries a freed block's stale bytes.
+            let used = (to - b * bt) * self.row_bytes;
+            let slot_bytes = core.geometry().slot_bytes;
+            if used < slot_bytes {
+                core.write_slot(*slot, used, &vec![0u8; (slot_bytes - used) as usize])?;
+            }
         }
         let outcome = self.outcome(&out.logits, &step.sampling, 0, step.shard, end, end - c);
         self.running.insert(id, out.kv);

@@ -57,6 +57,9 @@ pub struct RankSpec {
     /// Host blocks per cache group.
     pub host_blocks: u32,
     pub max_running: usize,
+    /// Capacity of the local TailTable of tail hints; 0 turns tails off (only aligned
+    /// boundaries are reused; a prompt's partial last block is recomputed).
+    pub tail_hints: usize,
     pub checkpoint: String,
     pub target_weight_version: u64,
     pub draft_weight_version: Option<u64>,
@@ -103,6 +106,7 @@ impl RankSpec {
             device_blocks: 64,
             host_blocks: 256,
             max_running: 4,
+            tail_hints: 1024,
             checkpoint: String::new(),
             target_weight_version: 1,
             draft_weight_version: None,
@@ -227,7 +231,7 @@ pub fn build_rank(
             namespace,
             storage: spec.storage.as_ref().map(|(c, _)| c.clone()),
             max_running: spec.max_running.max(1),
-            tail_capacity: 1024,
+            tail_capacity: spec.tail_hints,
         },
         model,
     )?;

@@ -26,6 +26,8 @@ pub mod ports;
 mod round;
 pub mod sync_ports;
 #[cfg(test)]
+mod tail_tests;
+#[cfg(test)]
 mod tests;
 
 pub use round::{

@@ -21,7 +21,10 @@ fn engine(store: Option<Arc<MemoryStore>>) -> RankEngine {
     engine_with(store.map(|s| s as Arc<dyn Store>), |_| {})
 }
 
-fn engine_with(store: Option<Arc<dyn Store>>, tune: impl FnOnce(&mut RankSpec)) -> RankEngine {
+pub(super) fn engine_with(
+    store: Option<Arc<dyn Store>>,
+    tune: impl FnOnce(&mut RankSpec),
+) -> RankEngine {
     engine_clocked(store, tune, SystemClock::shared())
 }
 
@@ -38,15 +41,15 @@ fn engine_clocked(
     .unwrap()
 }
 
-struct Outcome {
-    tokens: Vec<u32>,
-    split: PrefixSplit,
-    fallback: FallbackReason,
+pub(super) struct Outcome {
+    pub tokens: Vec<u32>,
+    pub split: PrefixSplit,
+    pub fallback: FallbackReason,
 }
 
 /// Serves one request to completion (a world of one; rounds until it finishes), then
 /// keeps rounding until the executor is idle so backups have retired.
-fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcome {
+pub(super) fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcome {
     let out = serve_until(e, id, prompt, max_tokens, |_, _| {});
     for _ in 0..20_000 {
         let idle = e.executor().is_none_or(|x| {
@@ -109,7 +112,7 @@ fn serve_until(
     }
 }
 
-fn prompt(n: u32, salt: u32) -> Vec<u32> {
+pub(super) fn prompt(n: u32, salt: u32) -> Vec<u32> {
     (0..n).map(|i| (i * 31 + salt * 7) % 997).collect()
 }
 

@@ -343,10 +343,9 @@ mod tests {
             let m = SyntheticModel::by_name(name).unwrap();
             let t = toks(27);
             let recompute = m.recompute_output(&t, 4).unwrap();
-            for c in [0u64, 4, 8, 10, 16, 24] {
-                if name == "hybrid-state" && c % 8 != 0 {
-                    continue;
-                }
+            // Nonaligned boundaries too: a partial history block and, for State, the tail
+            // checkpoint taken exactly there.
+            for c in [0u64, 4, 8, 10, 12, 16, 21, 24, 26] {
                 let blocks = context_of(&m, &t, c, Shard::SINGLE);
                 let (first, state) = m.prefill(&t, c, &as_ctx(&blocks)).unwrap();
                 assert_eq!(first, recompute[0], "{name} boundary {c}");
@@ -360,28 +359,29 @@ mod tests {
         for name in ["tiny", "hybrid-swa", "hybrid-state"] {
             let m = SyntheticModel::by_name(name).unwrap();
             let t = toks(30);
-            let c = 16;
-            let good = context_of(&m, &t, c, Shard::SINGLE);
-            let (want, _) = m.prefill(&t, c, &as_ctx(&good)).unwrap();
-            let mut checked = 0;
-            for g in 0..good.len() {
-                for b in 0..good[g].len() {
-                    for i in [0, good[g][b].len() / 2, good[g][b].len() - 1] {
-                        let mut bad = good.clone();
-                        bad[g][b][i] ^= 0x01;
-                        let (got, _) = m.prefill(&t, c, &as_ctx(&bad)).unwrap();
-                        assert_ne!(got, want, "{name} group {g} block {b} byte {i}");
-                        checked += 1;
+            for c in [16, 21] {
+                let good = context_of(&m, &t, c, Shard::SINGLE);
+                let (want, _) = m.prefill(&t, c, &as_ctx(&good)).unwrap();
+                let mut checked = 0;
+                for g in 0..good.len() {
+                    for b in 0..good[g].len() {
+                        for i in [0, good[g][b].len() / 2, good[g][b].len() - 1] {
+                            let mut bad = good.clone();
+                            bad[g][b][i] ^= 0x01;
+                            let (got, _) = m.prefill(&t, c, &as_ctx(&bad)).unwrap();
+                            assert_ne!(got, want, "{name} group {g} block {b} byte {i}");
+                            checked += 1;
+                        }
                     }
                 }
-            }
-            assert!(checked >= 3, "{name}: {checked} flips");
-            // swapping two blocks is a wrong restore too
-            if good[0].len() >= 2 {
-                let mut swapped = good.clone();
-                swapped[0].swap(0, 1);
-                let (got, _) = m.prefill(&t, c, &as_ctx(&swapped)).unwrap();
-                assert_ne!(got, want);
+                assert!(checked >= 3, "{name}: {checked} flips");
+                // swapping two blocks is a wrong restore too
+                if good[0].len() >= 2 {
+                    let mut swapped = good.clone();
+                    swapped[0].swap(0, 1);
+                    let (got, _) = m.prefill(&t, c, &as_ctx(&swapped)).unwrap();
+                    assert_ne!(got, want);
+                }
             }
         }
     }
@@ -436,10 +436,13 @@ mod tests {
             Err(ModelError::NoNewTokens { .. })
         ));
         let s = SyntheticModel::by_name("hybrid-state").unwrap();
-        let empty = vec![GroupContext::default(); 2];
+        // A nonaligned boundary needs the tail checkpoint taken exactly there.
+        let mut no_checkpoint = context_of(&s, &t, 4, Shard::SINGLE);
+        assert_eq!(no_checkpoint[1].len(), 1, "the tail checkpoint at 4");
+        no_checkpoint[1].clear();
         assert!(matches!(
-            s.prefill(&t, 4, &empty),
-            Err(ModelError::UnalignedStateBoundary { .. })
+            s.prefill(&t, 4, &as_ctx(&no_checkpoint)),
+            Err(ModelError::ContextBlocks { group: 1, .. })
         ));
     }
 

@@ -97,14 +97,13 @@ impl SyntheticModel {
         };
         match spec.kind {
             GroupKind::State { .. } => {
-                let pos = block
-                    .checked_add(1)
-                    .and_then(|b| b.checked_mul(spec.block_tokens))
-                    .ok_or(beyond.clone())?;
-                if pos > tokens {
+                // Block b is the checkpoint at the end of interval b, or at the sequence's
+                // end for the interval in progress (a tail checkpoint).
+                let start = block.checked_mul(spec.block_tokens).ok_or(beyond.clone())?;
+                if start >= tokens {
                     return Err(beyond);
                 }
-                Ok((pos, 0))
+                Ok((start.saturating_add(spec.block_tokens).min(tokens), 0))
             }
             _ => {
                 let start = block.checked_mul(spec.block_tokens).ok_or(beyond.clone())?;
@@ -225,7 +224,8 @@ impl SyntheticModel {
 
     /// Blocks of `group` a request whose reused prefix ends at `boundary` must supply, in
     /// order: Full every block; SWA the blocks covering the last `window` tokens; State the
-    /// checkpoint taken exactly at the boundary (none at 0).
+    /// checkpoint taken exactly at the boundary (none at 0): block `b/interval - 1` when
+    /// aligned, else the tail checkpoint, block `b/interval`.
     pub fn required_blocks(&self, group: usize, boundary: u64) -> Result<Range<u64>, ModelError> {
         let spec = self.profile.group(group)?;
         let bt = spec.block_tokens;
@@ -239,24 +239,28 @@ impl SyntheticModel {
             } => {
                 if boundary == 0 {
                     0..0
-                } else if checkpoint_interval == 0 || !boundary.is_multiple_of(checkpoint_interval)
-                {
+                } else if checkpoint_interval == 0 {
                     return Err(ModelError::UnalignedStateBoundary {
                         group,
                         boundary,
                         interval: checkpoint_interval,
                     });
-                } else {
+                } else if boundary.is_multiple_of(checkpoint_interval) {
                     let b = boundary / checkpoint_interval;
                     (b - 1)..b
+                } else {
+                    // The tail checkpoint taken exactly at a nonaligned boundary.
+                    let b = boundary / checkpoint_interval;
+                    b..b + 1
                 }
             }
         })
     }
 
     /// Blocks of `group` a step from `context` to `end` tokens writes: token groups every
-    /// block holding a position in `[context, end)`; State groups the checkpoints in
-    /// `(context, end]`.
+    /// block holding a position in `[context, end)`; State groups the checkpoint of every
+    /// interval ending in `(context, end]` and, when `end` is nonaligned, the tail
+    /// checkpoint at `end`.
     pub fn written_blocks(
         &self,
         group: usize,
@@ -268,10 +272,7 @@ impl SyntheticModel {
         if end <= context {
             return Ok(0..0);
         }
-        Ok(match spec.kind {
-            GroupKind::State { .. } => (context / bt)..(end / bt),
-            _ => (context / bt)..div_ceil(end, bt),
-        })
+        Ok((context / bt)..div_ceil(end, bt))
     }
 }
 
@@ -370,11 +371,11 @@ mod tests {
         let s = SyntheticModel::by_name("hybrid-state").unwrap();
         assert_eq!(s.required_blocks(1, 16).unwrap(), 1..2);
         assert_eq!(s.required_blocks(1, 0).unwrap(), 0..0);
-        assert!(matches!(
-            s.required_blocks(1, 12),
-            Err(ModelError::UnalignedStateBoundary { .. })
-        ));
-        assert_eq!(s.written_blocks(1, 8, 25).unwrap(), 1..3);
+        // a nonaligned boundary: the tail checkpoint of the interval in progress
+        assert_eq!(s.required_blocks(1, 12).unwrap(), 1..2);
+        // the checkpoints at 16 and 24 and the tail checkpoint at 25
+        assert_eq!(s.written_blocks(1, 8, 25).unwrap(), 1..4);
+        assert_eq!(s.written_blocks(1, 8, 24).unwrap(), 1..3);
         assert_eq!(s.written_blocks(1, 8, 8).unwrap(), 0..0);
         // a checkpoint is a function of its whole prefix
         let b = toks(16, 5);
@@ -385,6 +386,15 @@ mod tests {
             s.kv_block_bytes(1, &c, 1, Shard::SINGLE).unwrap()
         );
         assert_eq!(s.block_len(1, 1, 16, Shard::SINGLE).unwrap(), 64);
-        assert!(s.block_len(1, 1, 15, Shard::SINGLE).is_err());
+        // block 1 of a 15-token sequence is the tail checkpoint at 15; block 2 is beyond
+        assert_eq!(s.block_len(1, 1, 15, Shard::SINGLE).unwrap(), 64);
+        assert!(s.block_len(1, 2, 15, Shard::SINGLE).is_err());
+        // the tail checkpoint at 12 is the state after 12 tokens: another prefix's
+        // checkpoint at the same block differs
+        let long = toks(16, 5);
+        assert_ne!(
+            s.kv_block_bytes(1, &long[..12], 1, Shard::SINGLE).unwrap(),
+            s.kv_block_bytes(1, &long[..13], 1, Shard::SINGLE).unwrap()
+        );
     }
 }

@@ -12,7 +12,8 @@ use super::plan::Plan;
 use super::request::{AdmissionResources, PrefixSplit, RequestState};
 use super::Scheduler;
 use crate::cache::keys::{BlockAddr, PromptIndex};
-use crate::device::{DeviceCopy, DeviceSlot, ForwardStep, GroupBlockTable};
+use crate::cache::GroupKind;
+use crate::device::{DeviceCopy, DeviceSlot, ForwardStep, GroupBlockTable, SlotCopy};
 use crate::frontend::FallbackReason;
 use crate::storage_transfer::HandBack;
 use messages::RequestId;
@@ -62,11 +63,16 @@ impl Scheduler {
             }
             None => return Ok(true),
         };
-        // Only aligned boundaries are restored (a tail block is recomputed): match over
-        // aligned candidates, so a tail hit never hides the aligned prefix below it.
-        let m = self
-            .cache
-            .admission_match_aligned_in(&whole, &prompt, reusable);
+        // With tails on, a tail boundary (its partial history blocks, the SWA lookback and
+        // the State checkpoint taken exactly there) is reused like an aligned one; off,
+        // only aligned boundaries are.
+        let tails = self.cache.tails_enabled();
+        let m = if tails {
+            self.cache.admission_match_in(&whole, &prompt, reusable)
+        } else {
+            self.cache
+                .admission_match_aligned_in(&whole, &prompt, reusable)
+        };
         let matched = Matched {
             boundary: m.boundary,
             device_tokens: m.device_tokens,
@@ -82,8 +88,28 @@ impl Scheduler {
             return Ok(false);
         };
         let scratch = self.take_scratch(&needs.written_partial, &mut taken.tables)?;
+        // Copy-on-write: a restored partial history block is copied into the block the
+        // forward writes; the restored (cached, maybe stored) tail is never written.
+        let copy_on_write = needs
+            .copy_on_write
+            .iter()
+            .enumerate()
+            .filter(|(_, cow)| **cow)
+            .filter_map(|(g, _)| {
+                let t = &taken.tables[g];
+                Some(SlotCopy {
+                    from: *t.context.last()?,
+                    to: *t.written.first()?,
+                })
+            })
+            .collect();
         self.publish_new_blocks(&taken.new_written, plan)?;
         self.h2d_host_refs.extend(taken.h2d_refs);
+        if tails {
+            // The prompt's end is a tail: its blocks are published on the Device now.
+            self.cache
+                .record_prompt_tail(&whole, &prompt, prompt.len() as u32);
+        }
         let step = ForwardStep {
             shard: self.cfg.layout.shard,
             tokens: prompt,
@@ -94,6 +120,7 @@ impl Scheduler {
                 .get(&id)
                 .map(|r| r.sampling)
                 .unwrap_or_default(),
+            copy_on_write,
         };
         plan.forwards.push((id, step));
         self.account_admission(id, matched, taken.held, scratch)?;
@@ -101,7 +128,10 @@ impl Scheduler {
     }
 
     /// Every block the forward of `prompt` from `boundary` reads (context) and writes, per
-    /// cache group; a written block past the last full one is a partial (scratch) block.
+    /// cache group. A context block that ends at a nonaligned boundary is that tail's block
+    /// (a partial history block, or the State checkpoint taken exactly there); a written
+    /// block past the last full one is the prompt end's tail block when tails are on, else
+    /// a partial (scratch) block.
     fn block_needs(
         &self,
         index: &PromptIndex,
@@ -109,21 +139,34 @@ impl Scheduler {
         boundary: u32,
     ) -> Result<BlockNeeds, String> {
         let len = prompt.len() as u64;
+        let tails = self.cache.tails_enabled();
         let geometry = &self.cfg.layout.geometry;
         let groups = geometry.group_count();
         let mut needs = BlockNeeds {
             context: vec![vec![]; groups],
             written_full: vec![vec![]; groups],
             written_partial: vec![false; groups],
+            copy_on_write: vec![false; groups],
         };
+        let mut scratch = Vec::new();
         for g in 0..groups {
+            let spec = geometry.group(g);
+            let bt = spec.block_tokens.max(1);
+            let tail_at = !boundary.is_multiple_of(bt);
             let req = self
                 .model
                 .required_blocks(g, boundary as u64)
                 .map_err(|e| e.to_string())?;
             for k in req {
-                needs.context[g].push(BlockAddr::new(g, index.block_hash(g, k as u32)));
+                let hash = if tail_at && k == (boundary / bt) as u64 {
+                    index.tail_block_hash(&mut scratch, prompt, g, boundary)
+                } else {
+                    index.block_hash(g, k as u32)
+                };
+                needs.context[g].push(BlockAddr::new(g, hash));
             }
+            // A partial history block is both context and written.
+            needs.copy_on_write[g] = tail_at && spec.kind != GroupKind::State;
             let wr = self
                 .model
                 .written_blocks(g, boundary as u64, len)
@@ -132,6 +175,9 @@ impl Scheduler {
             for k in wr {
                 if k < full {
                     needs.written_full[g].push(BlockAddr::new(g, index.block_hash(g, k as u32)));
+                } else if tails {
+                    let hash = index.tail_block_hash(&mut scratch, prompt, g, len as u32);
+                    needs.written_full[g].push(BlockAddr::new(g, hash));
                 } else {
                     needs.written_partial[g] = true;
                 }
@@ -358,10 +404,14 @@ struct Matched {
 struct BlockNeeds {
     /// Blocks the forward reads (below the boundary).
     context: Vec<Vec<BlockAddr>>,
-    /// Full blocks the forward writes.
+    /// Cached blocks the forward writes: full blocks, then (tails on) the prompt end's
+    /// tail block.
     written_full: Vec<Vec<BlockAddr>>,
-    /// Whether the forward writes a partial (tail) block in the group: a scratch slot.
+    /// Whether the forward writes a partial block in a scratch slot (tails off).
     written_partial: Vec<bool>,
+    /// Whether the group's last context block is a partial history block the first written
+    /// block continues (copy-on-write).
+    copy_on_write: Vec<bool>,
 }
 
 /// What an admission took while its blocks were being taken.
@@ -520,8 +570,42 @@ mod tests {
     }
 
     #[test]
-    fn a_new_prompt_writes_its_full_blocks_and_one_scratch_slot() {
+    fn a_new_prompt_writes_its_full_blocks_and_its_tail_block() {
         let mut rig = rig(false);
+        let p = prompt(30, 5);
+        let plan = rig.arrive(&[(1, &p, 4)]);
+        let [(_, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(
+            step.groups[0].written.len(),
+            8,
+            "seven full blocks and the tail"
+        );
+        assert!(rig.s.requests[&RequestId(1)].scratch.is_empty());
+        // The tail block (tokens 28..30) is a cached Device block, published, and goes to
+        // Host like a full block; the request holds it.
+        let c = rig.s.cache();
+        let tail = *c.blocks_at(&p, 30).last().unwrap();
+        assert!(c.device().contains(tail));
+        assert_eq!(
+            step.groups[0].written.last(),
+            Some(&rig.s.device_slot(tail).unwrap())
+        );
+        assert!(rig.s.requests[&RequestId(1)].device_refs.contains(&tail));
+        assert_eq!(
+            plan.d2h.len(),
+            8,
+            "the new full blocks and the tail go to Host"
+        );
+        assert_eq!(rig.s.d2h_blocks.last(), Some(&tail));
+        assert_eq!(c.tail_table().len(), 1, "the prompt end's tail hint");
+        assert!(step.copy_on_write.is_empty(), "nothing restored");
+    }
+
+    #[test]
+    fn without_tails_a_new_prompt_writes_its_full_blocks_and_one_scratch_slot() {
+        let mut rig = rig_without_tails(false);
         let p = prompt(30, 5);
         let plan = rig.arrive(&[(1, &p, 4)]);
         let [(_, step)] = &plan.forwards[..] else {

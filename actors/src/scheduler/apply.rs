@@ -320,7 +320,7 @@ mod tests {
 
     #[test]
     fn cancelling_a_running_request_releases_its_device_blocks_and_scratch() {
-        let mut rig = rig(false);
+        let mut rig = rig_without_tails(false);
         let scratch = rig.s.free_scratch.len();
         let p = prompt(30, 3);
         let plan = rig.arrive(&[(1, &p, 4)]);
@@ -463,9 +463,28 @@ mod tests {
         assert!(rig.s.requests[&RequestId(1)].resources.ready.is_some());
         let plan = rig.plan();
         assert_eq!(plan.forwards.len(), 1);
-        assert_eq!(plan.h2d.len(), 7, "the L3 blocks are copied in from Host");
+        // Every key existed, the tail at the exact request bound (31) too.
+        assert_eq!(
+            plan.h2d.len(),
+            8,
+            "the L3 blocks and the tail are copied in from Host"
+        );
         let r = &rig.s.requests[&RequestId(1)];
-        assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 0, 28));
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 0, 31));
+        let [(_, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(step.context_len, 31);
+        // The restored tail (28..31) is copied into the block the forward writes.
+        let t = &step.groups[0];
+        assert_eq!(
+            step.copy_on_write,
+            vec![crate::device::SlotCopy {
+                from: *t.context.last().unwrap(),
+                to: t.written[0],
+            }]
+        );
+        assert_ne!(t.context.last(), t.written.first());
         assert_eq!(r.fallback, FallbackReason::None);
         assert!(r.resources.ready.is_none(), "admission took the Ready hold");
     }

@@ -92,10 +92,14 @@ mod tests {
         let mut rig = rig(true);
         let p = prompt(30, 1);
         let plan = admit_after_a_miss(&mut rig, 1, &p);
-        assert_eq!(plan.d2h.len(), 7);
+        assert_eq!(
+            plan.d2h.len(),
+            8,
+            "seven full blocks and the prompt end's tail"
+        );
         let blocks = rig.s.d2h_blocks.clone();
         let candidates = rig.s.d2h_done();
-        assert_eq!(candidates.len(), 7, "one page per tiny block");
+        assert_eq!(candidates.len(), 8, "one page per tiny block");
         let c = rig.s.cache();
         for (cand, a) in candidates.iter().zip(&blocks) {
             assert_eq!(cand.key, page_key(c.namespace(), c.geometry(), *a, 0));
@@ -117,7 +121,7 @@ mod tests {
         let p = prompt(30, 2);
         rig.arrive(&[(1, &p, 4)]);
         let blocks = rig.s.d2h_blocks.clone();
-        assert_eq!(blocks.len(), 7);
+        assert_eq!(blocks.len(), 8);
         assert!(blocks.iter().all(|a| !rig.s.cache().host().contains(*a)));
         assert!(rig.s.d2h_done().is_empty());
         assert!(blocks.iter().all(|a| rig.s.cache().host().contains(*a)));
@@ -130,7 +134,7 @@ mod tests {
         let mut rig = rig(true);
         let p = prompt(30, 3);
         admit_after_a_miss(&mut rig, 1, &p);
-        assert_eq!(rig.d2h_done(), 7);
+        assert_eq!(rig.d2h_done(), 8);
         let plan = rig.round(Default::default());
         let puts: Vec<_> = plan
             .storage
@@ -141,7 +145,7 @@ mod tests {
             })
             .collect();
         assert_eq!(puts.len(), 1, "{:?}", plan.storage);
-        assert_eq!(puts[0].keys.len(), 7);
-        assert_eq!(puts[0].sources.len(), 7);
+        assert_eq!(puts[0].keys.len(), 8);
+        assert_eq!(puts[0].sources.len(), 8);
     }
 }

@@ -148,6 +148,7 @@ mod tests {
             context_len,
             groups: vec![],
             sampling: messages::SamplingParams::GREEDY,
+            copy_on_write: vec![],
         }
     }
 

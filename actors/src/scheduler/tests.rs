@@ -54,6 +54,20 @@ pub(super) fn rig(storage: bool) -> Rig {
 }
 
 pub(super) fn rig_with(storage: bool, device_blocks: u32, max_running: usize) -> Rig {
+    rig_full(storage, device_blocks, max_running, 1024)
+}
+
+/// `rig` with tails off (aligned boundaries only; a partial last block in a scratch slot).
+pub(super) fn rig_without_tails(storage: bool) -> Rig {
+    rig_full(storage, 64, 4, 0)
+}
+
+pub(super) fn rig_full(
+    storage: bool,
+    device_blocks: u32,
+    max_running: usize,
+    tail_capacity: usize,
+) -> Rig {
     let model = SyntheticModel::by_name("tiny").unwrap();
     let groups = model.profile().groups.len() as u32;
     let layout = RankLayout::new(
@@ -71,7 +85,7 @@ pub(super) fn rig_with(storage: bool, device_blocks: u32, max_running: usize) ->
             namespace: Namespace("tsl3-00000000schedtests".into()),
             storage: storage.then(storage_config),
             max_running,
-            tail_capacity: 1024,
+            tail_capacity,
         },
         model,
     )
