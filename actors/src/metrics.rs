@@ -27,6 +27,10 @@ pub const L3_JOB_STATES: [&str; 2] = ["queued", "running"];
 pub const CREDITS: [&str; 2] = ["operation", "host"];
 /// `tier` of `tsl3_prefix_tokens_total`: where a prompt token's KV came from.
 pub const PREFIX_TIERS: [&str; 4] = ["device", "host", "l3", "computed"];
+/// `kind` of the tail metrics: the cache group kind of a tail block.
+pub const TAIL_KINDS: [&str; 3] = ["full", "sliding_window", "state"];
+/// `tier` of `tsl3_tail_tokens_reused_total`.
+pub const TAIL_TIERS: [&str; 3] = ["device", "host", "l3"];
 /// `tier` of `tsl3_local_get_total`: where the local store served a GET from.
 pub const LOCAL_GET_TIERS: [&str; 2] = ["memory", "dfs"];
 
@@ -140,6 +144,10 @@ pub struct Metrics {
     pub prefix_tokens: IntCounterVec,
     pub requests: IntCounterVec,
     pub rounds: IntCounter,
+    pub tail_candidates_queried: IntCounter,
+    pub tail_blocks_queried: IntCounterVec,
+    pub tail_blocks_reused: IntCounterVec,
+    pub tail_tokens_reused: IntCounterVec,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -199,6 +207,13 @@ impl Metrics {
         }
         for t in PREFIX_TIERS {
             self.prefix_tokens.with_label_values(&[t]);
+        }
+        for k in TAIL_KINDS {
+            self.tail_blocks_queried.with_label_values(&[k]);
+            self.tail_blocks_reused.with_label_values(&[k]);
+        }
+        for t in TAIL_TIERS {
+            self.tail_tokens_reused.with_label_values(&[t]);
         }
         for f in FallbackReason::ALL {
             self.requests.with_label_values(&[f.as_str()]);
@@ -367,6 +382,31 @@ impl Metrics {
                 opts(m::PREFIX_TOKENS, "Prompt tokens by where their KV came from"),
                 &["tier"]
             )?),
+            tail_candidates_queried: reg!(IntCounter::with_opts(opts(
+                m::TAIL_CANDIDATES_QUERIED,
+                "Tail (nonaligned) boundaries asked by issued QUERY operations"
+            ))?),
+            tail_blocks_queried: reg!(IntCounterVec::new(
+                opts(
+                    m::TAIL_BLOCKS_QUERIED,
+                    "Tail blocks of the queried tail boundaries, by cache group kind"
+                ),
+                &["kind"]
+            )?),
+            tail_blocks_reused: reg!(IntCounterVec::new(
+                opts(
+                    m::TAIL_BLOCKS_REUSED,
+                    "Tail blocks admission reused, by cache group kind"
+                ),
+                &["kind"]
+            )?),
+            tail_tokens_reused: reg!(IntCounterVec::new(
+                opts(
+                    m::TAIL_TOKENS_REUSED,
+                    "Prompt tokens above the aligned boundary reused through a tail, by the tier of the tail's blocks"
+                ),
+                &["tier"]
+            )?),
             requests: reg!(IntCounterVec::new(
                 opts(m::REQUESTS, "Finished requests by L3 fallback reason"),
                 &["fallback_reason"]
@@ -500,6 +540,13 @@ mod tests {
         }
         for t in PREFIX_TIERS {
             assert!(has(m::PREFIX_TOKENS, &format!("tier=\"{t}\"")));
+        }
+        for k in TAIL_KINDS {
+            assert!(has(m::TAIL_BLOCKS_QUERIED, &format!("kind=\"{k}\"")));
+            assert!(has(m::TAIL_BLOCKS_REUSED, &format!("kind=\"{k}\"")));
+        }
+        for t in TAIL_TIERS {
+            assert!(has(m::TAIL_TOKENS_REUSED, &format!("tier=\"{t}\"")));
         }
         for c in CREDITS {
             assert!(has(m::L3_CREDITS_IN_USE, &format!("credit=\"{c}\"")));

@@ -81,6 +81,15 @@ pub mod metric {
     pub const TTFT_SECONDS: &str = "tsl3_ttft_seconds";
     pub const PREFIX_TOKENS: &str = "tsl3_prefix_tokens_total"; // + tier = device|host|l3|computed
     pub const REQUESTS: &str = "tsl3_requests_total"; // + fallback_reason
+    /// Tail boundaries (nonaligned) asked by issued QUERY operations.
+    pub const TAIL_CANDIDATES_QUERIED: &str = "tsl3_tail_candidates_queried_total";
+    /// Tail blocks of those candidates, label `kind` = full | sliding_window | state.
+    pub const TAIL_BLOCKS_QUERIED: &str = "tsl3_tail_blocks_queried_total";
+    /// Tail blocks admission reused (any tier), label `kind`; `tier` says where from.
+    pub const TAIL_BLOCKS_REUSED: &str = "tsl3_tail_blocks_reused_total";
+    /// Prompt tokens above the aligned boundary reused through a tail, label `tier` =
+    /// device | host | l3 (the tier that supplied the tail's blocks).
+    pub const TAIL_TOKENS_REUSED: &str = "tsl3_tail_tokens_reused_total";
     pub const ROUNDS: &str = "tsl3_rounds_total";
     pub const PROMOTION_EXPIRED_TOTAL: &str = "tsl3_promotion_expired_total";
     pub const PROMOTION_CANCELLED_TOTAL: &str = "tsl3_promotion_cancelled_total";

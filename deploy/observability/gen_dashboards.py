@@ -413,6 +413,19 @@ def serving() -> dict:
                 f"(increase(tsl3_prefix_tokens_total{sel()}[$__range]))) / ignoring (tier) group_left "
                 f"sum(max by ({REPLICA}, tier) (increase(tsl3_prefix_tokens_total{sel()}[$__range])))",
                 "{{tier}}")], unit="percentunit", w=12, instant=True),
+        panel("timeseries", "Tail tokens reused by tier",
+              "Prompt tokens per second above the aligned boundary reused through a tail "
+              "(a nonaligned prompt end: partial history blocks, SWA lookback, State "
+              "checkpoint), by the tier that supplied the tail.",
+              [(f"sum by (tier) ({mirrored_rate('tsl3_tail_tokens_reused_total', 'tier')})",
+                "{{tier}}")], stack=True, w=12),
+        panel("timeseries", "Tail blocks queried and reused by group kind",
+              "Tail blocks per second asked by issued QUERY operations and reused at "
+              "admission, by cache group kind (full | sliding_window | state).",
+              [(f"sum by (kind) ({mirrored_rate('tsl3_tail_blocks_queried_total', 'kind')})",
+                "queried {{kind}}"),
+               (f"sum by (kind) ({mirrored_rate('tsl3_tail_blocks_reused_total', 'kind')})",
+                "reused {{kind}}")], w=12),
     ]
     requests = [
         panel("timeseries", "Requests by fallback reason",

@@ -13,7 +13,7 @@ use crate::l3::store::tiered::TieredStore;
 use crate::metrics::{
     capacity_label, fail_reason_label, Metrics, CAPACITY_REASONS, DFS_PUT_RESULTS,
     DFS_READ_RESULTS, L3_JOB_STATES, L3_OUTCOMES, LOCAL_GET_TIERS, PREFIX_TIERS,
-    PROMOTION_FAIL_REASONS,
+    PROMOTION_FAIL_REASONS, TAIL_KINDS, TAIL_TIERS,
 };
 use crate::storage_transfer::DropReason;
 use messages::StorageOpKind;
@@ -117,6 +117,18 @@ impl Exporter {
         for (tier, v) in PREFIX_TIERS.into_iter().zip(tiers) {
             let d = self.advance(format!("prefix/{tier}"), v);
             m.prefix_tokens.with_label_values(&[tier]).inc_by(d);
+        }
+        let d = self.advance("tail/queried".into(), s.tail_candidates_queried);
+        m.tail_candidates_queried.inc_by(d);
+        for (i, k) in TAIL_KINDS.into_iter().enumerate() {
+            let d = self.advance(format!("tail/queried/{k}"), s.tail_blocks_queried[i]);
+            m.tail_blocks_queried.with_label_values(&[k]).inc_by(d);
+            let d = self.advance(format!("tail/reused/{k}"), s.tail_blocks_reused[i]);
+            m.tail_blocks_reused.with_label_values(&[k]).inc_by(d);
+        }
+        for (i, t) in TAIL_TIERS.into_iter().enumerate() {
+            let d = self.advance(format!("tail/tokens/{t}"), s.tail_tokens_reused[i]);
+            m.tail_tokens_reused.with_label_values(&[t]).inc_by(d);
         }
         for f in FallbackReason::ALL {
             let v = s.fallback.get(f.as_str()).copied().unwrap_or(0);

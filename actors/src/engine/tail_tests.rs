@@ -141,6 +141,18 @@ fn a_fresh_engine_restores_the_previous_prompt_end_from_l3_and_computes_only_the
             (0, 0, n1, 1),
             "{profile}: the whole previous prompt from L3, only the new token computed"
         );
+        let st = reader.scheduler().stats().clone();
+        assert!(st.tail_candidates_queried >= 1, "{profile}");
+        assert_eq!(
+            st.tail_tokens_reused,
+            [0, 0, (n1 - aligned(profile, n1)) as u64],
+            "{profile}: the tokens above the aligned boundary came through the tail, from L3"
+        );
+        for g in reader.scheduler().cache().geometry().groups() {
+            let kind = crate::scheduler::tail_kind(g.kind);
+            assert!(st.tail_blocks_queried[kind] >= 1, "{profile} {}", g.name);
+            assert!(st.tail_blocks_reused[kind] >= 1, "{profile} {}", g.name);
+        }
         // The GET recorded a hint: a longer next turn finds the same tail (local now).
         let p3 = extend(&p1, 2 * parent(profile) + 3, 47);
         let out = serve(&mut reader, 3, &p3, 3);
@@ -257,7 +269,11 @@ fn copy_on_write_leaves_the_restored_tail_untouched_in_l3_and_on_the_device() {
         let p2b = extend(&p2, 2 * parent(profile) + 1, 79);
         let out = serve(&mut reader, 4, &p2b, 2);
         assert_eq!(out.split.device, n1 + 1, "{profile}: {:?}", out.split);
-        assert_eq!(out.tokens, m.recompute_output(&p2b, 2).unwrap(), "{profile}");
+        assert_eq!(
+            out.tokens,
+            m.recompute_output(&p2b, 2).unwrap(),
+            "{profile}"
+        );
         // Another continuation of turn 1 reads the restored tail from the Device: it must
         // still hold turn 1's rows only.
         let other = extend(&p1, 1, 71);

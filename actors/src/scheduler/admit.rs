@@ -10,7 +10,7 @@
 
 use super::plan::Plan;
 use super::request::{AdmissionResources, PrefixSplit, RequestState};
-use super::Scheduler;
+use super::{tail_kind, Scheduler};
 use crate::cache::keys::{BlockAddr, PromptIndex};
 use crate::cache::GroupKind;
 use crate::device::{DeviceCopy, DeviceSlot, ForwardStep, GroupBlockTable, SlotCopy};
@@ -371,6 +371,24 @@ impl Scheduler {
         self.stats.prefix_host += r.split.host as u64;
         self.stats.prefix_l3 += r.split.l3 as u64;
         self.stats.computed += m.prompt_len as u64 - m.boundary as u64;
+        let above = m.boundary - m.boundary / parent * parent;
+        if above > 0 {
+            // A tail boundary: its blocks per group kind, its tokens by the tier they came
+            // from (a tail sits at the top of the prefix).
+            for g in self.cfg.layout.geometry.groups() {
+                if !m.boundary.is_multiple_of(g.block_tokens.max(1)) {
+                    self.stats.tail_blocks_reused[tail_kind(g.kind)] += 1;
+                }
+            }
+            let tier = if m.device_tokens >= m.boundary {
+                0
+            } else if r.split.l3 > 0 {
+                2
+            } else {
+                1
+            };
+            self.stats.tail_tokens_reused[tier] += above as u64;
+        }
         if let Some(lease) = ready {
             self.handbacks.push(HandBack::Detach(lease));
         }

@@ -125,6 +125,22 @@ pub struct SchedulerStats {
     pub prefix_l3: u64,
     pub computed: u64,
     pub fallback: BTreeMap<&'static str, u64>,
+    /// Tails: boundaries queried, tail blocks queried and reused by group kind (full,
+    /// sliding window, state), tokens above the aligned boundary reused by tier (device,
+    /// host, l3).
+    pub tail_candidates_queried: u64,
+    pub tail_blocks_queried: [u64; 3],
+    pub tail_blocks_reused: [u64; 3],
+    pub tail_tokens_reused: [u64; 3],
+}
+
+/// The index of a group kind in the tail statistics (full, sliding window, state).
+pub(crate) fn tail_kind(kind: crate::cache::GroupKind) -> usize {
+    match kind {
+        crate::cache::GroupKind::Full => 0,
+        crate::cache::GroupKind::SlidingWindow { .. } => 1,
+        crate::cache::GroupKind::State => 2,
+    }
 }
 
 /// What a Host reference handed to the StorageTransferManager stands for.

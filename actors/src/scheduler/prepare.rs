@@ -8,7 +8,7 @@
 //! not prepare goes on to ordinary admission.
 
 use super::request::{Continuation, PrefetchPhase, Request, RequestState};
-use super::{ReadRecord, RefUse, Scheduler};
+use super::{tail_kind, ReadRecord, RefUse, Scheduler};
 use crate::cache::coordinator::QueryLimits;
 use crate::cache::credits::QueryCredits;
 use crate::frontend::FallbackReason;
@@ -80,6 +80,15 @@ impl Scheduler {
             );
             match planned {
                 Ok((_, lease)) => {
+                    let geometry = &self.cfg.layout.geometry;
+                    for b in qp.boundaries.iter().filter(|b| b.tail.is_some()) {
+                        self.stats.tail_candidates_queried += 1;
+                        for g in geometry.groups() {
+                            if !b.boundary.is_multiple_of(g.block_tokens.max(1)) {
+                                self.stats.tail_blocks_queried[tail_kind(g.kind)] += 1;
+                            }
+                        }
+                    }
                     r.state = RequestState::Prefetching {
                         continuation: Continuation::Submitted,
                         phase: PrefetchPhase::Query(qp),
