@@ -179,6 +179,48 @@ fn a_prefix_restored_from_the_device_or_l3_gives_the_recomputed_tokens_and_logit
     b.close_now();
 }
 
+/// Tails with the transformer: turn 1 ends mid-block (50 tokens, 16-token blocks); a fresh
+/// engine serves turn 2 (one more token: its exact request bound is turn 1's end) from
+/// L3, its partial block copied on write, and a longer turn 3 finds the same tail through
+/// the hint the GET recorded; every answer equals recomputation.
+#[test]
+fn a_nonaligned_prompt_end_is_restored_from_l3_with_the_recomputed_tokens_and_logits() {
+    let dir = model_dir();
+    let p1 = prompt(50);
+    let mut p2 = p1.clone();
+    p2.push(17);
+    let mut p3 = p1.clone();
+    p3.extend([
+        5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+    ]);
+    let greedy = SamplingParams {
+        logprobs: Some(5),
+        ..SamplingParams::GREEDY
+    };
+    let mut plain = engine(dir.path(), None);
+    let want2 = serve(&mut plain, 1, &p2, 4, greedy);
+    let want3 = serve(&mut plain, 2, &p3, 4, greedy);
+    plain.close_now();
+
+    let store = Arc::new(MemoryStore::new());
+    let mut a = engine(dir.path(), Some(store.clone()));
+    serve(&mut a, 1, &p1, 2, greedy);
+    a.close_now();
+    let mut b = engine(dir.path(), Some(store));
+    let turn2 = serve(&mut b, 1, &p2, 4, greedy);
+    assert_eq!(
+        turn2.l3, 50,
+        "turn 1's whole prompt from L3, its tail included"
+    );
+    assert_eq!(turn2.tokens, want2.tokens, "tail restore");
+    assert_close(&turn2.logprobs, &want2.logprobs, "tail restore");
+    let turn3 = serve(&mut b, 2, &p3, 4, greedy);
+    assert_eq!(turn3.device, 50, "the tail again, through the GET's hint");
+    assert_eq!(turn3.tokens, want3.tokens, "tail from the Device");
+    assert_close(&turn3.logprobs, &want3.logprobs, "tail from the Device");
+    b.close_now();
+}
+
 #[test]
 fn a_flipped_byte_in_a_restored_block_changes_the_logits() {
     let dir = model_dir();
