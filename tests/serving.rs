@@ -199,3 +199,78 @@ fn launch_tp4_and_tp8_rank_processes_match_single_rank_recomputation() {
         assert!(h.stop().success(), "TP={tp}: every rank exits cleanly");
     }
 }
+
+fn recompute_on(profile: &str, p: &[u32], max_tokens: u32) -> Vec<u64> {
+    let h = Host::start(
+        &["serve", "--store", "none", "--model-profile", profile],
+        &[],
+    );
+    tokens(&h.complete(p, max_tokens))
+}
+
+/// Tails through real processes: turn 1 ends mid parent block; a fresh process serves turn
+/// 2 (one more token, so its exact request bound is turn 1's end) with turn 1's whole
+/// prompt from L3 — on hybrid-state that needs the State checkpoint taken exactly at turn
+/// 1's end, on hybrid-swa the partial window block — and computes only the new token; a
+/// longer turn 3 then finds the tail through the hint the GET recorded; a cold process
+/// cannot find the older tail in a longer prompt and restores the aligned boundary below.
+#[test]
+fn a_fresh_process_restores_the_previous_turns_nonaligned_end_on_hybrid_profiles() {
+    for (profile, aligned) in [("hybrid-state", 40), ("hybrid-swa", 44)] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let args = [
+            "serve",
+            "--model-profile",
+            profile,
+            "--store",
+            "local",
+            "--store-dir",
+            d,
+        ];
+        let turn1 = prompt(45, 3);
+        let mut turn2 = turn1.clone();
+        turn2.push(7);
+        let mut turn3 = turn1.clone();
+        turn3.extend(prompt(21, 5));
+        let mut other = turn1.clone();
+        other.extend(prompt(19, 6));
+
+        let first = Host::start(&args, &[]);
+        let a = first.complete(&turn1, 4);
+        assert_eq!(tokens(&a), recompute_on(profile, &turn1, 4), "{profile}");
+        first.wait_backups_settled();
+        assert!(first.stop().success());
+
+        let second = Host::start(&args, &[]);
+        let b = second.complete(&turn2, 4);
+        assert_eq!(tokens(&b), recompute_on(profile, &turn2, 4), "{profile}");
+        assert_eq!(
+            b["tsl3"]["l3"], 45,
+            "{profile}: turn 1's whole prompt from L3"
+        );
+        assert_eq!(b["tsl3"]["computed"], 1, "{profile}: only the new token");
+        assert_eq!(
+            second.metric("tsl3_tail_tokens_reused_total", &["tier=\"l3\""]),
+            (45 - aligned) as f64,
+            "{profile}"
+        );
+        let c = second.complete(&turn3, 4);
+        assert_eq!(tokens(&c), recompute_on(profile, &turn3, 4), "{profile}");
+        assert_eq!(
+            c["tsl3"]["device"], 45,
+            "{profile}: the tail through its hint"
+        );
+        second.wait_backups_settled();
+        assert!(second.stop().success());
+
+        let cold = Host::start(&args, &[]);
+        let e = cold.complete(&other, 4);
+        assert_eq!(tokens(&e), recompute_on(profile, &other, 4), "{profile}");
+        assert_eq!(
+            e["tsl3"]["l3"], aligned,
+            "{profile}: no hint, no older tail: the aligned boundary below it"
+        );
+        assert!(cold.stop().success());
+    }
+}

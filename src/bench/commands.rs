@@ -70,6 +70,10 @@ pub enum BenchCommand {
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.
     FlatKv(FlatKvArgs),
+    /// Writes a synthetic multi-turn conversation trace (Alibaba Bailian JSONL) for `bench
+    /// replay`: each turn's prompt extends the previous turn's prompt at its (nonaligned)
+    /// end by the answer and a new user message; sessions share a system prompt.
+    ConversationTrace(ConversationTraceArgs),
     /// CPU of an idle `engine-host serve` (local store, no requests): CPU seconds per wall
     /// second over a fixed window, from every thread's /proc schedstat, the busiest threads
     /// first and the fraction of a core last.
@@ -92,6 +96,7 @@ impl BenchCommand {
             Self::DfsPut(a) => a.run(env),
             Self::FlatKv(a) => a.run(env),
             Self::Idle(a) => a.run(env),
+            Self::ConversationTrace(a) => a.run(env),
         }
     }
 }
@@ -466,6 +471,9 @@ pub struct ReplayArgs {
     /// env.sh exports) instead of a local-store directory.
     #[arg(long)]
     mooncake: bool,
+    /// model.tail_hints of every instance (0: tails off, only aligned boundaries reused).
+    #[arg(long, default_value_t = 4096)]
+    tail_hints: u32,
 }
 
 impl BenchRun for ReplayArgs {
@@ -484,7 +492,65 @@ impl BenchRun for ReplayArgs {
             device_blocks: self.device_blocks,
             out: self.out.into(),
             mooncake: self.mooncake,
+            tail_hints: self.tail_hints,
         })
+    }
+}
+
+// The flags of `bench conversation-trace`.
+#[derive(clap::Args, Debug)]
+pub struct ConversationTraceArgs {
+    /// The JSONL file to write.
+    #[arg(long)]
+    out: String,
+    /// Conversations.
+    #[arg(long, default_value_t = 48)]
+    sessions: u32,
+    /// Turns per conversation.
+    #[arg(long, default_value_t = 4)]
+    turns: u32,
+    /// The system prompt every conversation starts with.
+    #[arg(long, default_value_t = 600)]
+    system_tokens: u64,
+    /// Mean user message (each in [mean/2, 3 mean/2]).
+    #[arg(long, default_value_t = 200)]
+    user_tokens: u64,
+    /// Mean answer (each in [mean/2, 3 mean/2]); the next turn's prompt holds it.
+    #[arg(long, default_value_t = 150)]
+    output_tokens: u64,
+    /// Milliseconds between arrivals (turn k of session s at (k * sessions + s) * gap).
+    #[arg(long, default_value_t = 100.0)]
+    gap_ms: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+impl BenchRun for ConversationTraceArgs {
+    fn run(self, _env: &BenchEnv) -> Result<(), String> {
+        let spec = super::trace::ConversationSpec {
+            sessions: self.sessions,
+            turns: self.turns,
+            system_tokens: self.system_tokens,
+            user_tokens: self.user_tokens,
+            output_tokens: self.output_tokens,
+            gap_ms: self.gap_ms,
+            seed: self.seed,
+        };
+        if spec.sessions == 0 || spec.turns == 0 || spec.system_tokens + spec.user_tokens == 0 {
+            return Err(
+                "--sessions, --turns and --system-tokens + --user-tokens must be at least 1".into(),
+            );
+        }
+        let text = spec.jsonl();
+        std::fs::write(&self.out, &text).map_err(|e| format!("{}: {e}", self.out))?;
+        println!(
+            "wrote {} requests ({} sessions x {} turns) to {}",
+            spec.sessions * spec.turns,
+            spec.sessions,
+            spec.turns,
+            self.out
+        );
+        Ok(())
     }
 }
 

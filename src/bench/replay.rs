@@ -62,6 +62,8 @@ pub struct ReplayConfig {
     /// Share Mooncake Store (the instance deploy/mooncake/env.sh names) instead of a
     /// local-store directory.
     pub mooncake: bool,
+    /// model.tail_hints of every instance (0: tails off).
+    pub tail_hints: u32,
 }
 
 /// One replayed request.
@@ -161,6 +163,7 @@ fn start_instances(
             "TSL3_MODEL__EMULATE_DEVICE_TIME",
             cfg.emulate_device_time.to_string(),
         ),
+        ("TSL3_MODEL__TAIL_HINTS", cfg.tail_hints.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -301,7 +304,13 @@ fn replay(
     v
 }
 
-const COUNTERS: [(&str, &str, &[&str]); 10] = [
+const COUNTERS: [(&str, &str, &[&str]); 12] = [
+    ("tail_tokens_reused", "tsl3_tail_tokens_reused_total", &[]),
+    (
+        "tail_candidates_queried",
+        "tsl3_tail_candidates_queried_total",
+        &[],
+    ),
     (
         "backup_dropped_overflow",
         "tsl3_l3_dropped_backup_keys_total",

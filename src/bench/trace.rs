@@ -155,24 +155,34 @@ impl Trace {
         out
     }
 
-    /// Per request, the ideal cached tokens: those of the blocks whose id appeared in an
-    /// earlier request (a full block, or the cut last block), capped at the prompt length
-    /// minus one (the last token is always computed).
+    /// Per request, the ideal cached tokens: the prefix an earlier request computed. Block
+    /// by block, a block whose id appeared before counts the tokens of it an earlier
+    /// request held (a block cut at an earlier prompt's end counts only that cut, and
+    /// nothing after it is cached); capped at the prompt length minus one (the last token
+    /// is always computed).
     pub fn ideal_cached(&self) -> Vec<u64> {
         let b = self.format.block_tokens();
-        let mut seen: HashSet<u64> = HashSet::new();
+        let mut seen: std::collections::HashMap<u64, u64> = Default::default();
         self.requests
             .iter()
             .map(|r| {
                 let mut cached = 0;
                 for (j, id) in r.hash_ids.iter().enumerate() {
                     let len = b.min(r.input_length - j as u64 * b);
-                    if seen.contains(id) {
-                        cached += len;
+                    match seen.get(id) {
+                        Some(&had) => {
+                            cached += len.min(had);
+                            if had < len {
+                                break;
+                            }
+                        }
+                        None => break,
                     }
                 }
-                for id in &r.hash_ids {
-                    seen.insert(*id);
+                for (j, id) in r.hash_ids.iter().enumerate() {
+                    let len = b.min(r.input_length - j as u64 * b);
+                    let e = seen.entry(*id).or_insert(0);
+                    *e = (*e).max(len);
                 }
                 cached.min(r.input_length - 1)
             })
@@ -197,9 +207,117 @@ impl Trace {
     }
 }
 
+/// A synthetic multi-turn conversation trace: `sessions` conversations of `turns` turns in
+/// the Bailian format (16-token hash ids). Turn 1 is a system prompt every session shares
+/// plus a user message; turn k+1's prompt is turn k's prompt, its answer and a new user
+/// message, so it extends turn k's prompt exactly at turn k's (usually nonaligned) end:
+/// turn k's blocks keep their ids, the block cut at turn k's end included (the prompt of a
+/// cut block is a prefix of its whole block, see `Trace::prompt`). Sessions interleave:
+/// turn k of session s arrives at `(k * sessions + s) * gap_ms`.
+#[derive(Clone, Copy, Debug)]
+pub struct ConversationSpec {
+    pub sessions: u32,
+    pub turns: u32,
+    pub system_tokens: u64,
+    /// Mean user message; each varies in [mean/2, 3 mean/2].
+    pub user_tokens: u64,
+    /// Mean answer; each varies the same way.
+    pub output_tokens: u64,
+    pub gap_ms: f64,
+    pub seed: u64,
+}
+
+impl ConversationSpec {
+    /// The trace as JSONL, one request per line, in arrival order.
+    pub fn jsonl(&self) -> String {
+        const B: u64 = 16;
+        let vary = |mean: u64, salt: u64| -> u64 {
+            let lo = (mean / 2).max(1);
+            lo + mix(self.seed ^ mix(salt)) % (mean + 1)
+        };
+        let mut next_id = 0u64;
+        let mut fresh = || {
+            next_id += 1;
+            next_id
+        };
+        let system: Vec<u64> = (0..self.system_tokens / B).map(|_| fresh()).collect();
+        // Per session: (chat id, input length, hash ids) of its latest turn.
+        let mut last: Vec<Option<(u64, u64, Vec<u64>)>> = vec![None; self.sessions as usize];
+        let mut lines = Vec::new();
+        let mut chat = 0u64;
+        for k in 0..self.turns {
+            for s in 0..self.sessions {
+                let salt = (u64::from(s) << 32) | u64::from(k);
+                let user = vary(self.user_tokens, salt ^ 0x75);
+                let (parent, input, mut ids) = match &last[s as usize] {
+                    None => (-1i64, self.system_tokens + user, system.clone()),
+                    Some((c, n, ids)) => {
+                        let answer = vary(self.output_tokens, salt ^ 0x6f);
+                        (*c as i64, n + answer + user, ids.clone())
+                    }
+                };
+                while (ids.len() as u64) < input.div_ceil(B) {
+                    ids.push(fresh());
+                }
+                chat += 1;
+                let output = vary(self.output_tokens, salt ^ 0x6f ^ 1);
+                lines.push(
+                    serde_json::json!({
+                        "chat_id": chat,
+                        "parent_chat_id": parent,
+                        "timestamp": (u64::from(k) * u64::from(self.sessions) + u64::from(s)) as f64 * self.gap_ms,
+                        "input_length": input,
+                        "output_length": output,
+                        "type": "text",
+                        "turn": k + 1,
+                        "hash_ids": ids,
+                    })
+                    .to_string(),
+                );
+                last[s as usize] = Some((chat, input, ids));
+            }
+        }
+        lines.join("\n") + "\n"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conversation_trace_extends_each_turn_at_its_prompt_end() {
+        let spec = ConversationSpec {
+            sessions: 3,
+            turns: 3,
+            system_tokens: 40,
+            user_tokens: 20,
+            output_tokens: 10,
+            gap_ms: 5.0,
+            seed: 7,
+        };
+        let text = spec.jsonl();
+        assert_eq!(text, spec.jsonl(), "deterministic");
+        let t = parse(&text, None).unwrap();
+        assert_eq!(t.format, TraceFormat::Bailian);
+        assert_eq!(t.requests.len(), 9);
+        let p: Vec<Vec<u32>> = t.requests.iter().map(|r| t.prompt(r, 1000, 0)).collect();
+        let ideal = t.ideal_cached();
+        for s in 0..3 {
+            // Turn k+1 of session s is request (k+1)*3 + s: its prompt starts with turn
+            // k's whole prompt, and that prompt is its ideal reuse.
+            for k in 0..2 {
+                let (a, b) = (k * 3 + s, (k + 1) * 3 + s);
+                assert_eq!(t.requests[a].session, t.requests[b].session);
+                assert!(p[b].len() > p[a].len());
+                assert_eq!(p[b][..p[a].len()], p[a][..], "session {s} turn {}", k + 2);
+                assert_eq!(ideal[b], p[a].len() as u64);
+            }
+            // Turn 1 shares the two system blocks with earlier sessions only.
+            assert_eq!(ideal[s], if s == 0 { 0 } else { 32 });
+        }
+        assert_ne!(p[0][32..40], p[1][32..40], "block 2 is each session's own");
+    }
 
     const MOONCAKE: &str = r#"{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
 {"timestamp": 10, "input_length": 1030, "output_length": 3, "hash_ids": [0, 1, 2]}
@@ -222,9 +340,9 @@ mod tests {
         assert_eq!(p[0][..], p[1][..1000]);
         assert_eq!(p[2][..512], p[0][..512]);
         assert_ne!(p[2][512..600], p[0][512..600]);
-        // Ideal: request 1 finds 512 + 512 (block 1 seen, whole in request 1); request 2
-        // finds block 0 only.
-        assert_eq!(t.ideal_cached(), vec![0, 1024, 512]);
+        // Ideal: request 1 finds request 0's whole prompt (block 0, and the 488 tokens of
+        // block 1 request 0 held); request 2 finds block 0 only.
+        assert_eq!(t.ideal_cached(), vec![0, 1000, 512]);
         assert_eq!(t.unique_blocks(), 4);
         assert_eq!(parse(MOONCAKE, Some(1)).unwrap().requests.len(), 1);
     }
@@ -239,7 +357,9 @@ mod tests {
         assert_eq!(t.format, TraceFormat::Bailian);
         let s: Vec<Option<i64>> = t.requests.iter().map(|r| r.session).collect();
         assert_eq!(s, vec![Some(5), Some(5), Some(5)]);
-        assert_eq!(t.ideal_cached(), vec![0, 32, 32]);
+        // Turn 2 finds turn 1's 20 tokens (its block 8 was cut at 4); turn 3 finds blocks 7
+        // and 8 (turn 2 held 8 whole).
+        assert_eq!(t.ideal_cached(), vec![0, 20, 32]);
     }
 
     #[test]

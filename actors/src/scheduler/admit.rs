@@ -1,8 +1,9 @@
 //! Admission: queued requests move onto the Device in arrival order, up to `max_running`.
 //! `try_admit` matches the real cache, plans every block it needs (`block_needs`), checks
 //! that they fit, takes references and allocates (rolling back when something is short),
-//! emits the H2D copies of Host hits, the forward and the D2H of new full blocks, and
-//! accounts the prefix split and the fallback reason.
+//! emits the H2D copies of Host hits, the forward (with the copy-on-write of a restored
+//! partial block) and the D2H of new blocks (the prompt end's tail blocks included, when
+//! tails are on), and accounts the prefix split, the fallback reason and tail reuse.
 //!
 //! The only place that decides Device admission. It never plans storage operations (a
 //! Ready hold's lease is only queued as a hand-back for the manager) and never performs
