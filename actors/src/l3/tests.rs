@@ -708,3 +708,39 @@ fn bench_runs_and_reports_a_ratio() {
     assert_eq!(f.objects, 8);
     assert!(f.ratio > 0.0 && f.ratio.is_finite());
 }
+
+#[test]
+fn a_dfs_get_lands_in_the_host_destination_and_a_corrupt_object_is_never_success() {
+    use super::store::dfs::{DfsStore, InvalidReason, DFS_HEADER_LEN};
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let dfs = Arc::new(DfsStore::open(dir.path(), 2).unwrap());
+    let a: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let b: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 253) as u8).collect();
+    dfs.put(&[key("a"), key("b")], &[&a, &b]).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dfs.object_path(&key("b")).unwrap())
+        .unwrap();
+    file.seek(SeekFrom::Start(DFS_HEADER_LEN as u64 + 4321))
+        .unwrap();
+    file.write_all(&[b[4321] ^ 1]).unwrap();
+    let r = rig(dfs.clone(), runtime());
+    r.exec
+        .submit(get(1, &[("a", 0, a.len() as u64), ("b", 400_000, 5000)]));
+    let d = settle(&r.exec, 1).remove(&1).unwrap();
+    assert!(ran_ok(&d), "{d:?}");
+    assert_eq!(d.success, vec![true, false]);
+    assert_eq!(d.failures, vec![None, Some(ObjectFailure::Invalid)]);
+    assert_eq!(
+        r.host.read(HostRange::new(0, a.len() as u64)).unwrap(),
+        a,
+        "the object's bytes, in the Host destination"
+    );
+    // Straight into Host memory: the store staged nothing, and the one pass that read the
+    // corrupt object checksummed it.
+    assert_eq!(dfs.stats.staged_reads.load(Ordering::Relaxed), 0);
+    assert_eq!(dfs.stats.invalid(InvalidReason::Checksum), 1);
+    assert_eq!(dfs.stats.reads_ok.load(Ordering::Relaxed), 1);
+    let _ = r.exec.close();
+}

@@ -290,6 +290,10 @@ pub struct DfsStats {
     pub invalid_removed: AtomicU64,
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
+    /// Payload reads into a buffer of the store's own (`read_object`: promotion staging).
+    /// A GET (`get_one`) never stages: its payload is read straight into the destination,
+    /// checksummed in the same pass.
+    pub staged_reads: AtomicU64,
 }
 
 impl DfsStats {
@@ -494,6 +498,7 @@ impl DfsStore {
     /// checksum.
     pub fn read_object(&self, key: &StorageKey) -> Result<(ObjectIdentity, Vec<u8>), ReadError> {
         let _permit = self.io.acquire();
+        self.stats.staged_reads.fetch_add(1, Ordering::Relaxed);
         let r = self.validated(key, |f| {
             let h = Self::read_header(key, f)?;
             let len = usize::try_from(h.identity.len)

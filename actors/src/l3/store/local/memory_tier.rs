@@ -4,6 +4,11 @@
 //! every later write and unlinks it, and its bytes return to the budget only when the last
 //! Arc drops, i.e. when its writer has drained. It must never return a target's bytes to
 //! the budget on elapsed time alone, and never let a reader see an unpublished target.
+//!
+//! A target's bytes are written once, never zeroed first: chunk writes append in order
+//! (or rewrite bytes already landed), and a promotion hands the target its verified staging
+//! buffer whole (`adopt`), so a promoted object crosses memory once, in the DFS read. Only
+//! a target holding exactly its reserved length is ever published.
 
 use messages::{Namespace, StorageKey};
 use parking_lot::{Mutex, RwLock};
@@ -42,9 +47,17 @@ impl MemoryBudget {
     }
 }
 
-/// A target write was refused: the target is fenced.
+/// A target write was refused: the target is fenced (or the write falls outside it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fenced;
+
+/// Why a target refused a whole buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdoptError {
+    Fenced,
+    /// Not exactly the reserved length, or bytes already landed.
+    Length,
+}
 
 /// One MEMORY allocation: written by one writer, then published as a replica (or fenced).
 #[derive(Debug)]
@@ -53,7 +66,10 @@ pub struct MemoryTarget {
     target_id: u64,
     /// The promotion attempt that owns it (0: a write-through PUT).
     attempt_id: u64,
-    data: RwLock<Box<[u8]>>,
+    /// The bytes charged to the budget: the object's length once fully written.
+    len: u64,
+    /// What landed so far (at most `len` bytes, written in order).
+    data: RwLock<Vec<u8>>,
     fenced: AtomicBool,
     budget: Arc<MemoryBudget>,
 }
@@ -69,7 +85,11 @@ impl MemoryTarget {
         self.attempt_id
     }
     pub fn len(&self) -> u64 {
-        self.data.read().len() as u64
+        self.len
+    }
+    /// Whether every reserved byte landed.
+    pub fn is_complete(&self) -> bool {
+        self.data.read().len() as u64 == self.len
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -106,19 +126,43 @@ impl MemoryTarget {
             return Err(Fenced);
         }
         let end = offset.checked_add(bytes.len()).ok_or(Fenced)?;
-        let dst = d.get_mut(offset..end).ok_or(Fenced)?;
-        dst.copy_from_slice(bytes);
-        then(dst);
+        if end as u64 > self.len || offset > d.len() {
+            return Err(Fenced); // past the reservation, or a gap: never written
+        }
+        if end > d.len() {
+            // Appends the new tail (no zeroing); rewrites any bytes already landed.
+            let landed = d.len();
+            d[offset..landed].copy_from_slice(&bytes[..landed - offset]);
+            d.extend_from_slice(&bytes[landed - offset..]);
+        } else {
+            d[offset..end].copy_from_slice(bytes);
+        }
+        then(&d[offset..end]);
+        Ok(())
+    }
+
+    /// Takes `bytes` as the target's whole content (no copy) unless fenced, partly written
+    /// already, or not exactly the reserved length; under the write lock, like a chunk
+    /// write, so nothing lands after `fence` returned.
+    pub fn adopt(&self, bytes: Vec<u8>) -> Result<(), AdoptError> {
+        let mut d = self.data.write();
+        if self.fenced.load(Ordering::Acquire) {
+            return Err(AdoptError::Fenced);
+        }
+        if !d.is_empty() || bytes.len() as u64 != self.len {
+            return Err(AdoptError::Length);
+        }
+        *d = bytes;
         Ok(())
     }
 
     /// Stops every later write. Idempotent.
     pub fn fence(&self) {
-        let d = self.data.write();
+        let _d = self.data.write();
         if !self.fenced.swap(true, Ordering::AcqRel) {
             self.budget
                 .fenced_outstanding
-                .fetch_add(d.len() as u64, Ordering::AcqRel);
+                .fetch_add(self.len, Ordering::AcqRel);
         }
     }
 
@@ -152,7 +196,7 @@ impl MemoryTarget {
 impl Drop for MemoryTarget {
     /// The last owner is gone (the writer drained): the bytes return to the budget.
     fn drop(&mut self) {
-        let len = self.data.get_mut().len() as u64;
+        let len = self.len;
         if *self.fenced.get_mut() {
             self.budget
                 .fenced_outstanding
@@ -294,12 +338,34 @@ impl MemoryTier {
         Some(Lease { tier: self, target })
     }
 
-    /// Allocates a target of `len` bytes, evicting unleased replicas in LRU order if needed.
+    /// Allocates a target of `len` bytes (capacity only: its memory is first written by
+    /// the chunk writes), evicting unleased replicas in LRU order if needed.
     pub fn allocate(
         &self,
         key: &StorageKey,
         attempt_id: u64,
         len: u64,
+    ) -> Result<Arc<MemoryTarget>, CapacityReason> {
+        self.charge(key, attempt_id, len, true)
+    }
+
+    /// Charges a target of `len` bytes to the budget (evicting like `allocate`) without
+    /// allocating its memory: its bytes arrive whole through `MemoryTarget::adopt`.
+    pub fn allocate_unbacked(
+        &self,
+        key: &StorageKey,
+        attempt_id: u64,
+        len: u64,
+    ) -> Result<Arc<MemoryTarget>, CapacityReason> {
+        self.charge(key, attempt_id, len, false)
+    }
+
+    fn charge(
+        &self,
+        key: &StorageKey,
+        attempt_id: u64,
+        len: u64,
+        backed: bool,
     ) -> Result<Arc<MemoryTarget>, CapacityReason> {
         if len > self.budget.capacity {
             return Err(CapacityReason::Allocation);
@@ -307,11 +373,17 @@ impl MemoryTier {
         let size = usize::try_from(len).map_err(|_| CapacityReason::Allocation)?;
         loop {
             if self.budget.try_reserve(len) {
+                let mut data = Vec::new();
+                if backed && data.try_reserve_exact(size).is_err() {
+                    self.budget.used.fetch_sub(len, Ordering::AcqRel);
+                    return Err(CapacityReason::Allocation);
+                }
                 return Ok(Arc::new(MemoryTarget {
                     key: key.clone(),
                     target_id: self.next_target.fetch_add(1, Ordering::Relaxed),
                     attempt_id,
-                    data: RwLock::new(vec![0u8; size].into_boxed_slice()),
+                    len,
+                    data: RwLock::new(data),
                     fenced: AtomicBool::new(false),
                     budget: self.budget.clone(),
                 }));
@@ -339,7 +411,7 @@ impl MemoryTier {
     /// Publishes a fully written, unfenced target as the key's replica. If a replica is
     /// already resident it stays (create-only): returns false and the target is dropped.
     pub fn publish(&self, target: Arc<MemoryTarget>) -> bool {
-        if target.is_fenced() {
+        if target.is_fenced() || !target.is_complete() {
             return false;
         }
         let mut st = self.state.lock();
@@ -368,13 +440,14 @@ impl MemoryTier {
         if self.contains(key) {
             return false;
         }
-        let Ok(t) = self.allocate(key, 0, bytes.len() as u64) else {
+        let Ok(t) = self.allocate_unbacked(key, 0, bytes.len() as u64) else {
             self.stats
                 .insert_skipped_full
                 .fetch_add(1, Ordering::Relaxed);
             return false;
         };
-        if t.write_chunk(0, bytes).is_err() {
+        // One copy into memory written once (never zeroed first).
+        if t.adopt(bytes.to_vec()).is_err() {
             return false;
         }
         self.publish(t)
@@ -468,6 +541,55 @@ mod tests {
         assert_eq!(t.budget().used(), 0);
         assert_eq!(t.budget().fenced_outstanding(), 0);
         assert!(t.allocate(&k("y"), 8, 10).is_ok());
+    }
+
+    #[test]
+    fn a_target_is_published_only_once_every_reserved_byte_landed() {
+        let t = MemoryTier::new(100);
+        let part = t.allocate(&k("p"), 1, 10).unwrap();
+        part.write_chunk(0, &[1; 4]).unwrap();
+        assert_eq!(
+            part.write_chunk(6, &[1; 4]),
+            Err(Fenced),
+            "a gap is never written"
+        );
+        assert_eq!(
+            part.write_chunk(4, &[1; 7]),
+            Err(Fenced),
+            "past the reservation"
+        );
+        assert!(!part.is_complete());
+        assert!(
+            !t.publish(part.clone()),
+            "a partial target is never published"
+        );
+        assert!(!t.contains(&k("p")));
+        part.write_chunk(4, &[2; 6]).unwrap();
+        assert!(part.is_complete());
+        assert_eq!(part.to_vec(), [1, 1, 1, 1, 2, 2, 2, 2, 2, 2]);
+        assert!(t.publish(part));
+        // A whole buffer: refused when it is not exactly the reservation or once fenced.
+        let a = t.allocate_unbacked(&k("a"), 2, 3).unwrap();
+        assert_eq!(a.adopt(vec![9; 4]), Err(AdoptError::Length));
+        assert!(!t.publish(a.clone()), "nothing landed yet");
+        a.fence();
+        assert_eq!(a.adopt(vec![9; 3]), Err(AdoptError::Fenced));
+        drop(a);
+        let b = t.allocate_unbacked(&k("b"), 3, 3).unwrap();
+        assert_eq!(
+            t.budget().used(),
+            13,
+            "an unbacked target is charged in full"
+        );
+        b.adopt(vec![7; 3]).unwrap();
+        assert_eq!(b.adopt(vec![7; 3]), Err(AdoptError::Length), "written once");
+        assert!(t.publish(b));
+        let mut dest = [0u8; 3];
+        assert_eq!(
+            t.lease(&k("b")).unwrap().target().read_into(&mut dest),
+            crate::l3::store::KeyResult::Ok { bytes: 3 }
+        );
+        assert_eq!(dest, [7; 3]);
     }
 
     #[test]

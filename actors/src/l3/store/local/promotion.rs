@@ -1,17 +1,19 @@
 //! The local store's MEMORY tier as a promotion target (`promotion::PromotionTarget`,
 //! `TierAdmission`): a reservation is a `MemoryTarget` allocated from the tier's budget
-//! (evicting unleased replicas in LRU order), written in `PROMOTION_CHUNK` pieces through its
-//! fence, committed by publishing it as the key's replica, aborted by fencing it. Admission
+//! (evicting unleased replicas in LRU order) and charged but not allocated: the verified
+//! staging buffer becomes its memory (`adopt`, through its fence; `PROMOTION_CHUNK` pieces
+//! are the chunked `write` path), committed by publishing it as the key's replica, aborted by fencing it. Admission
 //! asks the tier itself: residency, the allocation cap and the eviction watermark.
 //!
 //! It must never publish a fenced or partially written target (only the engine's verified
 //! commit reaches `publish`), and never return a target's bytes to the budget on abort: they
 //! return when the writer's last handle drops.
 
-use super::memory_tier::{MemoryTarget, MemoryTier};
+use super::memory_tier::{AdoptError, MemoryTarget, MemoryTier};
 use crate::l3::store::dfs::ObjectIdentity;
-use crate::l3::store::promotion::{PromotionTarget, TierAdmission, WriteError};
-use crate::l3::store::{CapacityReason, PromotionResult, StoreError};
+use crate::l3::store::promotion::stats::FailReason;
+use crate::l3::store::promotion::{Adoption, PromotionTarget, TierAdmission, WriteError};
+use crate::l3::store::{CapacityReason, PromotionFailure, PromotionResult, StoreError};
 use messages::StorageKey;
 use std::sync::Arc;
 
@@ -47,7 +49,19 @@ impl PromotionTarget for MemoryTier {
         attempt_id: u64,
         source: &ObjectIdentity,
     ) -> Result<Arc<MemoryTarget>, CapacityReason> {
-        self.allocate(key, attempt_id, source.len)
+        // Charged now, backed by the staged buffer itself in `adopt`.
+        self.allocate_unbacked(key, attempt_id, source.len)
+    }
+
+    /// The verified staging buffer becomes the replica's memory: no copy, no second hash.
+    fn adopt(&self, t: &Arc<MemoryTarget>, staged: Vec<u8>) -> Adoption {
+        match t.adopt(staged) {
+            Ok(()) => Adoption::Landed,
+            Err(AdoptError::Fenced) => Adoption::Refused(WriteError::Aborted),
+            Err(AdoptError::Length) => Adoption::Refused(WriteError::Failed(FailReason::Failure(
+                PromotionFailure::Checksum,
+            ))),
+        }
     }
 
     fn write(

@@ -237,6 +237,42 @@ fn partial_failure_keeps_the_good_keys() {
 }
 
 #[test]
+fn a_plain_get_reads_dfs_straight_into_the_destination_and_a_corrupt_byte_is_invalid() {
+    let f = fx(Limits::default());
+    let len = 3 * PROMOTION_CHUNK + 11;
+    let (good, bad) = (payload(1, len), payload(2, len));
+    f.seed(&k("good"), &good);
+    f.seed(&k("bad"), &bad);
+    corrupt_payload_byte(&f, &k("bad"), (2 * PROMOTION_CHUNK + 3) as u64);
+    let (r, bytes) = f.read(&k("good"), len);
+    assert_eq!(r, KeyResult::Ok { bytes: len as u64 });
+    assert_eq!(bytes, good);
+    let (r, _) = f.read(&k("bad"), len);
+    assert_eq!(r, KeyResult::Invalid, "the checksum of the read's own pass");
+    let dfs = &f.store.dfs().stats;
+    assert_eq!(
+        dfs.invalid(crate::l3::store::dfs::InvalidReason::Checksum),
+        1
+    );
+    // Neither GET staged: no store-owned payload buffer, no staging quota, no MEMORY copy.
+    assert_eq!(dfs.staged_reads.load(Ordering::Relaxed), 0);
+    assert_eq!(f.store.staging().peak(), 0);
+    assert_eq!(f.store.memory().budget().used(), 0);
+    assert_eq!(f.dfs_reads(), 2);
+    // Promotion is what stages, once, and its target is that very buffer (MEMORY holds
+    // one object's bytes, staging is back to zero).
+    assert_eq!(
+        f.store.prefetch_to_memory(&[k("good")]).unwrap(),
+        vec![R::Committed]
+    );
+    assert_eq!(dfs.staged_reads.load(Ordering::Relaxed), 1);
+    assert_eq!(f.store.memory().budget().used(), len as u64);
+    assert_eq!(f.read(&k("good"), len).1, good);
+    assert_eq!(f.memory_hits(), 1);
+    f.quiescent();
+}
+
+#[test]
 fn exact_bytes_and_checksum_are_verified_on_disk() {
     let f = fx(Limits::default());
     f.seed(&k("flip"), &payload(1, 1000));

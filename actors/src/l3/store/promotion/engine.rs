@@ -1,8 +1,10 @@
 //! The promotion engine (seed 003, notes/dfs-promotion.md), generic over the tier it
 //! promotes into: admission with per-key dedup across every trigger, attempt records with a
 //! global monotonic `attempt_id`, the bounded worker pipeline (read the source through the
-//! validated DFS path into staging, revalidate its identity, only then reserve a target,
-//! write it chunk by chunk hashing what landed, verify exact bytes and checksum, commit),
+//! validated DFS path into staging, checksummed in the same pass, revalidate its identity,
+//! only then reserve a target, hand it the staged buffer whole where the tier can own it or
+//! else write it chunk by chunk hashing what landed, verify exact bytes and checksum,
+//! commit),
 //! exactly-once settlement (compare-and-set on attempt id + state), expiry on an injected
 //! clock and cancellation of an abandoned attempt where the store asks for them.
 //!
@@ -21,7 +23,9 @@
 use super::hooks::{PromotionHooks, PromotionStage};
 use super::staging::{StagingBudget, StagingReservation};
 use super::stats::{FailReason, PromotionStats};
-use super::{matches_identity, read_failure, read_failure_reason, PromotionTier, WriteError};
+use super::{
+    matches_identity, read_failure, read_failure_reason, Adoption, PromotionTier, WriteError,
+};
 use crate::clock::SharedClock;
 use crate::l3::store::dfs::{split_key, DfsStore, ObjectIdentity};
 use crate::l3::store::{CapacityReason, PromotionFailure, PromotionResult, StoreError};
@@ -762,29 +766,49 @@ impl<T: PromotionTier> PromotionEngine<T> {
             st.target = Some(target.clone());
         }
         self.hooks.pass(PromotionStage::Target);
-        // 4. Write chunk by chunk, hashing what landed in the target (an empty object is
-        // one empty write).
-        let mut landed = xxhash_rust::xxh3::Xxh3::new();
-        let mut written = 0usize;
-        let mut chunks = staged.chunks(T::CHUNK);
-        let head = chunks.next().unwrap_or(&[]);
-        for (i, chunk) in std::iter::once(head).chain(chunks).enumerate() {
-            match self.target.write(&target, written, chunk, &mut landed) {
-                Ok(()) => {}
-                Err(WriteError::Aborted) => {
-                    self.stats.fenced_writers.fetch_add(1, Ordering::Relaxed);
-                    return None;
-                }
-                Err(WriteError::Failed(r)) => return Some(AttemptState::Failed(r)),
-            }
-            written += chunk.len();
-            if i == 0 && !chunk.is_empty() {
+        // 4. Land the staged bytes. A tier that can own them takes the buffer itself: its
+        // bytes are exactly the ones the DFS read hashed as they landed (checked against
+        // the source identity above), and nothing else can reach the buffer in between.
+        // Otherwise write chunk by chunk, hashing what landed in the target (an empty
+        // object is one empty write).
+        let staged_len = staged.len();
+        let staged = match self.target.adopt(&target, staged) {
+            Adoption::Landed => {
                 self.hooks.pass(PromotionStage::Write);
+                None
             }
-        }
-        // 5. Exact bytes and checksum before the commit (of the target's bytes, hashed as
-        // they landed: only this writer writes a target, and an abort stops it).
-        if !matches_identity(written as u64, landed.digest(), &identity) {
+            Adoption::Refused(WriteError::Aborted) => {
+                self.stats.fenced_writers.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            Adoption::Refused(WriteError::Failed(r)) => return Some(AttemptState::Failed(r)),
+            Adoption::Declined(staged) => Some(staged),
+        };
+        if let Some(staged) = &staged {
+            let mut landed = xxhash_rust::xxh3::Xxh3::new();
+            let mut written = 0usize;
+            let mut chunks = staged.chunks(T::CHUNK);
+            let head = chunks.next().unwrap_or(&[]);
+            for (i, chunk) in std::iter::once(head).chain(chunks).enumerate() {
+                match self.target.write(&target, written, chunk, &mut landed) {
+                    Ok(()) => {}
+                    Err(WriteError::Aborted) => {
+                        self.stats.fenced_writers.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
+                    Err(WriteError::Failed(r)) => return Some(AttemptState::Failed(r)),
+                }
+                written += chunk.len();
+                if i == 0 && !chunk.is_empty() {
+                    self.hooks.pass(PromotionStage::Write);
+                }
+            }
+            // 5. Exact bytes and checksum before the commit (of the target's bytes, hashed
+            // as they landed: only this writer writes a target, and an abort stops it).
+            if !matches_identity(written as u64, landed.digest(), &identity) {
+                return failed(PromotionFailure::Checksum);
+            }
+        } else if staged_len as u64 != identity.len {
             return failed(PromotionFailure::Checksum);
         }
         if !a.transition(AttemptState::Staged, AttemptState::Verified) {

@@ -38,6 +38,17 @@ pub enum WriteError {
     Failed(FailReason),
 }
 
+/// What `PromotionTarget::adopt` did with a staged object.
+#[derive(Debug)]
+pub enum Adoption {
+    /// The target now owns the staged buffer as its bytes (no copy).
+    Landed,
+    /// Refused, as `write` would have refused it.
+    Refused(WriteError),
+    /// The tier lands objects through `write` instead: the staged buffer, back.
+    Declined(Vec<u8>),
+}
+
 /// Where a promoted object lands: one target per attempt, reserved after the source is
 /// staged and revalidated, written once by one writer, then committed (made readable) or
 /// aborted. Nothing is readable before `commit`.
@@ -63,6 +74,13 @@ pub trait PromotionTarget: Send + Sync + std::fmt::Debug + 'static {
         chunk: &[u8],
         landed: &mut xxhash_rust::xxh3::Xxh3,
     ) -> Result<(), WriteError>;
+    /// Offers the target the whole staged object, already verified against the source
+    /// identity by the read that filled it (its checksum computed in that same pass): a
+    /// tier whose target is process memory keeps the buffer itself, so the object is not
+    /// copied again. The default declines (the engine then copies it through `write`).
+    fn adopt(&self, _t: &Self::Target, staged: Vec<u8>) -> Adoption {
+        Adoption::Declined(staged)
+    }
     /// Makes a fully written, verified target readable: Committed, or AlreadyInMemory
     /// where the tier kept an earlier copy. Called once, under the attempt's lock.
     fn commit(&self, t: Self::Target) -> PromotionResult;
