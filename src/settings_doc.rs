@@ -68,7 +68,7 @@ pub const SECTIONS: &[(&str, &str)] = &[
 pub const ENTRIES: &[Entry] = &[
     // [model]
     Entry {
-        ty: Some("string: tiny | llama-8b-like | llama-8b-like-h100-fp8 | hybrid-swa | hybrid-state | replay-small"),
+        ty: Some("string: tiny | llama-8b-like | llama-8b-like-h100-fp8 | hybrid-swa | hybrid-state | replay-small | replay-hybrid"),
         ..r("model.profile", "Synthetic model profile (flag `--model-profile`): its layers, cache groups, KV heads and cost model.", "one of the profiles `serve --help` lists", "bogus")
     },
     r("model.dir", "A Hugging Face model directory (config.json, safetensors weights, tokenizer.json, tokenizer_config.json) served by the transformer backend on one rank (flag `--model-dir`); the hash of its config and weights enters the L3 namespace. Empty: the synthetic `model.profile`.", "empty, or a directory holding config.json (with `tp.world` = 1)", "/nonexistent/tsl3-model"),

@@ -505,9 +505,15 @@ pub fn run(cfg: &ReplayConfig) -> Result<(), String> {
     let mut t = trace::parse(&text, cfg.limit)?;
     let profile = ModelProfile::by_name(&cfg.profile).map_err(|e| e.to_string())?;
     let tb = t.format.block_tokens();
-    if let Some(g) = profile.groups.iter().find(|g| tb % g.block_tokens != 0) {
+    // A group's blocks divide the trace's, or (coarser, e.g. sparse State checkpoints)
+    // are made of them: the ideal stays counted in the trace's blocks.
+    if let Some(g) = profile
+        .groups
+        .iter()
+        .find(|g| tb % g.block_tokens != 0 && g.block_tokens % tb != 0)
+    {
         return Err(format!(
-            "profile {} has {}-token blocks, which do not divide the trace's {tb}-token blocks; use a profile whose block size divides it (e.g. replay-small, 16-token blocks)",
+            "profile {} has {}-token blocks, which neither divide the trace's {tb}-token blocks nor are made of them; use a profile whose block size divides it (e.g. replay-small, 16-token blocks)",
             cfg.profile, g.block_tokens
         ));
     }

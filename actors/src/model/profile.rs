@@ -1,7 +1,7 @@
 //! Synthetic model profiles: the cache groups (kind, block size, bytes), the vocabulary and
 //! the device-time cost model. A profile is immutable data; it owns no memory and does no
 //! I/O. Profiles: `tiny`, `llama-8b-like`, `llama-8b-like-h100-fp8`, `hybrid-swa`,
-//! `hybrid-state`, `replay-small`.
+//! `hybrid-state`, `replay-small`, `replay-hybrid`.
 
 use super::cost::{CostModel, PublishedPoint};
 use super::ModelError;
@@ -82,13 +82,14 @@ pub const PCIE5_X16_BYTES_PER_S: f64 = 50e9;
 const LLAMA_7B_ATTENTION_RATIO: f64 = 4.0 * 32.0 * 128.0 * 32.0 / (2.0 * 6.7e9);
 
 impl ModelProfile {
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 7] = [
         "tiny",
         "llama-8b-like",
         "llama-8b-like-h100-fp8",
         "hybrid-swa",
         "hybrid-state",
         "replay-small",
+        "replay-hybrid",
     ];
 
     pub fn by_name(name: &str) -> Result<Self, ModelError> {
@@ -99,6 +100,7 @@ impl ModelProfile {
             "hybrid-swa" => Ok(Self::hybrid_swa()),
             "hybrid-state" => Ok(Self::hybrid_state()),
             "replay-small" => Ok(Self::replay_small()),
+            "replay-hybrid" => Ok(Self::replay_hybrid()),
             other => Err(ModelError::UnknownProfile(other.to_string())),
         }
     }
@@ -262,6 +264,25 @@ impl ModelProfile {
             }],
             cost: Self::llama_8b_like().cost,
         }
+    }
+
+    /// Trace replays of a hybrid model: `replay-small`'s Full group and cost model beside a
+    /// recurrent State group checkpointed every 256 tokens (a sparse checkpoint interval,
+    /// as hybrid serving stacks keep: a boundary that reuses the recurrent state needs a
+    /// checkpoint taken exactly there), so without tails a conversation's next turn reuses
+    /// only the last multiple of 256 below the previous prompt's end.
+    pub fn replay_hybrid() -> Self {
+        let mut p = Self::replay_small();
+        p.name = "replay-hybrid";
+        p.groups.push(GroupSpec {
+            kind: GroupKind::State {
+                checkpoint_interval: 256,
+            },
+            block_tokens: 256,
+            kv_heads: 2,
+            bytes_per_head: 64,
+        });
+        p
     }
 
     pub fn group(&self, group: usize) -> Result<&GroupSpec, ModelError> {
