@@ -7,7 +7,8 @@ Starts, all on loopback with temporary directories:
     configuration deploy/observability/gen-prometheus.sh generates for that launch, plus
     the single host's target, scraping every second.
 Puts a short load on both (a miss, a Device hit, a Host hit after /admin/reset_local
-{"host":false}, an L3 hit after /admin/reset_local, and an unrelated prompt), waits until
+{"host":false}, an L3 hit after /admin/reset_local, an unrelated prompt, and a prompt ending mid-block
+followed by its one-token continuation, a tail), waits until
 Prometheus has scraped it, then evaluates every query of dashboards/*.json through
 /api/v1/query: each must succeed, each must return series, and each not in MAY_BE_ZERO must
 have a non-zero sample. Every TP rank of the launch must be up and present in the
@@ -299,6 +300,13 @@ class Check:
         reset(None)  # waits for the backups: L3 has the prefix
         got["l3"] = complete(prompt)
         complete(list(range(500, 540)))
+        # A tail: a prompt ending mid-block, then the next turn one token longer reuses
+        # that nonaligned end (the tail panels).
+        turn = [(i * 11 + 5) % 1000 for i in range(66)]
+        complete(turn)
+        got["tail"] = complete(turn + [7])
+        if got["tail"].get("device") != 66:
+            self.failures.append(f"{api}: the next turn did not reuse the tail: {got['tail']}")
         for tier in ("device", "host", "l3"):
             if not got[tier].get(tier):
                 self.failures.append(f"{api}: the {tier} pass reused no {tier} tokens: {got[tier]}")
