@@ -93,6 +93,22 @@ fn tail_objects(e: &RankEngine, store: &MemoryStore, blocks: &[BlockAddr]) -> Ve
     out
 }
 
+/// Turn 1 served (and backed up) by an engine on a fresh store, its output checked: the
+/// model, the store, turn 1 and the engine.
+fn after_turn1(profile: &str) -> (SyntheticModel, Arc<MemoryStore>, Vec<u32>, RankEngine) {
+    let m = model(profile);
+    let store = Arc::new(MemoryStore::new());
+    let p1 = turn1(profile);
+    let mut e = engine(profile, &store);
+    let first = serve(&mut e, 1, &p1, 2);
+    assert_eq!(
+        first.tokens,
+        m.recompute_output(&p1, 2).unwrap(),
+        "{profile}"
+    );
+    (m, store, p1, e)
+}
+
 fn reset_local(e: &mut RankEngine) {
     e.scheduler_mut()
         .admin(AdminCommand::ResetLocal { host: true });
@@ -103,17 +119,8 @@ fn reset_local(e: &mut RankEngine) {
 #[test]
 fn a_fresh_engine_restores_the_previous_prompt_end_from_l3_and_computes_only_the_new_token() {
     for profile in PROFILES {
-        let m = model(profile);
-        let store = Arc::new(MemoryStore::new());
-        let p1 = turn1(profile);
+        let (m, store, p1, writer) = after_turn1(profile);
         let n1 = p1.len() as u32;
-        let mut writer = engine(profile, &store);
-        let first = serve(&mut writer, 1, &p1, 3);
-        assert_eq!(
-            first.tokens,
-            m.recompute_output(&p1, 3).unwrap(),
-            "{profile}"
-        );
         let groups: Vec<u32> = tail_blocks(&writer, &p1, n1, profile)
             .iter()
             .map(|a| a.group)
@@ -170,11 +177,7 @@ fn a_fresh_engine_restores_the_previous_prompt_end_from_l3_and_computes_only_the
 #[test]
 fn a_cold_engine_cannot_find_an_older_tail_in_a_longer_prompt_without_a_hint() {
     for profile in PROFILES {
-        let m = model(profile);
-        let store = Arc::new(MemoryStore::new());
-        let p1 = turn1(profile);
-        let mut writer = engine(profile, &store);
-        serve(&mut writer, 1, &p1, 2);
+        let (m, store, p1, writer) = after_turn1(profile);
         writer.close_now();
         let mut reader = engine(profile, &store);
         let p3 = extend(&p1, 2 * parent(profile) + 3, 53);
@@ -192,11 +195,7 @@ fn a_cold_engine_cannot_find_an_older_tail_in_a_longer_prompt_without_a_hint() {
 #[test]
 fn the_writer_restores_its_prompt_end_from_l3_through_its_own_hint_after_a_local_reset() {
     for profile in PROFILES {
-        let m = model(profile);
-        let store = Arc::new(MemoryStore::new());
-        let p1 = turn1(profile);
-        let mut e = engine(profile, &store);
-        serve(&mut e, 1, &p1, 2);
+        let (m, _store, p1, mut e) = after_turn1(profile);
         reset_local(&mut e);
         let p3 = extend(&p1, 2 * parent(profile) + 3, 59);
         let out = serve(&mut e, 2, &p3, 2);
@@ -213,12 +212,8 @@ fn the_writer_restores_its_prompt_end_from_l3_through_its_own_hint_after_a_local
 #[test]
 fn a_hint_alone_never_gives_a_hit() {
     for profile in PROFILES {
-        let m = model(profile);
-        let store = Arc::new(MemoryStore::new());
-        let p1 = turn1(profile);
+        let (m, store, p1, mut e) = after_turn1(profile);
         let n1 = p1.len() as u32;
-        let mut e = engine(profile, &store);
-        serve(&mut e, 1, &p1, 2);
         assert_eq!(e.scheduler().cache().tail_table().len(), 1, "{profile}");
         reset_local(&mut e);
         // The hint stays, its objects go.
@@ -245,12 +240,8 @@ fn a_hint_alone_never_gives_a_hit() {
 #[test]
 fn copy_on_write_leaves_the_restored_tail_untouched_in_l3_and_on_the_device() {
     for profile in PROFILES {
-        let m = model(profile);
-        let store = Arc::new(MemoryStore::new());
-        let p1 = turn1(profile);
+        let (m, store, p1, writer) = after_turn1(profile);
         let n1 = p1.len() as u32;
-        let mut writer = engine(profile, &store);
-        serve(&mut writer, 1, &p1, 2);
         let blocks = tail_blocks(&writer, &p1, n1, profile);
         let before = tail_objects(&writer, &store, &blocks);
         writer.close_now();
