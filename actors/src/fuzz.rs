@@ -13,22 +13,38 @@ use crate::l3::store::dfs::DfsStore;
 use crate::l3::store::KeyResult;
 use messages::StorageKey;
 
-/// The mesh frame decoder: one buffer as a stream of frames, as a reader task sees it.
-/// A decoded report's completion records go through the same validation the round applies.
+/// The mesh frame decoder: one buffer as a stream of frames, as a reader task sees it (a
+/// report's records as columns). A decoded report's records go through the same validation
+/// the round applies, and decode alike as owned records: the same frames are accepted, the
+/// same records come out, and each view validates exactly as its owned record.
 pub fn mesh_frames(data: &[u8]) {
+    let limit = MeshSettings::DEFAULT_MAX_FRAME_BYTES;
     let mut rest = data;
     while !rest.is_empty() {
-        match decode_frame::<MeshFrame>(rest, MeshSettings::DEFAULT_MAX_FRAME_BYTES) {
+        let owned = decode_frame::<MeshFrame>(rest, limit);
+        match decode_frame::<MeshFrame<messages::GatheredReport>>(rest, limit) {
             Ok(Some((frame, used))) => {
                 assert!(used > HEADER_BYTES && used <= rest.len(), "consumed {used}");
-                if let MeshFrame::Report(r) = &frame {
-                    for done in &r.completions {
-                        let _ = done.validate();
+                let Ok(Some((owned, owned_used))) = owned else {
+                    panic!("columns decoded a frame that records did not: {owned:?}");
+                };
+                assert_eq!(used, owned_used);
+                if let (MeshFrame::Report(r), MeshFrame::Report(o)) = (&frame, &owned) {
+                    assert_eq!(r.completions.len(), o.completions.len());
+                    for (view, done) in r.completions.iter().zip(&o.completions) {
+                        assert_eq!(&view.to_done(), done);
+                        assert_eq!(view.validate(), done.validate());
                     }
                 }
                 rest = &rest[used..];
             }
-            Ok(None) | Err(_) => break,
+            Ok(None) | Err(_) => {
+                assert!(
+                    !matches!(owned, Ok(Some(_))),
+                    "records decoded a frame that columns did not"
+                );
+                break;
+            }
         }
     }
     let _ = decode_frame::<HandshakeFrame>(data, HANDSHAKE_FRAME_LIMIT);
@@ -42,13 +58,33 @@ pub fn mesh_seeds() -> Vec<Vec<u8>> {
         round: 7,
         clock_us: 123,
         pressure: Default::default(),
-        completions: vec![messages::StorageDone::put(
-            messages::OperationId(3),
-            vec![true, false],
-            vec![64, 0],
-            vec![false, true],
-            true,
-        )],
+        completions: vec![
+            messages::StorageDone::put(
+                messages::OperationId(3),
+                vec![true, false],
+                vec![64, 0],
+                vec![false, true],
+                true,
+            ),
+            messages::StorageDone::get(
+                messages::OperationId(5),
+                vec![true, false, false],
+                vec![4096, 0, 0],
+                vec![
+                    None,
+                    Some(messages::ObjectFailure::Missing),
+                    Some(messages::ObjectFailure::Invalid),
+                ],
+                false,
+            ),
+            messages::StorageDone::failed(
+                messages::OperationId(4),
+                messages::StorageOpKind::Query,
+                1,
+                true,
+                "boom",
+            ),
+        ],
         error: None,
         frontend: vec![],
         digests: vec![],

@@ -488,6 +488,35 @@ async fn malformed_truncated_and_oversized_frames_are_protocol_errors() {
     assert!(e.to_string().contains("report claims rank 0"), "{e}");
 }
 
+/// A report whose completion columns are malformed (here: a record's flag byte with an
+/// undefined bit) is a bad frame from its sender, like any other malformed frame.
+#[tokio::test]
+async fn malformed_completion_columns_are_a_protocol_error() {
+    let mut r = RoundReport::idle(1, 0, 5);
+    r.completions.push(StorageDone::get(
+        messages::OperationId(7),
+        vec![true, false],
+        vec![4096, 0],
+        vec![None, None],
+        true,
+    ));
+    let columns = messages::CompletionColumns::from_records(&r.completions).unwrap();
+    let wire = columns.to_wire();
+    let mut bytes = encode_frame(&actors::control_plane::MeshFrame::Report(r), 4096).unwrap();
+    let at = bytes
+        .windows(wire.len())
+        .position(|w| w == wire.as_slice())
+        .expect("the columns ride the frame verbatim");
+    // Layout: record count, key count, error bytes, op delta, key count, then the head.
+    bytes[at + 5] |= 0x80;
+    let e = rank0_error_after(bytes, false).await;
+    assert!(
+        matches!(&e, ControlError::Frame { rank: 1, .. })
+            && e.to_string().contains("undefined kind or flags"),
+        "{e}"
+    );
+}
+
 #[actix::test]
 async fn the_actor_exchanges_rounds_for_two_ranks_and_for_one() {
     let mut cores = loopback(2).await.unwrap();

@@ -4,7 +4,7 @@
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 /// The format version of every encoded message. A peer with another version is refused.
-pub const FORMAT_VERSION: u16 = 3;
+pub const FORMAT_VERSION: u16 = 4;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CodecError {

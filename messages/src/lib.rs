@@ -6,6 +6,7 @@
 //! StorageDone, PressureSnapshot, HealthState, OperationId.
 
 pub mod codec;
+pub mod columns;
 pub mod identity;
 pub mod ids;
 pub mod ops;
@@ -15,6 +16,7 @@ pub mod sampling;
 pub mod settings;
 
 pub use codec::{decode, encode, CodecError, FORMAT_VERSION};
+pub use columns::{CompletionColumns, DoneView};
 pub use identity::{DeploymentIdentity, Namespace, RUNTIME_COMPAT};
 pub use ids::{OperationId, OperationIdAllocator, RequestId};
 pub use ops::{
@@ -25,7 +27,7 @@ pub use pressure::{
     HealthState, HealthStatus, KindPressure, PressureObservation, PressureSnapshot,
 };
 pub use round::{
-    AdminCommand, AgreedRound, ControlError, ExchangeRound, FrontendMessage, PrefillDigest,
-    RankDigest, RoundReport, Shard,
+    AdminCommand, AgreedRound, ControlError, ExchangeRound, FrontendMessage, GatheredReport,
+    PrefillDigest, RankDigest, RoundReport, Shard,
 };
 pub use sampling::{SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};

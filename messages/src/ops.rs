@@ -271,7 +271,7 @@ pub(crate) struct WireDone(
     pub(crate) u32,
 );
 
-const REJECTIONS: [Rejection; 7] = [
+pub(crate) const REJECTIONS: [Rejection; 7] = [
     Rejection::Unhealthy,
     Rejection::QueueFull,
     Rejection::OutstandingLimit,

@@ -6,6 +6,7 @@
 //! ControlPlane actor). A report never carries a wall-clock timestamp other than the
 //! owner's monotonic `clock_us`; only the leader's becomes the agreed tick.
 
+use crate::columns::CompletionColumns;
 use crate::ids::RequestId;
 use crate::ops::StorageDone;
 use crate::pressure::PressureObservation;
@@ -105,7 +106,8 @@ pub struct RoundReport {
     /// The three pressure observations of this owner's executor.
     pub pressure: PressureObservation,
     /// Completion records that became final on this owner since its last report; each
-    /// record is sent exactly once.
+    /// record is sent exactly once. On the wire they travel as [`CompletionColumns`].
+    #[serde(with = "crate::columns::records")]
     pub completions: Vec<StorageDone>,
     /// Set when this owner's poll was invalid (a local record failed validation); every
     /// owner then raises the same protocol error.
@@ -135,6 +137,64 @@ impl RoundReport {
             frontend: Vec::new(),
             digests: Vec::new(),
             admin_preflight: None,
+        }
+    }
+}
+
+/// A report as the relay gathers it: a [`RoundReport`] whose completion records are
+/// [`CompletionColumns`] (decoded from a peer's frame without a per-record allocation, or
+/// built once from this rank's own records). Its wire form is the RoundReport's: the same
+/// fields under the same names, so either type decodes what the other encodes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatheredReport {
+    pub rank: u32,
+    pub round: u64,
+    pub clock_us: u64,
+    pub pressure: PressureObservation,
+    pub completions: CompletionColumns,
+    pub error: Option<String>,
+    pub frontend: Vec<FrontendMessage>,
+    #[serde(default)]
+    pub digests: Vec<PrefillDigest>,
+    #[serde(default)]
+    pub admin_preflight: Option<Result<(), String>>,
+}
+
+impl GatheredReport {
+    /// The gathered form of a report. A record with no columnar form (per-key masks of
+    /// different lengths) fails with its validation error.
+    pub fn try_from_report(r: RoundReport) -> Result<Self, crate::ProtocolError> {
+        let columns = CompletionColumns::from_records(&r.completions)?;
+        Ok(Self::from_parts(r, columns))
+    }
+
+    /// A report's fields with `completions` in place of its records (which are dropped).
+    pub fn from_parts(r: RoundReport, completions: CompletionColumns) -> Self {
+        Self {
+            completions,
+            rank: r.rank,
+            round: r.round,
+            clock_us: r.clock_us,
+            pressure: r.pressure,
+            error: r.error,
+            frontend: r.frontend,
+            digests: r.digests,
+            admin_preflight: r.admin_preflight,
+        }
+    }
+
+    /// Back to a report of owned records.
+    pub fn into_report(self) -> RoundReport {
+        RoundReport {
+            completions: self.completions.to_records(),
+            rank: self.rank,
+            round: self.round,
+            clock_us: self.clock_us,
+            pressure: self.pressure,
+            error: self.error,
+            frontend: self.frontend,
+            digests: self.digests,
+            admin_preflight: self.admin_preflight,
         }
     }
 }
@@ -247,6 +307,36 @@ mod tests {
             }));
         let back: RoundReport = decode(&encode(&r).unwrap()).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn a_gathered_report_has_the_wire_form_of_its_report() {
+        let mut r = RoundReport::idle(2, 5, 77);
+        r.completions = vec![
+            StorageDone::query(OperationId(9), vec![true, false, true], true),
+            StorageDone::rejected(
+                OperationId(4),
+                crate::StorageOpKind::Put,
+                2,
+                crate::Rejection::QueueFull,
+            ),
+        ];
+        r.error = Some("x".into());
+        r.admin_preflight = Some(Err("no".into()));
+        let g = GatheredReport::try_from_report(r.clone()).unwrap();
+        let bytes = encode(&r).unwrap();
+        assert_eq!(
+            encode(&g).unwrap(),
+            bytes,
+            "the same bytes from either form"
+        );
+        assert_eq!(decode::<GatheredReport>(&bytes).unwrap(), g);
+        assert_eq!(g.clone().into_report(), r);
+        assert_eq!(g.completions.len(), 2);
+        let mut bad = r;
+        bad.completions[0].bytes.pop();
+        assert!(GatheredReport::try_from_report(bad.clone()).is_err());
+        assert!(encode(&bad).is_err(), "unequal masks cannot be sent");
     }
 
     #[test]

@@ -2,13 +2,17 @@
 //! (seed 000 "Completion agreement and ordering"). It owns the partial owner records
 //! retained across rounds and the set of already agreed operations.
 //!
+//! Records arrive as columns ([`GatheredReport`]): each record is validated and folded as a
+//! borrowed view (masks as 64-key words), every record of the round is visited once in
+//! (operation, rank) order, and an operation's reduction allocates only its agreed record.
+//!
 //! It must never do I/O or read a clock: the tick is the leader's reported clock, and every
 //! rank that feeds the same reports in the same order gets the same result or the same
 //! protocol error.
 
 use messages::{
-    AgreedRound, ControlError, ObjectFailure, OperationId, PressureObservation, RoundReport,
-    StorageDone, StorageOpKind,
+    AgreedRound, CompletionColumns, ControlError, DoneView, GatheredReport, ObjectFailure,
+    OperationId, PressureObservation, Rejection, RoundReport, StorageDone, StorageOpKind,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,15 +48,160 @@ impl AgreedSet {
     }
 }
 
-/// One operation's records so far, one slot per owner rank.
-#[derive(Debug)]
-struct PendingOp {
+/// The reduction of one operation's owner records so far (seed 000: success and retirement
+/// AND, confirmed missing/invalid and capacity OR, bytes summed, rejection only when every
+/// owner rejected), folded record by record from columnar views: masks as 64-key words,
+/// errors and rejections tagged with their rank so the result does not depend on the order
+/// records arrive in.
+#[derive(Clone, Debug)]
+struct Acc {
     kind: StorageOpKind,
     keys: usize,
-    /// How many owners have reported.
-    have: usize,
-    records: Vec<Option<StorageDone>>,
+    /// Which owners have reported (one slot per rank) and how many.
+    have: Vec<bool>,
+    owners: usize,
+    success: Vec<u64>,
+    missing: Vec<u64>,
+    invalid: Vec<u64>,
+    capacity: Vec<u64>,
+    bytes: Vec<u64>,
+    retired: bool,
+    new_writes: u64,
+    errors: Vec<(u32, String)>,
+    rejections: Vec<(u32, Rejection)>,
 }
+
+impl Acc {
+    fn new(kind: StorageOpKind, keys: usize, world: usize) -> Self {
+        let mut a = Self {
+            kind,
+            keys,
+            have: Vec::new(),
+            owners: 0,
+            success: Vec::new(),
+            missing: Vec::new(),
+            invalid: Vec::new(),
+            capacity: Vec::new(),
+            bytes: Vec::new(),
+            retired: true,
+            new_writes: 0,
+            errors: Vec::new(),
+            rejections: Vec::new(),
+        };
+        a.reset(kind, keys, world);
+        a
+    }
+
+    /// The empty reduction (the identity of every fold), reusing the buffers.
+    fn reset(&mut self, kind: StorageOpKind, keys: usize, world: usize) {
+        let words = keys.div_ceil(64);
+        self.kind = kind;
+        self.keys = keys;
+        self.have.clear();
+        self.have.resize(world, false);
+        self.owners = 0;
+        for (m, fill) in [
+            (&mut self.success, !0u64),
+            (&mut self.missing, 0),
+            (&mut self.invalid, 0),
+            (&mut self.capacity, 0),
+        ] {
+            m.clear();
+            m.resize(words, fill);
+        }
+        self.bytes.clear();
+        self.bytes.resize(keys, 0);
+        self.retired = true;
+        self.new_writes = 0;
+        self.errors.clear();
+        self.rejections.clear();
+    }
+
+    /// Folds one owner's (validated, same kind and key count) record in.
+    fn fold(&mut self, rank: u32, d: DoneView<'_>) {
+        if let Some(h) = self.have.get_mut(rank as usize) {
+            *h = true;
+        }
+        self.owners += 1;
+        for (c, (((s, m), i), cap)) in self
+            .success
+            .iter_mut()
+            .zip(&mut self.missing)
+            .zip(&mut self.invalid)
+            .zip(&mut self.capacity)
+            .enumerate()
+        {
+            let [ds, dm, di, dc] = d.masks(c);
+            *s &= ds;
+            *m |= dm;
+            *i |= di;
+            *cap |= dc;
+        }
+        for (acc, b) in self.bytes.iter_mut().zip(d.bytes()) {
+            *acc = acc.saturating_add(*b);
+        }
+        self.retired &= d.retired();
+        self.new_writes += u64::from(d.new_writes());
+        if let Some(e) = d.error() {
+            self.errors.push((rank, e.to_string()));
+        }
+        if let Some(r) = d.rejection() {
+            self.rejections.push((rank, r));
+        }
+    }
+
+    fn has(&self, rank: u32) -> bool {
+        self.have.get(rank as usize).copied().unwrap_or(false)
+    }
+
+    /// The agreed record: errors in rank order, then (unless every owner rejected) the
+    /// rejections in rank order.
+    fn finish(&mut self, op: OperationId) -> StorageDone {
+        let n = self.keys;
+        let bit = |m: &[u64], i: usize| m.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1);
+        self.errors.sort_by_key(|(r, _)| *r);
+        self.rejections.sort_by_key(|(r, _)| *r);
+        let mut messages: Vec<String> = self
+            .errors
+            .iter()
+            .map(|(r, e)| format!("rank {r}: {e}"))
+            .collect();
+        let mut rejection = None;
+        if self.rejections.len() == self.owners {
+            rejection = self.rejections.first().map(|(_, r)| *r);
+        } else {
+            for (rank, r) in &self.rejections {
+                messages.push(format!("rank {rank}: rejected ({})", r.as_str()));
+            }
+        }
+        StorageDone {
+            op,
+            kind: self.kind,
+            success: (0..n).map(|i| bit(&self.success, i)).collect(),
+            bytes: self.bytes.clone(),
+            failures: (0..n)
+                .map(|i| {
+                    if bit(&self.invalid, i) {
+                        Some(ObjectFailure::Invalid)
+                    } else if bit(&self.missing, i) {
+                        Some(ObjectFailure::Missing)
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
+            capacity: (0..n).map(|i| bit(&self.capacity, i)).collect(),
+            retired: self.retired,
+            rejection,
+            error: (!messages.is_empty()).then(|| messages.join("; ")),
+            // Metric only: each owner counts its own new rows; never more than the keys.
+            new_writes: self.new_writes.min(n as u64) as u32,
+        }
+    }
+}
+
+/// One record of the round: (operation, rank, index in that rank's columns).
+type Entry = (u64, u32, u32);
 
 /// The agreement state of one replica: identical on every rank.
 #[derive(Debug)]
@@ -60,8 +209,16 @@ pub struct Agreement {
     world: u32,
     last_round: Option<u64>,
     last_tick_us: Option<u64>,
-    pending: BTreeMap<OperationId, PendingOp>,
+    /// Operations some but not all owners have reported: their reduction so far.
+    pending: BTreeMap<OperationId, Acc>,
     agreed: AgreedSet,
+    /// Reused every round: the round's records in (operation, rank) order.
+    index: Vec<Entry>,
+    /// Reused for every operation every owner reports in one round.
+    scratch: Acc,
+    /// Rounds with records agreed column by column (tests check both paths are taken).
+    #[cfg(test)]
+    aligned_rounds: usize,
 }
 
 impl Agreement {
@@ -72,6 +229,10 @@ impl Agreement {
             last_tick_us: None,
             pending: BTreeMap::new(),
             agreed: AgreedSet::default(),
+            index: Vec::new(),
+            scratch: Acc::new(StorageOpKind::Query, 0, world as usize),
+            #[cfg(test)]
+            aligned_rounds: 0,
         }
     }
 
@@ -84,11 +245,74 @@ impl Agreement {
         self.pending.keys().copied().collect()
     }
 
-    /// Agrees one round from every owner's report (in any order; one per rank). On error
+    /// Agrees one round from every owner's report of owned records (in any order; one per
+    /// rank): the same agreement as [`Self::agree_gathered`] over their columns. On error
     /// the state is unchanged and the caller must stop doing rounds.
     pub fn agree(&mut self, reports: Vec<RoundReport>) -> Result<AgreedRound, ControlError> {
+        // A record whose per-key masks differ in length has no columnar form (it can never
+        // cross the mesh): it is left out of the columns and its validation error raised
+        // where the record-level checks reach it in (operation, rank, index) order.
+        let mut unencodable: Option<Unencodable> = None;
+        let gathered = reports
+            .into_iter()
+            .map(|mut r| {
+                let rank = r.rank;
+                if !r.completions.iter().all(equal_lengths) {
+                    let mut kept = Vec::with_capacity(r.completions.len());
+                    for (i, d) in r.completions.iter().enumerate() {
+                        if equal_lengths(d) {
+                            kept.push(i as u32);
+                            continue;
+                        }
+                        let at = (d.op.0, rank, i as u32);
+                        if unencodable.as_ref().is_none_or(|u| at < u.at) {
+                            let e = d.validate().err().map(|e| e.to_string());
+                            unencodable = Some(Unencodable {
+                                at,
+                                kept: Vec::new(),
+                                message: format!(
+                                    "rank {rank} sent an invalid record: {}",
+                                    e.unwrap_or_default()
+                                ),
+                            });
+                        }
+                    }
+                    if let Some(u) = unencodable.as_mut().filter(|u| u.at.1 == rank) {
+                        u.kept = kept;
+                    }
+                    r.completions.retain(equal_lengths);
+                }
+                let columns = CompletionColumns::from_records(&r.completions);
+                r.completions = Vec::new();
+                match columns {
+                    Ok(c) => GatheredReport::from_parts(r, c),
+                    // Only a report of over 2^32 keys: an invalid poll.
+                    Err(e) => {
+                        r.error.get_or_insert(e.to_string());
+                        GatheredReport::from_parts(r, CompletionColumns::default())
+                    }
+                }
+            })
+            .collect();
+        self.agree_inner(gathered, unencodable)
+    }
+
+    /// Agrees one round from every owner's gathered report (in any order; one per rank).
+    /// On error the state is unchanged and the caller must stop doing rounds.
+    pub fn agree_gathered(
+        &mut self,
+        reports: Vec<GatheredReport>,
+    ) -> Result<AgreedRound, ControlError> {
+        self.agree_inner(reports, None)
+    }
+
+    fn agree_inner(
+        &mut self,
+        reports: Vec<GatheredReport>,
+        unencodable: Option<Unencodable>,
+    ) -> Result<AgreedRound, ControlError> {
         let world = self.world as usize;
-        let mut by_rank: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
+        let mut by_rank: Vec<Option<GatheredReport>> = (0..world).map(|_| None).collect();
         let count = reports.len();
         let mut misfit = None;
         for r in reports {
@@ -115,7 +339,7 @@ impl Agreement {
         if count != world || world == 0 {
             return Err(fail(format!("{count} reports for a world of {world}")));
         }
-        let mut by_rank: Vec<RoundReport> = by_rank.into_iter().flatten().collect();
+        let mut by_rank: Vec<GatheredReport> = by_rank.into_iter().flatten().collect();
         if let Some(expected) = self.last_round.map(|r| r + 1) {
             if round != expected {
                 return Err(fail(format!(
@@ -189,56 +413,60 @@ impl Agreement {
                 )));
             }
         }
-        // Record-level validity against this round and the retained partial records, over
-        // every record sorted by (operation, rank): one pass, no per-record map.
-        let total: usize = by_rank.iter().map(|r| r.completions.len()).sum();
-        let mut index: Vec<(OperationId, u32, u32)> = Vec::with_capacity(total);
-        for (rank, r) in by_rank.iter().enumerate() {
-            for (i, d) in r.completions.iter().enumerate() {
-                index.push((d.op, rank as u32, i as u32));
-            }
+        if let Some(completions) = unencodable
+            .is_none()
+            .then(|| self.agree_aligned(&by_rank))
+            .flatten()
+        {
+            let pressure = by_rank
+                .iter()
+                .fold(PressureObservation::default(), |acc, r| acc.max(r.pressure));
+            let frontend = std::mem::take(&mut by_rank[LEADER_RANK as usize].frontend);
+            let mut digests: Vec<_> = by_rank
+                .iter_mut()
+                .flat_map(|r| std::mem::take(&mut r.digests))
+                .collect();
+            digests.sort();
+            self.last_round = Some(round);
+            self.last_tick_us = Some(tick_us);
+            return Ok(AgreedRound {
+                round,
+                tick_us,
+                pressure,
+                frontend,
+                completions,
+                digests,
+                admin_preflight,
+            });
         }
-        index.sort_unstable();
-        let record = |rank: u32, i: u32| &by_rank[rank as usize].completions[i as usize];
-        let mut group_start = 0;
-        for (at, &(op, rank, i)) in index.iter().enumerate() {
-            let d = record(rank, i);
-            d.validate()
-                .map_err(|e| fail(format!("rank {rank} sent an invalid record: {e}")))?;
-            if self.agreed.contains(op) {
-                return Err(fail(format!("rank {rank} sent {op} after it was agreed")));
+        // Every record of the round in (operation, rank) order: each report's records are
+        // one run (sorted when its owner sealed it), and the stable sort merges the runs in
+        // O(records x log ranks); no per-record allocation or map.
+        let mut index = std::mem::take(&mut self.index);
+        index.clear();
+        let first = by_rank[0].completions.op_ids();
+        if first.windows(2).all(|w| w[0] < w[1])
+            && by_rank.iter().all(|r| r.completions.op_ids() == first)
+        {
+            // Every owner reported the same operations (the common case): already in order.
+            for (i, &op) in first.iter().enumerate() {
+                index.extend((0..world as u32).map(|rank| (op, rank, i as u32)));
             }
-            if at == 0 || index[at - 1].0 != op {
-                group_start = at;
-            } else if index[at - 1].1 == rank {
-                return Err(fail(format!("rank {rank} sent {op} twice")));
+        } else {
+            for (rank, r) in by_rank.iter().enumerate() {
+                let ops = r.completions.op_ids();
+                index.extend(
+                    ops.iter()
+                        .enumerate()
+                        .map(|(i, &op)| (op, rank as u32, i as u32)),
+                );
             }
-            let (kind, keys) = match self.pending.get(&op) {
-                Some(p) => {
-                    if p.records[rank as usize].is_some() {
-                        return Err(fail(format!("rank {rank} sent {op} twice")));
-                    }
-                    (p.kind, p.keys)
-                }
-                None => {
-                    let (_, r0, i0) = index[group_start];
-                    let first = record(r0, i0);
-                    (first.kind, first.len())
-                }
-            };
-            if d.kind != kind {
-                return Err(fail(format!(
-                    "rank {rank} reports {op} as {} but another owner as {}",
-                    d.kind.as_str(),
-                    kind.as_str()
-                )));
-            }
-            if d.len() != keys {
-                return Err(fail(format!(
-                    "rank {rank} reports {} keys for {op} but another owner {keys}",
-                    d.len()
-                )));
-            }
+            index.sort();
+        }
+        let checked = self.check_records(&by_rank, &index, unencodable, &fail);
+        if let Err(e) = checked {
+            self.index = index;
+            return Err(e);
         }
         // Valid: apply.
         let pressure = by_rank
@@ -250,62 +478,8 @@ impl Agreement {
             .flat_map(|r| std::mem::take(&mut r.digests))
             .collect();
         digests.sort();
-        let mut slots: Vec<Vec<Option<StorageDone>>> = by_rank
-            .into_iter()
-            .map(|r| r.completions.into_iter().map(Some).collect())
-            .collect();
-        let mut take = |rank: u32, i: u32| slots[rank as usize][i as usize].take();
-        // Groups in operation order: an operation every owner reported now is reduced at
-        // once; one with retained records completes them; the rest is retained.
-        let mut completions = Vec::new();
-        let mut at = 0;
-        while at < index.len() {
-            let op = index[at].0;
-            let end = index[at..]
-                .iter()
-                .position(|e| e.0 != op)
-                .map_or(index.len(), |n| at + n);
-            let group = &index[at..end];
-            at = end;
-            if let Some(p) = self.pending.get_mut(&op) {
-                for &(_, rank, i) in group {
-                    p.records[rank as usize] = take(rank, i);
-                    p.have += 1;
-                }
-                if p.have == world {
-                    if let Some(p) = self.pending.remove(&op) {
-                        let records: Vec<StorageDone> = p.records.into_iter().flatten().collect();
-                        completions.push(reduce_owned(op, p.kind, p.keys, records));
-                        self.agreed.insert(op);
-                    }
-                }
-            } else if group.len() == world {
-                let records: Vec<StorageDone> =
-                    group.iter().filter_map(|&(_, r, i)| take(r, i)).collect();
-                // Validated above: every record of the group has the first one's kind and
-                // key count.
-                if let Some((kind, keys)) = records.first().map(|d| (d.kind, d.len())) {
-                    completions.push(reduce_owned(op, kind, keys, records));
-                    self.agreed.insert(op);
-                }
-            } else {
-                let mut p = PendingOp {
-                    kind: StorageOpKind::Query,
-                    keys: 0,
-                    have: 0,
-                    records: (0..world).map(|_| None).collect(),
-                };
-                for &(_, rank, i) in group {
-                    if let Some(d) = take(rank, i) {
-                        p.kind = d.kind;
-                        p.keys = d.len();
-                        p.records[rank as usize] = Some(d);
-                        p.have += 1;
-                    }
-                }
-                self.pending.insert(op, p);
-            }
-        }
+        let completions = self.apply_records(&by_rank, &index);
+        self.index = index;
         self.last_round = Some(round);
         self.last_tick_us = Some(tick_us);
         Ok(AgreedRound {
@@ -318,124 +492,372 @@ impl Agreement {
             admin_preflight,
         })
     }
+
+    /// The round in which every owner reported the same new operations, in increasing
+    /// order, with the same kinds and key counts, every record valid and none retained or
+    /// agreed before (the steady state): reduced column by column, one pass per rank over
+    /// its report (masks word by word, bytes key by key). None (nothing changed) for any
+    /// other round, which the record-by-record path agrees.
+    fn agree_aligned(&mut self, by_rank: &[GatheredReport]) -> Option<Vec<StorageDone>> {
+        let world = by_rank.len();
+        let first = &by_rank.first()?.completions;
+        let ops = first.op_ids();
+        let (lo, hi) = (*ops.first()?, *ops.last()?);
+        let same_kinds = |c: &CompletionColumns| {
+            c.kinds_and_flags()
+                .iter()
+                .zip(first.kinds_and_flags())
+                .all(|(a, b)| a & 0b11 == b & 0b11)
+        };
+        if !ops.windows(2).all(|w| w[0] < w[1])
+            || !by_rank.iter().all(|r| {
+                let c = &r.completions;
+                c.op_ids() == ops && c.key_ends() == first.key_ends() && same_kinds(c)
+            })
+            || self
+                .pending
+                .range(OperationId(lo)..=OperationId(hi))
+                .next()
+                .is_some()
+            || ops.iter().any(|&op| self.agreed.contains(OperationId(op)))
+            || !by_rank.iter().all(|r| r.completions.all_valid())
+        {
+            return None;
+        }
+        let [s0, m0, i0, c0] = first.mask_words();
+        let (mut success, mut missing, mut invalid, mut capacity) =
+            (s0.to_vec(), m0.to_vec(), i0.to_vec(), c0.to_vec());
+        let mut bytes = first.all_bytes().to_vec();
+        let mut retired = vec![true; ops.len()];
+        let mut new_writes = vec![0u64; ops.len()];
+        // Errors and rejections, (record, rank) tagged, in rank order.
+        let mut notes: Vec<(u32, u32, Option<&str>, Option<Rejection>)> = Vec::new();
+        for (rank, r) in by_rank.iter().enumerate() {
+            let c = &r.completions;
+            if rank > 0 {
+                let [s, m, i, cap] = c.mask_words();
+                success.iter_mut().zip(s).for_each(|(a, b)| *a &= b);
+                missing.iter_mut().zip(m).for_each(|(a, b)| *a |= b);
+                invalid.iter_mut().zip(i).for_each(|(a, b)| *a |= b);
+                capacity.iter_mut().zip(cap).for_each(|(a, b)| *a |= b);
+                bytes
+                    .iter_mut()
+                    .zip(c.all_bytes())
+                    .for_each(|(a, b)| *a = a.saturating_add(*b));
+            }
+            for (g, d) in c.iter().enumerate() {
+                retired[g] &= d.retired();
+                new_writes[g] += u64::from(d.new_writes());
+                let (e, rej) = (d.error(), d.rejection());
+                if e.is_some() || rej.is_some() {
+                    notes.push((g as u32, rank as u32, e, rej));
+                }
+            }
+        }
+        notes.sort_by_key(|n| (n.0, n.1));
+        let bit = |m: &[u64], k: usize| m.get(k / 64).is_some_and(|w| w >> (k % 64) & 1 == 1);
+        let mut out = Vec::with_capacity(ops.len());
+        let mut note = 0;
+        let mut start = 0usize;
+        for (g, (&op, &end)) in ops.iter().zip(first.key_ends()).enumerate() {
+            let (s, end) = (start, end as usize);
+            start = end;
+            let n = end - s;
+            let kind = first.get(g).map_or(StorageOpKind::Query, |d| d.kind());
+            let mut error = None;
+            let mut rejection = None;
+            let here = note;
+            while notes.get(note).is_some_and(|x| x.0 as usize == g) {
+                note += 1;
+            }
+            if note > here {
+                let mine = &notes[here..note];
+                let mut messages: Vec<String> = mine
+                    .iter()
+                    .filter_map(|(_, r, e, _)| e.map(|e| format!("rank {r}: {e}")))
+                    .collect();
+                let rejected = mine.iter().filter(|x| x.3.is_some()).count();
+                if rejected == world {
+                    rejection = mine.iter().find_map(|x| x.3);
+                } else {
+                    for (_, rank, _, r) in mine {
+                        if let Some(r) = r {
+                            messages.push(format!("rank {rank}: rejected ({})", r.as_str()));
+                        }
+                    }
+                }
+                error = (!messages.is_empty()).then(|| messages.join("; "));
+            }
+            out.push(StorageDone {
+                op: OperationId(op),
+                kind,
+                success: (s..end).map(|k| bit(&success, k)).collect(),
+                bytes: bytes.get(s..end).map_or_else(Vec::new, <[u64]>::to_vec),
+                failures: (s..end)
+                    .map(|k| {
+                        if bit(&invalid, k) {
+                            Some(ObjectFailure::Invalid)
+                        } else if bit(&missing, k) {
+                            Some(ObjectFailure::Missing)
+                        } else {
+                            None
+                        }
+                    })
+                    .collect(),
+                capacity: (s..end).map(|k| bit(&capacity, k)).collect(),
+                retired: retired[g],
+                rejection,
+                error,
+                new_writes: new_writes[g].min(n as u64) as u32,
+            });
+            self.agreed.insert(OperationId(op));
+        }
+        #[cfg(test)]
+        {
+            self.aligned_rounds += 1;
+        }
+        Some(out)
+    }
+
+    /// Record-level validity against this round and the retained partial records, in
+    /// (operation, rank) order so every rank raises the same error first.
+    fn check_records(
+        &self,
+        by_rank: &[GatheredReport],
+        index: &[Entry],
+        mut unencodable: Option<Unencodable>,
+        fail: &dyn Fn(String) -> ControlError,
+    ) -> Result<(), ControlError> {
+        let view = |rank: u32, i: u32| {
+            by_rank
+                .get(rank as usize)
+                .and_then(|r| r.completions.get(i as usize))
+        };
+        let mut at = 0;
+        while at < index.len() {
+            let op = index[at].0;
+            let end = index[at..]
+                .iter()
+                .position(|e| e.0 != op)
+                .map_or(index.len(), |n| at + n);
+            let group = &index[at..end];
+            at = end;
+            let pending = self.pending.get(&OperationId(op));
+            let (kind, keys) = match (pending, view(group[0].1, group[0].2)) {
+                (Some(p), _) => (p.kind, p.keys),
+                (None, Some(first)) => (first.kind(), first.len()),
+                (None, None) => continue,
+            };
+            let op = OperationId(op);
+            for (k, &(_, rank, i)) in group.iter().enumerate() {
+                if unencodable
+                    .as_ref()
+                    .is_some_and(|u| u.reached(op.0, rank, i))
+                {
+                    if let Some(u) = unencodable.take() {
+                        return Err(fail(u.message));
+                    }
+                }
+                let Some(d) = view(rank, i) else { continue };
+                d.validate()
+                    .map_err(|e| fail(format!("rank {rank} sent an invalid record: {e}")))?;
+                if self.agreed.contains(op) {
+                    return Err(fail(format!("rank {rank} sent {op} after it was agreed")));
+                }
+                if k > 0 && group[k - 1].1 == rank {
+                    return Err(fail(format!("rank {rank} sent {op} twice")));
+                }
+                if pending.is_some_and(|p| p.has(rank)) {
+                    return Err(fail(format!("rank {rank} sent {op} twice")));
+                }
+                if d.kind() != kind {
+                    return Err(fail(format!(
+                        "rank {rank} reports {op} as {} but another owner as {}",
+                        d.kind().as_str(),
+                        kind.as_str()
+                    )));
+                }
+                if d.len() != keys {
+                    return Err(fail(format!(
+                        "rank {rank} reports {} keys for {op} but another owner {keys}",
+                        d.len()
+                    )));
+                }
+            }
+        }
+        match unencodable {
+            Some(u) => Err(fail(u.message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Groups in operation order: an operation every owner reported now is reduced at
+    /// once; one with retained records completes them; the rest is retained.
+    fn apply_records(&mut self, by_rank: &[GatheredReport], index: &[Entry]) -> Vec<StorageDone> {
+        let world = self.world as usize;
+        let view = |rank: u32, i: u32| {
+            by_rank
+                .get(rank as usize)
+                .and_then(|r| r.completions.get(i as usize))
+        };
+        let mut completions = Vec::new();
+        let mut at = 0;
+        while at < index.len() {
+            let op = index[at].0;
+            let end = index[at..]
+                .iter()
+                .position(|e| e.0 != op)
+                .map_or(index.len(), |n| at + n);
+            let group = &index[at..end];
+            at = end;
+            let op = OperationId(op);
+            if let Some(p) = self.pending.get_mut(&op) {
+                for &(_, rank, i) in group {
+                    if let Some(d) = view(rank, i) {
+                        p.fold(rank, d);
+                    }
+                }
+                if p.owners == world {
+                    if let Some(mut p) = self.pending.remove(&op) {
+                        completions.push(p.finish(op));
+                        self.agreed.insert(op);
+                    }
+                }
+                continue;
+            }
+            let Some(first) = view(group[0].1, group[0].2) else {
+                continue;
+            };
+            // Validated above: every record of the group has the first one's kind and key
+            // count.
+            let acc = if group.len() == world {
+                &mut self.scratch
+            } else {
+                self.pending
+                    .entry(op)
+                    .or_insert_with(|| Acc::new(first.kind(), first.len(), world))
+            };
+            acc.reset(first.kind(), first.len(), world);
+            for &(_, rank, i) in group {
+                if let Some(d) = view(rank, i) {
+                    acc.fold(rank, d);
+                }
+            }
+            if group.len() == world {
+                completions.push(self.scratch.finish(op));
+                self.agreed.insert(op);
+            }
+        }
+        completions
+    }
+}
+
+/// The first record (in (operation, rank, index) order) of [`Agreement::agree`]'s reports
+/// that has no columnar form, and its error.
+#[derive(Debug)]
+struct Unencodable {
+    /// Operation, rank and index in that rank's report.
+    at: (u64, u32, u32),
+    /// The report indices of that rank's records that are in its columns.
+    kept: Vec<u32>,
+    message: String,
+}
+
+impl Unencodable {
+    /// Whether the checks, at column record `i` of `rank` for `op`, have reached it.
+    fn reached(&self, op: u64, rank: u32, i: u32) -> bool {
+        let index = if rank == self.at.1 {
+            self.kept.get(i as usize).copied().unwrap_or(u32::MAX)
+        } else {
+            i
+        };
+        (op, rank, index) > self.at
+    }
+}
+
+fn equal_lengths(d: &StorageDone) -> bool {
+    let n = d.success.len();
+    d.bytes.len() == n && d.failures.len() == n && d.capacity.len() == n
 }
 
 /// Reduces one operation's owner records (rank order, all valid, equal key counts):
 /// success and retirement AND, confirmed missing/invalid and capacity OR, bytes summed
 /// (each owner copies only its own rows), rejection only when every owner rejected.
+/// Records whose per-key masks differ in length (never valid) reduce to an unretired
+/// failure naming the first such record.
 pub fn reduce(
     op: OperationId,
     kind: StorageOpKind,
     keys: usize,
     records: &[StorageDone],
 ) -> StorageDone {
-    reduce_owned(op, kind, keys, records.to_vec())
-}
-
-/// `reduce` over owned records: the first record's vectors become the result's, so an
-/// operation costs no allocation beyond its records'.
-fn reduce_owned(
-    op: OperationId,
-    kind: StorageOpKind,
-    keys: usize,
-    records: Vec<StorageDone>,
-) -> StorageDone {
-    let mut records = records.into_iter();
-    let Some(mut out) = records.next() else {
-        let mut out = StorageDone::query(op, vec![true; keys], true);
-        out.kind = kind;
-        return out;
+    let columns = match CompletionColumns::from_records(records) {
+        Ok(c) => c,
+        Err(e) => return StorageDone::failed(op, kind, keys, false, e.to_string()),
     };
-    let mut errors = Vec::new();
-    let mut rejections = Vec::new();
-    if let Some(e) = out.error.take() {
-        errors.push(format!("rank 0: {e}"));
+    let mut acc = Acc::new(kind, keys, records.len());
+    for (rank, d) in columns.iter().enumerate() {
+        acc.fold(rank as u32, d);
     }
-    if let Some(r) = out.rejection.take() {
-        rejections.push((0usize, r));
-    }
-    out.op = op;
-    out.kind = kind;
-    out.success.resize(keys, false);
-    out.bytes.resize(keys, 0);
-    out.capacity.resize(keys, false);
-    out.failures.resize(keys, None);
-    let mut new_writes = u64::from(out.new_writes);
-    let mut owners = 1;
-    for (rank, d) in records.enumerate().map(|(i, d)| (i + 1, d)) {
-        owners += 1;
-        out.retired &= d.retired;
-        for i in 0..keys {
-            out.success[i] &= d.success[i];
-            out.bytes[i] = out.bytes[i].saturating_add(d.bytes[i]);
-            out.capacity[i] |= d.capacity[i];
-            out.failures[i] = merge_failure(out.failures[i], d.failures[i]);
-        }
-        if let Some(e) = &d.error {
-            errors.push(format!("rank {rank}: {e}"));
-        }
-        if let Some(r) = d.rejection {
-            rejections.push((rank, r));
-        }
-        new_writes += u64::from(d.new_writes);
-    }
-    if rejections.len() == owners {
-        out.rejection = rejections.first().map(|(_, r)| *r);
-    } else {
-        for (rank, r) in &rejections {
-            errors.push(format!("rank {rank}: rejected ({})", r.as_str()));
-        }
-    }
-    if !errors.is_empty() {
-        out.error = Some(errors.join("; "));
-    }
-    // Metric only: each owner counts its own new rows; never more than the keys.
-    out.new_writes = new_writes.min(keys as u64) as u32;
-    out
-}
-
-/// OR-reduction of confirmed object failures: Invalid dominates Missing.
-fn merge_failure(a: Option<ObjectFailure>, b: Option<ObjectFailure>) -> Option<ObjectFailure> {
-    match (a, b) {
-        (Some(ObjectFailure::Invalid), _) | (_, Some(ObjectFailure::Invalid)) => {
-            Some(ObjectFailure::Invalid)
-        }
-        (Some(ObjectFailure::Missing), _) | (_, Some(ObjectFailure::Missing)) => {
-            Some(ObjectFailure::Missing)
-        }
-        _ => None,
-    }
+    acc.finish(op)
 }
 
 /// Validates this owner's local records before the exchange, inside the same error
 /// boundary: an invalid record turns the report into an error report (its records are not
-/// sent) so that every owner raises the same protocol error.
+/// sent) so that every owner raises the same protocol error. A valid report's records are
+/// put in operation order (the order agreement visits them in).
 pub fn seal_local_report(mut report: RoundReport) -> RoundReport {
     if report.error.is_some() {
         report.completions.clear();
         return report;
     }
+    let sorted = report.completions.windows(2).all(|w| w[0].op < w[1].op);
     let mut seen = BTreeSet::new();
     for d in &report.completions {
         if let Err(e) = d.validate() {
             report.error = Some(e.to_string());
             break;
         }
-        if !seen.insert(d.op) {
+        // Strictly increasing operations cannot repeat one: no set needed.
+        if !sorted && !seen.insert(d.op) {
             report.error = Some(format!("{} appears twice in one poll", d.op));
             break;
         }
     }
     if report.error.is_some() {
         report.completions.clear();
+    } else if !sorted {
+        report.completions.sort_by_key(|d| d.op);
     }
     report
 }
 
+/// [`seal_local_report`], then the sealed report in the columns it is sent and agreed in.
+pub fn seal_gathered(report: RoundReport) -> GatheredReport {
+    let mut sealed = seal_local_report(report);
+    let columns = CompletionColumns::from_records(&sealed.completions);
+    sealed.completions = Vec::new();
+    match columns {
+        Ok(c) => GatheredReport::from_parts(sealed, c),
+        // Sealed records have equal mask lengths: only a report of over 2^32 keys.
+        Err(e) => {
+            sealed.error = Some(e.to_string());
+            GatheredReport::from_parts(sealed, CompletionColumns::default())
+        }
+    }
+}
+
+/// The agreement before the columnar records, for the equivalence tests.
+#[cfg(test)]
+#[path = "agreement_reference.rs"]
+#[allow(dead_code)]
+mod reference;
+#[cfg(test)]
+use reference::merge_failure;
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use messages::Rejection;
 
     /// The reduction as the contract states it, record by record from an all-true start:
     /// the reference `reduce` must equal.
@@ -587,5 +1009,274 @@ mod tests {
             Agreement::new(0).agree(vec![]).is_err(),
             "an empty world never agrees"
         );
+    }
+}
+
+#[cfg(test)]
+mod equivalence {
+    use super::reference::ReferenceAgreement;
+    use super::*;
+    use messages::{FrontendMessage, RequestId};
+
+    /// A small deterministic generator (xorshift), so one proptest seed draws a scenario.
+    struct Gen(u64);
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn one_in(&mut self, n: u64) -> bool {
+            self.next().is_multiple_of(n)
+        }
+    }
+
+    /// A record of `op`: mostly valid and consistent with the other owners' (kind and key
+    /// count follow the operation), sometimes not, in every way the checks look at.
+    fn record(g: &mut Gen, op: u64, steady: bool) -> StorageDone {
+        let kind = if !steady && g.one_in(12) {
+            StorageOpKind::ALL[(g.next() % 3) as usize]
+        } else {
+            StorageOpKind::ALL[(op % 3) as usize]
+        };
+        let keys = if !steady && g.one_in(12) {
+            (g.next() % 5) as usize
+        } else {
+            [1usize, 3, 0, 70, 2][(op % 5) as usize]
+        };
+        let mut d = StorageDone::query(OperationId(op), vec![false; keys], !g.one_in(6));
+        d.kind = kind;
+        for i in 0..keys {
+            match g.next() % 5 {
+                0 | 1 => d.success[i] = true,
+                2 if kind == StorageOpKind::Get || g.one_in(10) => {
+                    d.failures[i] = Some(if g.one_in(2) {
+                        ObjectFailure::Missing
+                    } else {
+                        ObjectFailure::Invalid
+                    })
+                }
+                3 if kind == StorageOpKind::Put || g.one_in(10) => d.capacity[i] = true,
+                _ => {}
+            }
+            if d.success[i] && g.one_in(40) {
+                d.failures[i] = Some(ObjectFailure::Missing);
+            }
+            if kind != StorageOpKind::Query || g.one_in(40) {
+                d.bytes[i] = [0, 4096, u64::MAX - 1][(g.next() % 3) as usize];
+            }
+        }
+        if g.one_in(5) {
+            d.rejection = Some(Rejection::QueueFull);
+            if !g.one_in(10) {
+                d.retired = true;
+                d.success.iter_mut().for_each(|s| *s = false);
+                d.failures.iter_mut().for_each(|f| *f = None);
+            }
+        }
+        if g.one_in(4) {
+            d.error = Some(format!("e{}", g.next() % 3));
+        }
+        if kind == StorageOpKind::Put || g.one_in(30) {
+            d.new_writes = (g.next() % (keys as u64 + 2)) as u32;
+        }
+        if !steady && g.one_in(60) {
+            d.bytes.push(1); // no columnar form
+        }
+        d
+    }
+
+    fn scenario(seed: u64, world: u32, rounds: u64) -> Vec<Vec<RoundReport>> {
+        let mut g = Gen(seed | 1);
+        let mut next_op = 1u64;
+        (0..rounds)
+            .map(|round| {
+                let fresh = g.next() % 4;
+                let ops: Vec<u64> = (next_op..next_op + fresh).collect();
+                next_op += fresh;
+                // The steady state: every owner reports the same new operations, in order.
+                let steady = g.one_in(2);
+                let mut reports: Vec<RoundReport> = (0..world)
+                    .map(|rank| {
+                        let mut r = RoundReport::idle(rank, round, 10 * round + 5);
+                        if steady {
+                            r.completions =
+                                ops.iter().map(|&op| record(&mut g, op, true)).collect();
+                            return r;
+                        }
+                        for &op in &ops {
+                            if !g.one_in(3) {
+                                r.completions.push(record(&mut g, op, false));
+                            }
+                        }
+                        // A late owner of an earlier operation, or a repeat.
+                        if next_op > 1 && g.one_in(3) {
+                            let op = 1 + g.next() % next_op.saturating_sub(1).max(1);
+                            r.completions.push(record(&mut g, op, false));
+                        }
+                        if g.one_in(2) {
+                            r.completions.reverse();
+                        }
+                        if g.one_in(80) {
+                            r.error = Some("bad poll".into());
+                        }
+                        if g.one_in(80) {
+                            r.frontend
+                                .push(FrontendMessage::Cancel { id: RequestId(1) });
+                        }
+                        r.pressure.queued_jobs = g.next() % 9;
+                        r
+                    })
+                    .collect();
+                if g.one_in(100) {
+                    reports[0].round += 1;
+                }
+                if g.one_in(2) {
+                    reports.reverse();
+                }
+                reports
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(400))]
+        /// For any reports, round after round: the columnar agreement (fed records, and fed
+        /// the columns decoded from the wire) agrees exactly what the agreement before it
+        /// agreed, raises exactly its errors and retains the same partial records.
+        #[test]
+        fn the_columnar_agreement_is_the_record_agreement(
+            seed in proptest::num::u64::ANY,
+            world in 1u32..5,
+            rounds in 1u64..8,
+        ) {
+            let mut old = ReferenceAgreement::new(world);
+            let mut new = Agreement::new(world);
+            let mut wire = Agreement::new(world);
+            let mut wire_ok = true;
+            for reports in scenario(seed, world, rounds) {
+                let want = old.agree(reports.clone());
+                let encodable = reports
+                    .iter()
+                    .all(|r| GatheredReport::try_from_report(r.clone()).is_ok());
+                if encodable && wire_ok {
+                    let gathered: Vec<GatheredReport> = reports
+                        .iter()
+                        .map(|r| {
+                            let bytes = messages::encode(r).map_err(|e| e.to_string())?;
+                            messages::decode(&bytes).map_err(|e| e.to_string())
+                        })
+                        .collect::<Result<_, String>>()
+                        .map_err(proptest::test_runner::TestCaseError::fail)?;
+                    proptest::prop_assert_eq!(&wire.agree_gathered(gathered), &want);
+                } else {
+                    wire_ok = false;
+                }
+                let got = new.agree(reports);
+                proptest::prop_assert_eq!(&got, &want);
+                proptest::prop_assert_eq!(new.pending_operations(), old.pending_operations());
+                if want.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_scenarios_take_both_the_column_and_the_record_path() {
+        let (mut aligned, mut by_record) = (0, 0);
+        for seed in 0..1000u64 {
+            let mut ag = Agreement::new(1 + (seed % 4) as u32);
+            for reports in scenario(seed, ag.world(), 6) {
+                let with_records = reports.iter().any(|r| !r.completions.is_empty());
+                let before = ag.aligned_rounds;
+                let Ok(_) = ag.agree(reports) else { break };
+                if ag.aligned_rounds > before {
+                    aligned += 1;
+                } else if with_records {
+                    by_record += 1;
+                }
+            }
+        }
+        assert!(
+            aligned > 100 && by_record > 30,
+            "{aligned} column rounds, {by_record} record rounds"
+        );
+    }
+
+    #[test]
+    fn sealing_orders_the_records_and_still_finds_a_repeat() {
+        let q = |n| StorageDone::query(OperationId(n), vec![true], true);
+        let mut r = RoundReport::idle(0, 0, 1);
+        r.completions = vec![q(9), q(2), q(5)];
+        let sealed = seal_local_report(r.clone());
+        assert_eq!(
+            sealed
+                .completions
+                .iter()
+                .map(|d| d.op.0)
+                .collect::<Vec<_>>(),
+            vec![2, 5, 9]
+        );
+        r.completions.push(q(2));
+        let sealed = seal_local_report(r);
+        assert!(sealed.completions.is_empty());
+        assert_eq!(
+            sealed.error.as_deref(),
+            Some("op2 appears twice in one poll")
+        );
+        let g = seal_gathered(RoundReport::idle(0, 0, 1));
+        assert!(g.completions.is_empty() && g.error.is_none());
+    }
+
+    #[test]
+    fn an_operation_retained_across_rounds_reduces_as_if_reported_at_once() {
+        let get = |rank: u64| {
+            let mut d = StorageDone::get(
+                OperationId(3),
+                (0..70).map(|i| !(i + rank).is_multiple_of(3)).collect(),
+                (0..70).map(|i| i * rank).collect(),
+                (0..70)
+                    .map(|i| match (i + rank) % 3 {
+                        0 if rank == 1 => Some(ObjectFailure::Invalid),
+                        0 => Some(ObjectFailure::Missing),
+                        _ => None,
+                    })
+                    .collect(),
+                rank != 2,
+            );
+            d.error = (rank != 1).then(|| format!("r{rank}"));
+            d
+        };
+        let at_once = {
+            let mut ag = Agreement::new(3);
+            let rs = (0..3)
+                .map(|r| {
+                    let mut rep = RoundReport::idle(r, 0, 1);
+                    rep.completions = vec![get(u64::from(r))];
+                    rep
+                })
+                .collect();
+            ag.agree(rs).unwrap().completions
+        };
+        let mut ag = Agreement::new(3);
+        let mut agreed = vec![];
+        for (round, rank) in [(0u64, 2u32), (1, 0), (2, 1)] {
+            let rs = (0..3)
+                .map(|r| {
+                    let mut rep = RoundReport::idle(r, round, 1);
+                    if r == rank {
+                        rep.completions = vec![get(u64::from(r))];
+                    }
+                    rep
+                })
+                .collect();
+            agreed.extend(ag.agree(rs).unwrap().completions);
+        }
+        assert_eq!(agreed, at_once);
+        assert_eq!(agreed[0].error.as_deref(), Some("rank 0: r0; rank 2: r2"));
+        assert_eq!(agreed[0].failures[2], Some(ObjectFailure::Invalid));
+        assert!(!agreed[0].retired);
     }
 }

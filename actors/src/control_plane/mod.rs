@@ -24,7 +24,7 @@ pub mod plane;
 pub mod relay;
 
 pub use actor::ControlPlane;
-pub use agreement::{reduce, seal_local_report, Agreement, LEADER_RANK};
+pub use agreement::{reduce, seal_gathered, seal_local_report, Agreement, LEADER_RANK};
 pub use frame::FrameError;
 pub use mesh::{Mesh, MeshFrame, MeshSettings};
 pub use plane::ControlPlaneCore;

@@ -1,10 +1,11 @@
 //! The control plane core, usable from plain tokio: seal the local report (validate local
-//! records inside the error boundary), all-gather it over the relay, agree the round.
+//! records inside the error boundary, put them in columns), all-gather it over the relay,
+//! agree the round over the gathered columns.
 //!
 //! It owns the relay and the agreement state of one rank. After any failure it refuses every
 //! later round (L3 work stops); it must never return a partially agreed round.
 
-use super::agreement::{seal_local_report, Agreement};
+use super::agreement::{seal_gathered, Agreement};
 use super::mesh::{Mesh, MeshSettings};
 use super::relay::Relay;
 use messages::{AgreedRound, ControlError, RoundReport};
@@ -65,9 +66,9 @@ impl ControlPlaneCore {
             };
             return Err(self.relay.abort(e).await);
         }
-        let sealed = seal_local_report(report);
+        let sealed = seal_gathered(report);
         let all = self.relay.all_gather(sealed).await?;
-        match self.agreement.agree(all) {
+        match self.agreement.agree_gathered(all) {
             Ok(agreed) => Ok(agreed),
             Err(e) => {
                 self.relay.stop(e.clone());

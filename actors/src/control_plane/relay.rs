@@ -1,4 +1,4 @@
-//! The relay exchange: one CPU all-gather of [`RoundReport`]s per round over the rank mesh.
+//! The relay exchange: one CPU all-gather of [`GatheredReport`]s per round over the rank mesh.
 //! Each rank sends its report once to every peer and waits, under the round deadline, for
 //! every peer's report of the same round. A dead, stalled or misbehaving peer fails the
 //! round with an error naming it; this rank then tells every peer why (an Abort frame) and
@@ -8,7 +8,7 @@
 //! It owns round sequencing on the wire; it must never reduce or reinterpret reports.
 
 use super::mesh::{BroadcastError, Mesh, MeshFrame, PeerEvent};
-use messages::{ControlError, RoundReport};
+use messages::{ControlError, GatheredReport};
 use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -21,7 +21,7 @@ pub struct Relay {
     round_deadline: Duration,
     /// Reports that arrived for the next round while this rank still gathered the current
     /// one (a peer can be at most one round ahead).
-    early: Vec<VecDeque<RoundReport>>,
+    early: Vec<VecDeque<GatheredReport>>,
     /// Peers whose connection closed after they had confirmed the round being gathered
     /// (a rank that completed the last round and left): not an error for that round, but
     /// the next round fails on them.
@@ -73,8 +73,8 @@ impl Relay {
     /// All-gathers one round: returns every rank's report in rank order.
     pub async fn all_gather(
         &mut self,
-        report: RoundReport,
-    ) -> Result<Vec<RoundReport>, ControlError> {
+        report: GatheredReport,
+    ) -> Result<Vec<GatheredReport>, ControlError> {
         if let Some(e) = &self.failed {
             return Err(ControlError::Stopped(e.to_string()));
         }
@@ -95,7 +95,7 @@ impl Relay {
             let grace = Instant::now() + self.round_deadline.min(ABORT_GRACE);
             let _ = self
                 .mesh
-                .broadcast(&MeshFrame::Abort(e.clone()), grace)
+                .broadcast(&MeshFrame::<GatheredReport>::Abort(e.clone()), grace)
                 .await;
             self.failed = Some(e.clone());
         }
@@ -121,7 +121,7 @@ impl Relay {
         &mut self,
         (peer, ev): (u32, PeerEvent),
         round: u64,
-        got: &mut [Option<RoundReport>],
+        got: &mut [Option<GatheredReport>],
         confirmed: &mut [bool],
     ) -> Result<(), ControlError> {
         let bad = |detail: String| ControlError::Frame {
@@ -193,7 +193,10 @@ impl Relay {
     /// (2) confirm "gathered" and wait for every peer's confirmation. A rank agrees a round
     /// only once every rank has gathered it, so a peer that failed the round (and sent an
     /// Abort instead of its confirmation) fails it here too.
-    async fn gather(&mut self, report: RoundReport) -> Result<Vec<RoundReport>, ControlError> {
+    async fn gather(
+        &mut self,
+        report: GatheredReport,
+    ) -> Result<Vec<GatheredReport>, ControlError> {
         let round = report.round;
         let me = self.mesh.rank();
         let world = self.mesh.world() as usize;
@@ -215,7 +218,7 @@ impl Relay {
                 deadline_ms,
             },
         };
-        let frame = MeshFrame::Report(report);
+        let frame = MeshFrame::<GatheredReport>::Report(report);
         self.mesh
             .broadcast(&frame, deadline)
             .await
@@ -238,7 +241,7 @@ impl Relay {
                 detail,
             });
         }
-        let mut got: Vec<Option<RoundReport>> = (0..world).map(|_| None).collect();
+        let mut got: Vec<Option<GatheredReport>> = (0..world).map(|_| None).collect();
         let mut confirmed = vec![false; world];
         got[me as usize] = Some(report);
         confirmed[me as usize] = true;
@@ -262,9 +265,11 @@ impl Relay {
             // A peer that already confirmed may have completed the round and left.
             let done = confirmed.clone();
             self.mesh
-                .broadcast_excusing(&MeshFrame::Gathered(round), deadline, |p| {
-                    done.get(p as usize).copied().unwrap_or(false) && p != me
-                })
+                .broadcast_excusing(
+                    &MeshFrame::<GatheredReport>::Gathered(round),
+                    deadline,
+                    |p| done.get(p as usize).copied().unwrap_or(false) && p != me,
+                )
                 .await
                 .map_err(cannot_send)?;
         }

@@ -5,7 +5,7 @@
 
 use super::ports::{DevicePort, ExecutorPoll, ExecutorPort, ExecutorSnapshot, MeshPort, TracedOp};
 use super::EngineError;
-use crate::control_plane::agreement::{seal_local_report, Agreement};
+use crate::control_plane::agreement::{seal_gathered, Agreement};
 use crate::device::{
     DecodeStep, DeviceCopyBatch, DeviceCopyEngineCore, DeviceMemory, DeviceSlot, FenceId,
     ForwardBackend, ForwardOutcome, ForwardStep,
@@ -100,7 +100,7 @@ impl Default for Loopback {
 impl Loopback {
     /// Agrees one round now (the adapter's future is always ready).
     pub fn agree(&mut self, report: RoundReport) -> Result<AgreedRound, ControlError> {
-        self.agreement.agree(vec![seal_local_report(report)])
+        self.agreement.agree_gathered(vec![seal_gathered(report)])
     }
 }
 
