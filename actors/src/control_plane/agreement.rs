@@ -413,35 +413,48 @@ impl Agreement {
                 )));
             }
         }
-        if let Some(completions) = unencodable
+        let fast = unencodable
             .is_none()
             .then(|| self.agree_aligned(&by_rank))
-            .flatten()
-        {
-            let pressure = by_rank
-                .iter()
-                .fold(PressureObservation::default(), |acc, r| acc.max(r.pressure));
-            let frontend = std::mem::take(&mut by_rank[LEADER_RANK as usize].frontend);
-            let mut digests: Vec<_> = by_rank
-                .iter_mut()
-                .flat_map(|r| std::mem::take(&mut r.digests))
-                .collect();
-            digests.sort();
-            self.last_round = Some(round);
-            self.last_tick_us = Some(tick_us);
-            return Ok(AgreedRound {
-                round,
-                tick_us,
-                pressure,
-                frontend,
-                completions,
-                digests,
-                admin_preflight,
-            });
-        }
-        // Every record of the round in (operation, rank) order: each report's records are
-        // one run (sorted when its owner sealed it), and the stable sort merges the runs in
-        // O(records x log ranks); no per-record allocation or map.
+            .flatten();
+        let completions = match fast {
+            Some(completions) => completions,
+            None => self.agree_records(&by_rank, unencodable, &fail)?,
+        };
+        let pressure = by_rank
+            .iter()
+            .fold(PressureObservation::default(), |acc, r| acc.max(r.pressure));
+        let frontend = std::mem::take(&mut by_rank[LEADER_RANK as usize].frontend);
+        let mut digests: Vec<_> = by_rank
+            .iter_mut()
+            .flat_map(|r| std::mem::take(&mut r.digests))
+            .collect();
+        digests.sort();
+        self.last_round = Some(round);
+        self.last_tick_us = Some(tick_us);
+        Ok(AgreedRound {
+            round,
+            tick_us,
+            pressure,
+            frontend,
+            completions,
+            digests,
+            admin_preflight,
+        })
+    }
+
+    /// The record-by-record agreement of a round `agree_aligned` does not reduce: every
+    /// record in (operation, rank) order (each report's records are one run, sorted when
+    /// its owner sealed it, and the stable sort merges the runs in O(records x log ranks);
+    /// no per-record allocation or map), checked, then applied. On error nothing is
+    /// applied.
+    fn agree_records(
+        &mut self,
+        by_rank: &[GatheredReport],
+        unencodable: Option<Unencodable>,
+        fail: &dyn Fn(String) -> ControlError,
+    ) -> Result<Vec<StorageDone>, ControlError> {
+        let world = by_rank.len();
         let mut index = std::mem::take(&mut self.index);
         index.clear();
         let first = by_rank[0].completions.op_ids();
@@ -463,34 +476,14 @@ impl Agreement {
             }
             index.sort();
         }
-        let checked = self.check_records(&by_rank, &index, unencodable, &fail);
+        let checked = self.check_records(by_rank, &index, unencodable, fail);
         if let Err(e) = checked {
             self.index = index;
             return Err(e);
         }
-        // Valid: apply.
-        let pressure = by_rank
-            .iter()
-            .fold(PressureObservation::default(), |acc, r| acc.max(r.pressure));
-        let frontend = std::mem::take(&mut by_rank[LEADER_RANK as usize].frontend);
-        let mut digests: Vec<_> = by_rank
-            .iter_mut()
-            .flat_map(|r| std::mem::take(&mut r.digests))
-            .collect();
-        digests.sort();
-        let completions = self.apply_records(&by_rank, &index);
+        let completions = self.apply_records(by_rank, &index);
         self.index = index;
-        self.last_round = Some(round);
-        self.last_tick_us = Some(tick_us);
-        Ok(AgreedRound {
-            round,
-            tick_us,
-            pressure,
-            frontend,
-            completions,
-            digests,
-            admin_preflight,
-        })
+        Ok(completions)
     }
 
     /// The round in which every owner reported the same new operations, in increasing
