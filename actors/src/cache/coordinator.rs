@@ -279,6 +279,9 @@ impl CacheCoordinator {
         tokens: &[u32],
         boundary: u32,
     ) -> bool {
+        if !self.tails_enabled() {
+            return false;
+        }
         match TailCandidate::at(index, tokens, boundary) {
             Some(t) => self.tails.record(index, t),
             None => false,
@@ -354,7 +357,7 @@ impl CacheCoordinator {
     /// Ordinary admission (and the local probe): the longest legal boundary over real Device
     /// and published Host blocks, and how many tokens each tier supplies.
     pub fn admission_match(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
-        self.admission_match_with(None, tokens, reusable, true)
+        self.admission_match_with(None, tokens, reusable)
     }
 
     /// `admission_match` over the request's index of its whole prompt.
@@ -364,38 +367,20 @@ impl CacheCoordinator {
         tokens: &[u32],
         reusable: u32,
     ) -> AdmissionMatch {
-        self.admission_match_with(Some(whole), tokens, reusable, true)
+        self.admission_match_with(Some(whole), tokens, reusable)
     }
 
-    /// Admission over aligned boundaries only (no tail candidates).
-    pub fn admission_match_aligned(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
-        self.admission_match_with(None, tokens, reusable, false)
-    }
-
-    /// `admission_match_aligned` over the request's index of its whole prompt.
-    pub fn admission_match_aligned_in(
-        &self,
-        whole: &PromptIndex,
-        tokens: &[u32],
-        reusable: u32,
-    ) -> AdmissionMatch {
-        self.admission_match_with(Some(whole), tokens, reusable, false)
-    }
-
+    /// Tail boundaries are candidates when tails are on (`tail_candidates`); off, only
+    /// aligned boundaries are.
     fn admission_match_with(
         &self,
         whole: Option<&PromptIndex>,
         tokens: &[u32],
         reusable: u32,
-        tails: bool,
     ) -> AdmissionMatch {
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
-        let tails = if tails {
-            self.tail_candidates(&index, tokens, 0, bound, &[])
-        } else {
-            Vec::new()
-        };
+        let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
         let table = self.table(&index, tokens, bound, &tails, None, Some(Have::Host));
         let device = table.longest(0, Have::Device);
         let best = table.longest(0, Have::Host);

@@ -66,14 +66,8 @@ impl Scheduler {
         };
         // With tails on, a tail boundary (its partial history blocks, the SWA lookback and
         // the State checkpoint taken exactly there) is reused like an aligned one; off,
-        // only aligned boundaries are.
-        let tails = self.cache.tails_enabled();
-        let m = if tails {
-            self.cache.admission_match_in(&whole, &prompt, reusable)
-        } else {
-            self.cache
-                .admission_match_aligned_in(&whole, &prompt, reusable)
-        };
+        // the coordinator proposes only aligned boundaries.
+        let m = self.cache.admission_match_in(&whole, &prompt, reusable);
         let matched = Matched {
             boundary: m.boundary,
             device_tokens: m.device_tokens,
@@ -106,11 +100,10 @@ impl Scheduler {
             .collect();
         self.publish_new_blocks(&taken.new_written, plan)?;
         self.h2d_host_refs.extend(taken.h2d_refs);
-        if tails {
-            // The prompt's end is a tail: its blocks are published on the Device now.
-            self.cache
-                .record_prompt_tail(&whole, &prompt, prompt.len() as u32);
-        }
+        // The prompt's end is a tail (when nonaligned and tails are on): its blocks are
+        // published on the Device now.
+        self.cache
+            .record_prompt_tail(&whole, &prompt, prompt.len() as u32);
         let step = ForwardStep {
             shard: self.cfg.layout.shard,
             tokens: prompt,
