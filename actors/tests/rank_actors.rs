@@ -305,8 +305,13 @@ impl actors::device::DeviceMemory for HungFences {
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), actors::device::DeviceError> {
         self.0.write(addr, data)
     }
-    fn host_view(&mut self) -> Result<Option<&mut [u8]>, actors::device::DeviceError> {
+    fn host_view(
+        &mut self,
+    ) -> Result<Option<actors::device::HostView<'_>>, actors::device::DeviceError> {
         self.0.host_view()
+    }
+    fn set_digest_unit(&mut self, unit: usize) {
+        self.0.set_digest_unit(unit)
     }
 }
 

@@ -22,13 +22,12 @@ impl DeviceCopyEngine {
     }
     /// An actor around an engine core the startup factory already built.
     pub fn from_core(
-        core: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
+        mut core: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
         backend: impl Into<ForwardBackend>,
     ) -> Self {
-        Self {
-            core,
-            backend: backend.into(),
-        }
+        let backend = backend.into();
+        core.set_digest_unit(backend.digest_unit());
+        Self { core, backend }
     }
 }
 

@@ -47,6 +47,16 @@ impl ForwardBackend {
         }
     }
 
+    /// The unit the device records hashes of restored and produced bytes at, for this
+    /// backend's forward: the synthetic model's digest unit; none for the transformer,
+    /// which reads the bytes themselves.
+    pub fn digest_unit(&self) -> usize {
+        match self {
+            ForwardBackend::Synthetic(m) => m.digest_unit(),
+            ForwardBackend::Transformer(_) => 0,
+        }
+    }
+
     /// The model's end-of-sequence tokens (none for the synthetic model).
     pub fn eos_tokens(&self) -> Vec<u32> {
         match self {

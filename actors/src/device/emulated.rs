@@ -5,8 +5,9 @@
 //! lets tests observe fences that have not completed yet. It never sleeps.
 
 use super::geometry::DeviceGeometry;
-use super::memory::{DeviceMemory, ResolvedCopy};
+use super::memory::{DeviceMemory, HostView, ResolvedCopy};
 use super::ops::{CopyDirection, DeviceError, FenceId};
+use super::unit_hashes::UnitHashes;
 use crate::host::HostCacheStorage;
 use messages::HostRange;
 use std::collections::VecDeque;
@@ -23,6 +24,7 @@ pub struct EmulatedDeviceMemory {
     host: Arc<HostCacheStorage>,
     geometry: DeviceGeometry,
     arena: Vec<u8>,
+    units: UnitHashes,
     queue: VecDeque<Pending>,
     done: Vec<FenceId>,
     step_limit: Option<usize>,
@@ -38,10 +40,12 @@ impl EmulatedDeviceMemory {
         for page in arena.chunks_mut(4096) {
             page[0] = std::hint::black_box(0);
         }
+        let units = UnitHashes::new(geometry.slots as usize, geometry.slot_bytes as usize);
         Ok(Self {
             host,
             geometry,
             arena,
+            units,
             queue: VecDeque::new(),
             done: Vec::new(),
             step_limit: None,
@@ -52,6 +56,11 @@ impl EmulatedDeviceMemory {
     /// hold fences incomplete without sleeping.
     pub fn set_step_limit(&mut self, limit: Option<usize>) {
         self.step_limit = limit;
+    }
+
+    /// The unit-hash records of the arena's slots (test and verification helper).
+    pub fn unit_hashes(&self) -> &UnitHashes {
+        &self.units
     }
 
     /// The whole arena (test and verification helper).
@@ -84,7 +93,8 @@ impl EmulatedDeviceMemory {
                 // SAFETY: the source range is held (source reference) until the fence
                 // completes, so no one writes it while this copy reads it.
                 let src = unsafe { self.host.range(range) }.map_err(|e| fail(e.to_string()))?;
-                dev.copy_from_slice(src);
+                // the restored bytes' unit hashes are taken as they land (one pass)
+                self.units.copy_and_record(start, dev, src);
             }
         }
         Ok(())
@@ -167,12 +177,20 @@ impl DeviceMemory for EmulatedDeviceMemory {
     fn write(&mut self, device_addr: u64, data: &[u8]) -> Result<(), DeviceError> {
         self.progress(None)?;
         let r = self.arena_range(device_addr, data.len())?;
+        self.units.invalidate(r.start, data.len());
         self.arena[r].copy_from_slice(data);
         Ok(())
     }
 
-    fn host_view(&mut self) -> Result<Option<&mut [u8]>, DeviceError> {
+    fn set_digest_unit(&mut self, unit: usize) {
+        self.units.set_unit(unit);
+    }
+
+    fn host_view(&mut self) -> Result<Option<HostView<'_>>, DeviceError> {
         self.progress(None)?;
-        Ok(Some(&mut self.arena))
+        Ok(Some(HostView {
+            arena: &mut self.arena,
+            units: &mut self.units,
+        }))
     }
 }

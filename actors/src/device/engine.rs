@@ -14,7 +14,7 @@
 //! fatal for the rank (collective error), never as a per-request failure.
 
 use super::geometry::{AddressTable, DeviceGeometry};
-use super::memory::{DeviceMemory, ResolvedCopy};
+use super::memory::{DeviceMemory, HostView, ResolvedCopy};
 use super::ops::{CopyDirection, DeviceCopyBatch, DeviceError, DeviceSlot, FenceId};
 use std::collections::VecDeque;
 
@@ -43,6 +43,11 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
 
     pub fn geometry(&self) -> DeviceGeometry {
         self.geometry
+    }
+
+    /// Binds the forward backend's digest unit (see `DeviceMemory::set_digest_unit`).
+    pub fn set_digest_unit(&mut self, unit: usize) {
+        self.memory.set_digest_unit(unit);
     }
 
     pub fn backend(&self) -> &'static str {
@@ -189,7 +194,7 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
 
     /// The backend's host-addressable arena after all submitted work (see
     /// `DeviceMemory::host_view`).
-    pub(super) fn host_view(&mut self) -> Result<Option<&mut [u8]>, DeviceError> {
+    pub(super) fn host_view(&mut self) -> Result<Option<HostView<'_>>, DeviceError> {
         self.memory.host_view()
     }
 
@@ -258,7 +263,10 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
             let from = self.slot_range(c.from, len)? as usize;
             let to = self.slot_range(c.to, len)? as usize;
             match self.host_view()? {
-                Some(arena) => arena.copy_within(from..from + len as usize, to),
+                Some(view) => {
+                    view.arena.copy_within(from..from + len as usize, to);
+                    view.units.copy_record(from, to);
+                }
                 None => {
                     let bytes = self.read_slot(c.from, 0, len)?;
                     self.write_slot(c.to, 0, &bytes)?;

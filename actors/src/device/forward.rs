@@ -5,9 +5,10 @@
 //! number. It never sleeps; the engine host decides what to do with the time.
 
 use super::engine::DeviceCopyEngineCore;
-use super::memory::DeviceMemory;
+use super::memory::{DeviceMemory, HostView};
 use super::ops::{DeviceError, DeviceSlot};
-use crate::model::{GroupContext, RankDigest, Shard, SyntheticModel};
+use super::unit_hashes::UnitHashes;
+use crate::model::{GroupContext, GroupWritten, RankDigest, Shard, SyntheticModel};
 use messages::{SamplingParams, TokenLogprobs};
 
 /// One group's block table for a step: the slots of `required_blocks(group, context_len)`
@@ -100,9 +101,11 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
             chains.push(model.chain(g, &step.tokens)?);
         }
         let slot_bytes = self.geometry().slot_bytes as usize;
-        let Some(arena) = self.host_view()? else {
+        let Some(HostView { arena, units }) = self.host_view()? else {
             return Ok(None);
         };
+        // a core driven without a backend (tests, benches) binds the unit here
+        units.set_unit(model.digest_unit());
         let range = |addr: u64, len: u64| -> Result<std::ops::Range<usize>, DeviceError> {
             let start = usize::try_from(addr).ok();
             start
@@ -124,23 +127,60 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         for (g, b, a, l) in &write_at {
             write_ranges.push((*g, *b, range(*a, *l)?));
         }
-        let digest = {
-            let view: &[u8] = arena;
-            let context: Vec<GroupContext<'_>> = ranges
-                .iter()
-                .map(|g| GroupContext {
-                    blocks: g.iter().map(|r| &view[r.clone()]).collect(),
-                })
-                .collect();
-            model.prefill_rank(step.shard, &step.tokens, c, &context)?
-        };
-        for (g, b, r) in write_ranges {
+        // The new rows are written first, and each written block's unit hashes recorded
+        // from its bytes: the digest reads the new rows from those records (no second
+        // generation of each row). A step never rewrites a context row, so the context
+        // digest is the same before or after.
+        for (g, b, r) in &write_ranges {
             let tail_end = (r.start + slot_bytes).min(arena.len());
-            model.fill_block_from(g, &chains[g], b, step.shard, c, &mut arena[r.clone()])?;
+            model.fill_block_from(*g, &chains[*g], *b, step.shard, c, &mut arena[r.clone()])?;
             // A partial block's unused rows are zeroed: its D2H copy (and an L3 object made
             // from it) never carries a freed block's stale bytes.
             arena[r.end..tail_end].fill(0);
+            // the produced block's record: a later step that reads it as context (a
+            // Device hit) digests it from there
+            units.record(r.start, &arena[r.clone()]);
         }
+        // a context block without a record (written through `write`, or recorded at
+        // another length) is hashed now, once; later steps read its record
+        for r in ranges.iter().flatten() {
+            if units.unit() > 0 && units.get(r.start, r.len()).is_none() {
+                units.record(r.start, &arena[r.clone()]);
+            }
+        }
+        let view: &[u8] = arena;
+        let units: &UnitHashes = units;
+        let context: Vec<GroupContext<'_>> = ranges
+            .iter()
+            .map(|g| {
+                let recorded: Option<Vec<&[u64]>> =
+                    g.iter().map(|r| units.get(r.start, r.len())).collect();
+                GroupContext {
+                    blocks: g.iter().map(|r| &view[r.clone()]).collect(),
+                    units: recorded.unwrap_or_default(),
+                }
+            })
+            .collect();
+        let mut written: Vec<GroupWritten<'_>> = (0..step.groups.len())
+            .map(|g| {
+                Ok(GroupWritten {
+                    first_block: model.written_blocks(g, c, end)?.start,
+                    units: Vec::new(),
+                })
+            })
+            .collect::<Result<_, DeviceError>>()?;
+        for (g, _, r) in &write_ranges {
+            if let Some(u) = units.get(r.start, r.len()) {
+                written[*g].units.push(u);
+            }
+        }
+        // a group whose written blocks are not all recorded generates its new rows
+        for (g, w) in written.iter_mut().enumerate() {
+            if w.units.len() != step.groups[g].written.len() {
+                w.units.clear();
+            }
+        }
+        let digest = model.prefill_rank_written(step.shard, &step.tokens, c, &context, &written)?;
         Ok(Some(ForwardOutcome {
             digest,
             new_tokens: end - c,
@@ -214,6 +254,7 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
             .iter()
             .map(|g| GroupContext {
                 blocks: g.iter().map(|b| b.as_slice()).collect(),
+                units: Vec::new(),
             })
             .collect();
         let digest = model.prefill_rank(step.shard, &step.tokens, c, &context)?;

@@ -4,6 +4,7 @@
 
 use super::geometry::DeviceGeometry;
 use super::ops::{CopyDirection, DeviceError, FenceId};
+use super::unit_hashes::UnitHashes;
 use crate::host::HostCacheStorage;
 use std::sync::Arc;
 
@@ -15,6 +16,13 @@ pub struct ResolvedCopy {
     pub device_addr: u64,
     pub host_offset: u64,
     pub len: u64,
+}
+
+/// A host-addressable device arena and its unit-hash records: whoever writes `arena`
+/// through this view records or invalidates the slots it wrote in `units` first.
+pub struct HostView<'a> {
+    pub arena: &'a mut [u8],
+    pub units: &'a mut UnitHashes,
 }
 
 pub trait DeviceMemory: Send {
@@ -38,9 +46,12 @@ pub trait DeviceMemory: Send {
     /// the backend has such an arena (the emulated device: the forward then reads and
     /// writes KV in place, as attention does on a GPU); None where it has not (CUDA goes
     /// through `read` and `write`).
-    fn host_view(&mut self) -> Result<Option<&mut [u8]>, DeviceError> {
+    fn host_view(&mut self) -> Result<Option<HostView<'_>>, DeviceError> {
         Ok(None)
     }
+    /// The forward backend's digest unit (`SyntheticModel::digest_unit`; 0: none), for a
+    /// backend that records unit hashes as bytes land (the emulated device).
+    fn set_digest_unit(&mut self, _unit: usize) {}
 }
 
 impl DeviceMemory for Box<dyn DeviceMemory> {
@@ -71,7 +82,10 @@ impl DeviceMemory for Box<dyn DeviceMemory> {
     fn write(&mut self, device_addr: u64, data: &[u8]) -> Result<(), DeviceError> {
         (**self).write(device_addr, data)
     }
-    fn host_view(&mut self) -> Result<Option<&mut [u8]>, DeviceError> {
+    fn host_view(&mut self) -> Result<Option<HostView<'_>>, DeviceError> {
         (**self).host_view()
+    }
+    fn set_digest_unit(&mut self, unit: usize) {
+        (**self).set_digest_unit(unit)
     }
 }

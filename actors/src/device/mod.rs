@@ -24,6 +24,7 @@ pub mod memory;
 pub mod ops;
 pub mod select;
 pub mod transformer;
+pub mod unit_hashes;
 
 #[cfg(test)]
 mod tests;
@@ -40,6 +41,6 @@ pub use emulated::EmulatedDeviceMemory;
 pub use engine::DeviceCopyEngineCore;
 pub use forward::{DecodeStep, ForwardOutcome, ForwardStep, GroupBlockTable, SlotCopy};
 pub use geometry::{AddressTable, DeviceGeometry};
-pub use memory::{DeviceMemory, ResolvedCopy};
+pub use memory::{DeviceMemory, HostView, ResolvedCopy};
 pub use ops::{CopyDirection, DeviceCopy, DeviceCopyBatch, DeviceError, DeviceSlot, FenceId};
 pub use select::{device_memory, DeviceBackendChoice};

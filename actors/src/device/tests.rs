@@ -440,3 +440,237 @@ fn a_forward_over_a_poisoned_context_slot_is_refused_in_debug_builds() {
     e.write_slot(DeviceSlot(2), 0, &pattern(512, 9)).unwrap();
     e.check_context(DeviceSlot(2)).unwrap();
 }
+
+/// A profile whose rows are long enough for the emulated device to record unit hashes
+/// (`unit_hashes::MIN_RECORDED_UNIT`): tiny's geometry with 128-byte rows.
+fn recorded_profile_model() -> SyntheticModel {
+    let mut p = crate::model::profile::ModelProfile::by_name("tiny").unwrap();
+    for g in &mut p.groups {
+        g.bytes_per_head = 128;
+    }
+    SyntheticModel::new(p)
+}
+
+/// Restored blocks are digested from the unit hashes their H2D copies recorded, produced
+/// blocks from those their forward recorded; every other write drops the record; and the
+/// output stays equal to recomputation, with one wrong byte (before or after the copy)
+/// still changing it.
+#[test]
+fn the_forward_digests_recorded_blocks_and_every_write_keeps_the_records_true() {
+    let model = recorded_profile_model();
+    assert!(model.digest_unit() >= super::unit_hashes::MIN_RECORDED_UNIT);
+    let slot_bytes = model.profile().max_shard_block_bytes(1).unwrap();
+    let (host, mut e) = engine(64 * slot_bytes, 16, slot_bytes);
+    e.set_digest_unit(model.digest_unit());
+    let tokens: Vec<u32> = (0..27).map(|i| (i * 7 + 3) % 500).collect();
+    let c = 16u64;
+    let want = model.recompute_output(&tokens, 1).unwrap()[0];
+    let required = model.required_blocks(0, c).unwrap();
+    // the context blocks land through H2D from Host
+    let mut copies = Vec::new();
+    let mut context = Vec::new();
+    for (k, b) in required.clone().enumerate() {
+        let bytes = model
+            .kv_block_bytes(0, &tokens[..c as usize], b, Shard::SINGLE)
+            .unwrap();
+        let off = k as u64 * slot_bytes;
+        host.write(off, &bytes).unwrap();
+        let slot = DeviceSlot(k as u32 + 8);
+        copies.push(DeviceCopy::h2d(
+            HostRange::new(off, bytes.len() as u64),
+            slot,
+            0,
+        ));
+        context.push(slot);
+    }
+    let fence = e.submit(&DeviceCopyBatch::new(copies.clone())).unwrap();
+    assert_eq!(e.poll_fences().unwrap(), vec![fence]);
+    assert_eq!(e.memory().unit_hashes().recorded(), context.len());
+    assert_eq!(
+        e.memory().unit_hashes().stale_slot(e.memory().arena()),
+        None
+    );
+    let written: Vec<DeviceSlot> = model
+        .written_blocks(0, c, tokens.len() as u64)
+        .unwrap()
+        .enumerate()
+        .map(|(k, _)| DeviceSlot(k as u32))
+        .collect();
+    let step = ForwardStep {
+        shard: Shard::SINGLE,
+        tokens: tokens.clone(),
+        context_len: c,
+        groups: vec![GroupBlockTable {
+            context: context.clone(),
+            written: written.clone(),
+        }],
+        sampling: messages::SamplingParams::GREEDY,
+        copy_on_write: vec![],
+    };
+    let first = |e: &mut DeviceCopyEngineCore<EmulatedDeviceMemory>, step: &ForwardStep| {
+        let out = e.forward(&model, step).unwrap();
+        model
+            .first_token(model.reduce_ranks(&[out.digest]).unwrap())
+            .0
+    };
+    assert_eq!(first(&mut e, &step), want);
+    // the produced blocks are recorded too, and every record is true
+    assert_eq!(
+        e.memory().unit_hashes().recorded(),
+        context.len() + written.len()
+    );
+    assert_eq!(
+        e.memory().unit_hashes().stale_slot(e.memory().arena()),
+        None
+    );
+
+    // a Device hit: the whole prompt's blocks (produced above) serve a longer prompt
+    let mut longer = tokens.clone();
+    longer.extend([901, 902, 903]);
+    let boundary = 24u64;
+    let mut hit_ctx: Vec<DeviceSlot> = context.clone();
+    hit_ctx.extend(&written[..(boundary / 4) as usize - context.len()]);
+    let hit = ForwardStep {
+        shard: Shard::SINGLE,
+        tokens: longer.clone(),
+        context_len: boundary,
+        groups: vec![GroupBlockTable {
+            context: hit_ctx,
+            written: (0..model.written_blocks(0, boundary, 30).unwrap().count())
+                .map(|k| DeviceSlot(k as u32 + 12))
+                .collect(),
+        }],
+        sampling: messages::SamplingParams::GREEDY,
+        copy_on_write: vec![],
+    };
+    let want_longer = model.recompute_output(&longer, 1).unwrap()[0];
+    assert_eq!(first(&mut e, &hit), want_longer);
+
+    // a wrong byte written onto the Device drops that slot's record: it is hashed again
+    let victim = context[1];
+    let mut b = e.read_slot(victim, 5, 1).unwrap();
+    b[0] ^= 0x40;
+    e.write_slot(victim, 5, &b).unwrap();
+    assert_eq!(
+        e.memory().unit_hashes().stale_slot(e.memory().arena()),
+        None
+    );
+    assert_ne!(first(&mut e, &step), want);
+    assert_eq!(
+        e.memory().unit_hashes().stale_slot(e.memory().arena()),
+        None
+    );
+
+    // a wrong byte in Host before the H2D copy is in the record the copy takes
+    let mut hb = host.read(HostRange::new(slot_bytes, 1)).unwrap();
+    hb[0] ^= 0x01;
+    host.write(slot_bytes, &hb).unwrap();
+    let fence = e.submit(&DeviceCopyBatch::new(copies)).unwrap();
+    assert_eq!(e.poll_fences().unwrap(), vec![fence]);
+    assert_eq!(
+        e.memory().unit_hashes().stale_slot(e.memory().arena()),
+        None
+    );
+    assert_ne!(first(&mut e, &step), want);
+    hb[0] ^= 0x01;
+    host.write(slot_bytes, &hb).unwrap();
+
+    // copy-on-write carries the record with the bytes
+    e.copy_slots(&[SlotCopy {
+        from: written[0],
+        to: DeviceSlot(15),
+    }])
+    .unwrap();
+    assert_eq!(
+        e.memory().unit_hashes().stale_slot(e.memory().arena()),
+        None
+    );
+    assert_eq!(
+        e.read_slot(DeviceSlot(15), 0, slot_bytes).unwrap(),
+        e.read_slot(written[0], 0, slot_bytes).unwrap()
+    );
+}
+
+/// The same forward with and without recorded unit hashes gives the same digest.
+#[test]
+fn a_recorded_digest_equals_the_digest_of_the_bytes() {
+    let model = recorded_profile_model();
+    let tokens: Vec<u32> = (0..21).map(|i| i * 5 + 2).collect();
+    let c = 12u64;
+    let blocks: Vec<Vec<u8>> = model
+        .required_blocks(0, c)
+        .unwrap()
+        .map(|b| {
+            model
+                .kv_block_bytes(0, &tokens[..c as usize], b, Shard::SINGLE)
+                .unwrap()
+        })
+        .collect();
+    let unit = model.digest_unit();
+    let units: Vec<Vec<u64>> = blocks
+        .iter()
+        .map(|b| {
+            b.chunks_exact(unit)
+                .map(crate::model::kv::unit_hash)
+                .collect()
+        })
+        .collect();
+    let plain = [crate::model::GroupContext {
+        blocks: blocks.iter().map(|b| b.as_slice()).collect(),
+        units: vec![],
+    }];
+    let recorded = [crate::model::GroupContext {
+        blocks: blocks.iter().map(|b| b.as_slice()).collect(),
+        units: units.iter().map(|u| u.as_slice()).collect(),
+    }];
+    let a = model
+        .prefill_rank(Shard::SINGLE, &tokens, c, &plain)
+        .unwrap();
+    let b = model
+        .prefill_rank(Shard::SINGLE, &tokens, c, &recorded)
+        .unwrap();
+    assert_eq!(a, b);
+    // the new rows digested from the written blocks' unit hashes: the same digest
+    let wr = model.written_blocks(0, c, tokens.len() as u64).unwrap();
+    let written_units: Vec<Vec<u64>> = wr
+        .clone()
+        .map(|b| {
+            model
+                .kv_block_bytes(0, &tokens, b, Shard::SINGLE)
+                .unwrap()
+                .chunks_exact(unit)
+                .map(crate::model::kv::unit_hash)
+                .collect()
+        })
+        .collect();
+    let written = [crate::model::GroupWritten {
+        first_block: wr.start,
+        units: written_units.iter().map(|u| u.as_slice()).collect(),
+    }];
+    let w = model
+        .prefill_rank_written(Shard::SINGLE, &tokens, c, &recorded, &written)
+        .unwrap();
+    assert_eq!(a, w);
+    // and a wrong written row changes it (the digest reads the records)
+    let mut bad_units = written_units.clone();
+    bad_units[0][5] ^= 1;
+    let bad = [crate::model::GroupWritten {
+        first_block: wr.start,
+        units: bad_units.iter().map(|u| u.as_slice()).collect(),
+    }];
+    assert_ne!(
+        a,
+        model
+            .prefill_rank_written(Shard::SINGLE, &tokens, c, &recorded, &bad)
+            .unwrap()
+    );
+    // hashes that do not cover the bytes are an error, never a silent digest
+    let short = [crate::model::GroupContext {
+        blocks: blocks.iter().map(|b| b.as_slice()).collect(),
+        units: units.iter().map(|u| &u[1..]).collect(),
+    }];
+    assert!(matches!(
+        model.prefill_rank(Shard::SINGLE, &tokens, c, &short),
+        Err(crate::model::ModelError::ContextUnits { group: 0 })
+    ));
+}

@@ -164,6 +164,7 @@ fn flat_kv_round_trip_through_the_memory_store() {
         .collect();
     let gc = [GroupContext {
         blocks: ctx.iter().map(|b| b.as_slice()).collect(),
+        units: Vec::new(),
     }];
     assert_eq!(
         model.prefill(&tokens, 36, &gc).unwrap().0,

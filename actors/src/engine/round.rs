@@ -371,11 +371,12 @@ impl RankEngine<L3Executor, SyncDevice> {
     pub fn with_backend(
         mut scheduler: Scheduler,
         executor: Option<L3Executor>,
-        device: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
+        mut device: DeviceCopyEngineCore<Box<dyn DeviceMemory>>,
         backend: ForwardBackend,
         host: Arc<HostCacheStorage>,
         clock: SharedClock,
     ) -> Self {
+        device.set_digest_unit(backend.digest_unit());
         if backend.draws_on_device() {
             scheduler = scheduler.with_device_draws();
         }

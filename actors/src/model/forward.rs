@@ -16,7 +16,7 @@
 //! 64-bit hash collision). Each rank sums only its heads; summing the ranks' partials
 //! (wrapping, like an all-reduce SUM) equals the single-rank sum.
 
-use super::kv::{fill_prng, row_digest, row_seed, Shard};
+use super::kv::{fill_prng, row_digest, row_digest_units, row_seed, Shard};
 use super::profile::GroupKind;
 use super::synthetic::SyntheticModel;
 use super::ModelError;
@@ -24,9 +24,23 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// The supplied context KV of one group: the blocks `required_blocks(group, context)`
 /// names, in order, each exactly `block_len` bytes, from whatever tier it was restored.
+/// `units`, when not empty, holds one entry per block: the `kv::unit_hash` of each
+/// `digest_unit` of that block's bytes, recorded when the bytes were produced or restored;
+/// the digest then reads the hashes instead of the bytes (the same value).
 #[derive(Clone, Debug, Default)]
 pub struct GroupContext<'a> {
     pub blocks: Vec<&'a [u8]>,
+    pub units: Vec<&'a [u64]>,
+}
+
+/// The unit hashes of the blocks a step just wrote in one group (`written_blocks(group,
+/// context, tokens)`, in order, from `first_block`), recorded from the bytes written: the
+/// new rows' digests are read from them instead of generating each row a second time.
+/// Empty: the new rows are generated for the digest.
+#[derive(Clone, Debug, Default)]
+pub struct GroupWritten<'a> {
+    pub first_block: u64,
+    pub units: Vec<&'a [u64]>,
 }
 
 pub use messages::RankDigest;
@@ -60,6 +74,21 @@ impl SyntheticModel {
         context_len: u64,
         context: &[GroupContext<'_>],
     ) -> Result<RankDigest, ModelError> {
+        self.prefill_rank_written(shard, tokens, context_len, context, &[])
+    }
+
+    /// `prefill_rank` where the step's new rows are already written: `written` (empty, or
+    /// one entry per group) holds the written blocks' unit hashes, and the new rows of
+    /// full and sliding-window groups are digested from them. Equal to `prefill_rank` when
+    /// the written bytes are the model's.
+    pub fn prefill_rank_written(
+        &self,
+        shard: Shard,
+        tokens: &[u32],
+        context_len: u64,
+        context: &[GroupContext<'_>],
+        written: &[GroupWritten<'_>],
+    ) -> Result<RankDigest, ModelError> {
         let end = tokens.len() as u64;
         if context_len >= end {
             return Err(ModelError::NoNewTokens {
@@ -78,9 +107,17 @@ impl SyntheticModel {
         for g in 0..groups {
             self.required_blocks(g, context_len)?;
         }
+        if !written.is_empty() && written.len() != groups {
+            return Err(ModelError::ContextGroups {
+                expected: groups,
+                got: written.len(),
+            });
+        }
+        let none = GroupWritten::default();
         let mut sum = 0u64;
         for (g, ctx) in context.iter().enumerate() {
-            sum = sum.wrapping_add(self.group_partial(g, shard, tokens, context_len, ctx)?);
+            let w = written.get(g).unwrap_or(&none);
+            sum = sum.wrapping_add(self.group_partial(g, shard, tokens, context_len, ctx, w)?);
         }
         Ok(RankDigest {
             shard,
@@ -96,6 +133,7 @@ impl SyntheticModel {
         tokens: &[u32],
         c: u64,
         ctx: &GroupContext<'_>,
+        written: &GroupWritten<'_>,
     ) -> Result<u64, ModelError> {
         let (spec, heads) = self.spec_heads(g, shard)?;
         let seed = self.seed(g)?;
@@ -121,9 +159,43 @@ impl SyntheticModel {
                 });
             }
         }
+        let unit = self.digest_unit();
+        if !ctx.units.is_empty() {
+            let matches = ctx.units.len() == ctx.blocks.len()
+                && ctx
+                    .units
+                    .iter()
+                    .zip(&ctx.blocks)
+                    .all(|(u, b)| u.len() * unit == b.len());
+            if !matches {
+                return Err(ModelError::ContextUnits { group: g });
+            }
+        }
         let row = spec.bytes_per_head as usize;
+        let row_units = row / unit;
         let first_head = shard.index * heads;
         let mut scratch = vec![0u8; row];
+        // the digest of the `i`-th row of context block `k`: from its recorded unit hashes
+        // when the caller supplied them, else from its bytes
+        let supplied = |k: usize, i: usize, pos: u64, head: u32, state: bool| -> u64 {
+            match ctx.units.get(k) {
+                Some(units) => row_digest_units(
+                    seed,
+                    pos,
+                    head,
+                    state,
+                    units[i * row_units..(i + 1) * row_units].iter().copied(),
+                ),
+                None => row_digest(
+                    seed,
+                    pos,
+                    head,
+                    state,
+                    &ctx.blocks[k][i * row..(i + 1) * row],
+                    unit,
+                ),
+            }
+        };
         let mut sum = 0u64;
         let hash_at = |p: u64| {
             chain
@@ -136,7 +208,7 @@ impl SyntheticModel {
         };
         let mut expected_digest = |h: u64, pos: u64, head: u32, state: bool| {
             fill_prng(row_seed(h, head, state), &mut scratch);
-            row_digest(seed, pos, head, state, &scratch)
+            row_digest(seed, pos, head, state, &scratch, unit)
         };
         match spec.kind {
             GroupKind::Full | GroupKind::SlidingWindow { .. } => {
@@ -146,11 +218,13 @@ impl SyntheticModel {
                 };
                 for (k, block) in ctx.blocks.iter().enumerate() {
                     let start = (required.start + k as u64) * spec.block_tokens;
-                    for (t, token_rows) in block.chunks_exact(heads as usize * row).enumerate() {
+                    let positions = block.len() / (heads as usize * row).max(1);
+                    for t in 0..positions {
                         let p = start + t as u64;
-                        for (j, r) in token_rows.chunks_exact(row).enumerate() {
+                        for j in 0..heads as usize {
                             let head = first_head + j as u32;
-                            sum = sum.wrapping_add(row_digest(seed, p, head, false, r));
+                            let i = t * heads as usize + j;
+                            sum = sum.wrapping_add(supplied(k, i, p, head, false));
                             if p < final_start {
                                 let e = expected_digest(hash_at(p + 1)?, p, head, false);
                                 sum = sum.wrapping_sub(e);
@@ -158,19 +232,35 @@ impl SyntheticModel {
                         }
                     }
                 }
+                // a new row's digest: from the unit hashes recorded when the step wrote it,
+                // else from the row generated again
+                let per_row = row_units * heads as usize;
+                let written_row = |p: u64, j: usize| -> Option<&[u64]> {
+                    let b = (p / spec.block_tokens).checked_sub(written.first_block)?;
+                    let units = written.units.get(b as usize)?;
+                    let t = (p % spec.block_tokens) as usize;
+                    let at = t * per_row + j * row_units;
+                    units.get(at..at + row_units)
+                };
                 for p in c.max(final_start)..end {
-                    let h = hash_at(p + 1)?;
                     for j in 0..heads {
-                        sum = sum.wrapping_add(expected_digest(h, p, first_head + j, false));
+                        let head = first_head + j;
+                        let d = match written_row(p, j as usize) {
+                            Some(units) => {
+                                row_digest_units(seed, p, head, false, units.iter().copied())
+                            }
+                            None => expected_digest(hash_at(p + 1)?, p, head, false),
+                        };
+                        sum = sum.wrapping_add(d);
                     }
                 }
             }
             GroupKind::State { .. } => {
                 if let Some(block) = ctx.blocks.first() {
                     let h = hash_at(c)?;
-                    for (j, r) in block.chunks_exact(row).enumerate() {
+                    for j in 0..block.len() / row.max(1) {
                         let head = first_head + j as u32;
-                        sum = sum.wrapping_add(row_digest(seed, c, head, true, r));
+                        sum = sum.wrapping_add(supplied(0, j, c, head, true));
                         sum = sum.wrapping_sub(expected_digest(h, c, head, true));
                     }
                 }
@@ -333,6 +423,7 @@ mod tests {
             .iter()
             .map(|g| GroupContext {
                 blocks: g.iter().map(|b| b.as_slice()).collect(),
+                units: Vec::new(),
             })
             .collect()
     }

@@ -85,15 +85,52 @@ pub fn fill_prng(seed: u64, out: &mut [u8]) {
     }
 }
 
-/// Digest of one row at its place: (group seed, position, global head, kind) and bytes.
-/// Position-bound, so moving a row to another slot or position changes the digest.
-pub fn row_digest(group_seed: u64, position: u64, head: u32, state: bool, bytes: &[u8]) -> u64 {
+/// Hash of one digest unit of row bytes. A row's bytes are digested unit by unit (the
+/// model's `digest_unit`, which divides every row), so a device that records unit hashes
+/// when a block's bytes are produced or restored lets a forward digest that block without
+/// reading its bytes again.
+pub fn unit_hash(bytes: &[u8]) -> u64 {
+    xxh3_64(bytes)
+}
+
+/// Digest of one row at its place from its unit hashes, in order: (group seed, position,
+/// global head, kind) and bytes. Position-bound, so moving a row to another slot or
+/// position changes the digest.
+pub fn row_digest_units(
+    group_seed: u64,
+    position: u64,
+    head: u32,
+    state: bool,
+    units: impl IntoIterator<Item = u64>,
+) -> u64 {
     let mut place = [0u8; 24];
     place[..8].copy_from_slice(&position.to_le_bytes());
     place[8..16].copy_from_slice(&(head as u64).to_le_bytes());
     place[16..].copy_from_slice(&(if state { STATE_TAG } else { 0 }).to_le_bytes());
-    let seed = xxh3_64_with_seed(&place, group_seed);
-    xxh3_64_with_seed(bytes, seed)
+    let mut acc = xxh3_64_with_seed(&place, group_seed);
+    for u in units {
+        acc = xxh3_64_with_seed(&u.to_le_bytes(), acc);
+    }
+    acc
+}
+
+/// Digest of one row at its place, from its bytes (`unit` > 0 divides `bytes.len()`):
+/// equal to `row_digest_units` over the bytes' unit hashes.
+pub fn row_digest(
+    group_seed: u64,
+    position: u64,
+    head: u32,
+    state: bool,
+    bytes: &[u8],
+    unit: usize,
+) -> u64 {
+    row_digest_units(
+        group_seed,
+        position,
+        head,
+        state,
+        bytes.chunks(unit.max(1)).map(unit_hash),
+    )
 }
 
 #[cfg(test)]
@@ -123,5 +160,28 @@ mod tests {
         fill_prng(2, &mut y);
         assert_ne!(x, y);
         assert!(x.iter().any(|b| *b != 0));
+    }
+
+    #[test]
+    fn a_row_digest_from_bytes_equals_the_digest_from_its_unit_hashes() {
+        let mut row = [0u8; 64];
+        fill_prng(3, &mut row);
+        for unit in [8usize, 16, 32, 64] {
+            let units: Vec<u64> = row.chunks(unit).map(unit_hash).collect();
+            assert_eq!(
+                row_digest(11, 5, 2, false, &row, unit),
+                row_digest_units(11, 5, 2, false, units)
+            );
+        }
+        let d = row_digest(11, 5, 2, false, &row, 16);
+        assert_ne!(d, row_digest(11, 6, 2, false, &row, 16), "position-bound");
+        assert_ne!(d, row_digest(11, 5, 3, false, &row, 16), "head-bound");
+        assert_ne!(d, row_digest(11, 5, 2, true, &row, 16), "kind-bound");
+        row[63] ^= 1;
+        assert_ne!(
+            d,
+            row_digest(11, 5, 2, false, &row, 16),
+            "every byte counts"
+        );
     }
 }

@@ -27,7 +27,7 @@ pub mod sampling;
 pub mod synthetic;
 
 pub use cost::{CostModel, PublishedPoint, StepItem};
-pub use forward::{DecodeState, GroupContext, RankDigest, ReducedDigest};
+pub use forward::{DecodeState, GroupContext, GroupWritten, RankDigest, ReducedDigest};
 pub use kv::{PrefixChain, Shard};
 pub use profile::{GroupKind, GroupSpec, ModelProfile};
 pub use synthetic::SyntheticModel;
@@ -74,6 +74,8 @@ pub enum ModelError {
         expected: u64,
         got: u64,
     },
+    #[error("group {group}: the context's unit hashes do not cover its blocks' bytes")]
+    ContextUnits { group: usize },
     #[error("a prefill needs new tokens: context {context}, prompt {tokens}")]
     NoNewTokens { context: u64, tokens: u64 },
     #[error("rank reduction: {0}")]

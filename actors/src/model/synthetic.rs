@@ -11,6 +11,15 @@ use std::ops::Range;
 pub struct SyntheticModel {
     profile: ModelProfile,
     seeds: Vec<u64>,
+    digest_unit: usize,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 fn kind_tag(kind: GroupKind) -> u64 {
@@ -35,7 +44,23 @@ impl SyntheticModel {
             .enumerate()
             .map(|(i, g)| group_seed(profile.name, i, kind_tag(g.kind)))
             .collect();
-        Self { profile, seeds }
+        let digest_unit = profile
+            .groups
+            .iter()
+            .fold(0, |u, g| gcd(u, g.bytes_per_head))
+            .max(1) as usize;
+        Self {
+            profile,
+            seeds,
+            digest_unit,
+        }
+    }
+
+    /// The bytes a row digest hashes at a time: the greatest common divisor of every
+    /// group's row size, so every row of every group is a whole number of units (see
+    /// `kv::unit_hash`).
+    pub fn digest_unit(&self) -> usize {
+        self.digest_unit
     }
 
     pub fn by_name(name: &str) -> Result<Self, ModelError> {
