@@ -674,3 +674,90 @@ fn a_recorded_digest_equals_the_digest_of_the_bytes() {
         Err(crate::model::ModelError::ContextUnits { group: 0 })
     ));
 }
+
+/// A large run of H2D copies is split over two threads: it lands the same bytes and the
+/// same unit-hash records as the same copies done one by one, and a run whose
+/// destinations overlap keeps stream order (the later copy wins).
+#[test]
+fn a_split_h2d_run_lands_what_one_by_one_copies_land() {
+    const SLOT: u64 = 2 << 20;
+    let host = HostCacheStorage::new(16 * SLOT).unwrap();
+    let mut bytes = vec![0u8; (16 * SLOT) as usize];
+    crate::model::kv::fill_prng(9, &mut bytes);
+    host.write(0, &bytes).unwrap();
+    let make = |limit: Option<usize>| {
+        let mut mem =
+            EmulatedDeviceMemory::new(host.clone(), DeviceGeometry::new(16, SLOT).unwrap())
+                .unwrap();
+        mem.set_digest_unit(16384);
+        mem.set_step_limit(limit);
+        DeviceCopyEngineCore::new(mem)
+    };
+    // ten whole slots in shuffled order, one partial copy at an offset (not recordable)
+    let mut copies: Vec<DeviceCopy> = (0..10u64)
+        .map(|k| {
+            DeviceCopy::h2d(
+                HostRange::new(k * SLOT, SLOT),
+                DeviceSlot(((k * 7) % 16) as u32),
+                0,
+            )
+        })
+        .collect();
+    copies.push(DeviceCopy::h2d(
+        HostRange::new(12 * SLOT, 4096),
+        DeviceSlot(2),
+        8192,
+    ));
+    assert!(copies.iter().map(|c| c.host.len).sum::<u64>() >= super::emulated::PARALLEL_H2D_BYTES);
+    let batch = DeviceCopyBatch::new(copies);
+    let mut split = make(None);
+    let mut serial = make(Some(1));
+    let f = split.submit(&batch).unwrap();
+    assert_eq!(split.poll_fences().unwrap(), vec![f]);
+    let g = serial.submit(&batch).unwrap();
+    let mut done = vec![];
+    while done.is_empty() {
+        done = serial.poll_fences().unwrap();
+    }
+    assert_eq!(done, vec![g]);
+    assert_eq!(split.memory().split_h2d_runs(), 1);
+    assert_eq!(serial.memory().split_h2d_runs(), 0);
+    assert!(split.memory().arena() == serial.memory().arena());
+    assert_eq!(split.memory().unit_hashes().recorded(), 10);
+    assert_eq!(serial.memory().unit_hashes().recorded(), 10);
+    for e in [&split, &serial] {
+        assert_eq!(
+            e.memory().unit_hashes().stale_slot(e.memory().arena()),
+            None
+        );
+    }
+    for k in 0..10u64 {
+        let slot = (k * 7) % 16;
+        let at = (slot * SLOT) as usize;
+        assert!(
+            split.memory().arena()[at..at + SLOT as usize]
+                == bytes[(k * SLOT) as usize..((k + 1) * SLOT) as usize]
+        );
+    }
+    // overlapping destinations: stream order, the later copy's bytes stay
+    let overlap = DeviceCopyBatch::new(
+        (0..10u64)
+            .map(|k| DeviceCopy::h2d(HostRange::new(k * SLOT, SLOT), DeviceSlot(3), 0))
+            .collect(),
+    );
+    let f = split.submit(&overlap).unwrap();
+    assert_eq!(split.poll_fences().unwrap(), vec![f]);
+    assert_eq!(split.memory().split_h2d_runs(), 1, "overlap: one by one");
+    let at = (3 * SLOT) as usize;
+    assert!(
+        split.memory().arena()[at..at + SLOT as usize]
+            == bytes[(9 * SLOT) as usize..(10 * SLOT) as usize]
+    );
+    assert_eq!(
+        split
+            .memory()
+            .unit_hashes()
+            .stale_slot(split.memory().arena()),
+        None
+    );
+}

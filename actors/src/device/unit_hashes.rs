@@ -114,6 +114,31 @@ impl UnitHashes {
         rec.len = dst.len();
     }
 
+    /// The unit hashes of `bytes`, the arena's bytes from `addr`, when they can be
+    /// recorded there (for a copy done elsewhere; `store` records them).
+    pub fn hashes_of(&self, addr: usize, bytes: &[u8]) -> Option<Vec<u64>> {
+        self.recordable(addr, bytes.len())?;
+        Some(
+            bytes
+                .chunks_exact(self.unit)
+                .map(crate::model::kv::unit_hash)
+                .collect(),
+        )
+    }
+
+    /// Records `hashes` (from `hashes_of`) for the `len` bytes now at `addr`; None drops
+    /// the record of every slot they touch.
+    pub fn store(&mut self, addr: usize, len: usize, hashes: Option<Vec<u64>>) {
+        match (hashes, self.recordable(addr, len)) {
+            (Some(h), Some(slot)) if h.len() * self.unit == len => {
+                let rec = &mut self.slots[slot];
+                rec.hashes = h;
+                rec.len = len;
+            }
+            _ => self.invalidate(addr, len),
+        }
+    }
+
     /// The recorded unit hashes of the slot at `addr`'s first `len` bytes, when its record
     /// covers them.
     pub fn get(&self, addr: usize, len: usize) -> Option<&[u64]> {
