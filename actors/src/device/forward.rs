@@ -127,10 +127,44 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
         for (g, b, a, l) in &write_at {
             write_ranges.push((*g, *b, range(*a, *l)?));
         }
-        // The new rows are written first, and each written block's unit hashes recorded
-        // from its bytes: the digest reads the new rows from those records (no second
-        // generation of each row). A step never rewrites a context row, so the context
-        // digest is the same before or after.
+        // With records (the digest unit is large enough): every context block's record is
+        // taken before this step writes anything (a block without one is hashed now, once;
+        // later steps read it), so a written slot that is also context cannot change what
+        // the context digest reads. Without records the digest reads the bytes, before the
+        // writes.
+        let recording = units.unit() > 0;
+        let mut context_units: Vec<Vec<Vec<u64>>> = Vec::new();
+        let mut digest = None;
+        if recording {
+            for r in ranges.iter().flatten() {
+                if units.get(r.start, r.len()).is_none() {
+                    units.record(r.start, &arena[r.clone()]);
+                }
+            }
+            context_units = ranges
+                .iter()
+                .map(|g| {
+                    g.iter()
+                        .map(|r| {
+                            units
+                                .get(r.start, r.len())
+                                .map(<[u64]>::to_vec)
+                                .unwrap_or_default()
+                        })
+                        .collect()
+                })
+                .collect();
+        } else {
+            let view: &[u8] = arena;
+            let context: Vec<GroupContext<'_>> = ranges
+                .iter()
+                .map(|g| GroupContext {
+                    blocks: g.iter().map(|r| &view[r.clone()]).collect(),
+                    units: Vec::new(),
+                })
+                .collect();
+            digest = Some(model.prefill_rank(step.shard, &step.tokens, c, &context)?);
+        }
         for (g, b, r) in &write_ranges {
             let tail_end = (r.start + slot_bytes).min(arena.len());
             model.fill_block_from(*g, &chains[*g], *b, step.shard, c, &mut arena[r.clone()])?;
@@ -141,46 +175,43 @@ impl<M: DeviceMemory> DeviceCopyEngineCore<M> {
             // Device hit) digests it from there
             units.record(r.start, &arena[r.clone()]);
         }
-        // a context block without a record (written through `write`, or recorded at
-        // another length) is hashed now, once; later steps read its record
-        for r in ranges.iter().flatten() {
-            if units.unit() > 0 && units.get(r.start, r.len()).is_none() {
-                units.record(r.start, &arena[r.clone()]);
-            }
-        }
-        let view: &[u8] = arena;
-        let units: &UnitHashes = units;
-        let context: Vec<GroupContext<'_>> = ranges
-            .iter()
-            .map(|g| {
-                let recorded: Option<Vec<&[u64]>> =
-                    g.iter().map(|r| units.get(r.start, r.len())).collect();
-                GroupContext {
-                    blocks: g.iter().map(|r| &view[r.clone()]).collect(),
-                    units: recorded.unwrap_or_default(),
+        let digest = match digest {
+            Some(d) => d,
+            None => {
+                // the new rows are digested from the records of the blocks just written
+                // (each row generated once), the context from its records taken above
+                let view: &[u8] = arena;
+                let units: &UnitHashes = units;
+                let context: Vec<GroupContext<'_>> = ranges
+                    .iter()
+                    .zip(&context_units)
+                    .map(|(g, u)| GroupContext {
+                        blocks: g.iter().map(|r| &view[r.clone()]).collect(),
+                        units: u.iter().map(Vec::as_slice).collect(),
+                    })
+                    .collect();
+                let mut written: Vec<GroupWritten<'_>> = (0..step.groups.len())
+                    .map(|g| {
+                        Ok(GroupWritten {
+                            first_block: model.written_blocks(g, c, end)?.start,
+                            units: Vec::new(),
+                        })
+                    })
+                    .collect::<Result<_, DeviceError>>()?;
+                for (g, _, r) in &write_ranges {
+                    if let Some(u) = units.get(r.start, r.len()) {
+                        written[*g].units.push(u);
+                    }
                 }
-            })
-            .collect();
-        let mut written: Vec<GroupWritten<'_>> = (0..step.groups.len())
-            .map(|g| {
-                Ok(GroupWritten {
-                    first_block: model.written_blocks(g, c, end)?.start,
-                    units: Vec::new(),
-                })
-            })
-            .collect::<Result<_, DeviceError>>()?;
-        for (g, _, r) in &write_ranges {
-            if let Some(u) = units.get(r.start, r.len()) {
-                written[*g].units.push(u);
+                // a group whose written blocks are not all recorded generates its new rows
+                for (g, w) in written.iter_mut().enumerate() {
+                    if w.units.len() != step.groups[g].written.len() {
+                        w.units.clear();
+                    }
+                }
+                model.prefill_rank_written(step.shard, &step.tokens, c, &context, &written)?
             }
-        }
-        // a group whose written blocks are not all recorded generates its new rows
-        for (g, w) in written.iter_mut().enumerate() {
-            if w.units.len() != step.groups[g].written.len() {
-                w.units.clear();
-            }
-        }
-        let digest = model.prefill_rank_written(step.shard, &step.tokens, c, &context, &written)?;
+        };
         Ok(Some(ForwardOutcome {
             digest,
             new_tokens: end - c,

@@ -761,3 +761,49 @@ fn a_split_h2d_run_lands_what_one_by_one_copies_land() {
         None
     );
 }
+
+/// With records, the context digest reads what the context held before the step wrote:
+/// a written slot that is also a context slot (a State checkpoint written where the
+/// restored one was read, here forced on a full-attention block) does not change it.
+#[test]
+fn the_context_digest_reads_the_records_taken_before_the_steps_writes() {
+    let model = recorded_profile_model();
+    let slot_bytes = model.profile().max_shard_block_bytes(1).unwrap();
+    let (_, mut e) = engine(4096, 16, slot_bytes);
+    e.set_digest_unit(model.digest_unit());
+    let tokens: Vec<u32> = (0..20).map(|i| (i * 11 + 1) % 300).collect();
+    let c = 16u64;
+    let mut context = Vec::new();
+    for b in model.required_blocks(0, c).unwrap() {
+        let bytes = model
+            .kv_block_bytes(0, &tokens[..c as usize], b, Shard::SINGLE)
+            .unwrap();
+        let slot = DeviceSlot(b as u32);
+        e.write_slot(slot, 0, &bytes).unwrap();
+        context.push(slot);
+    }
+    let want = model.recompute_output(&tokens, 1).unwrap()[0];
+    // block 4 (tokens 16..20) is written over context block 0's slot
+    let step = ForwardStep {
+        shard: Shard::SINGLE,
+        tokens: tokens.clone(),
+        context_len: c,
+        groups: vec![GroupBlockTable {
+            context: context.clone(),
+            written: vec![context[0]],
+        }],
+        sampling: messages::SamplingParams::GREEDY,
+        copy_on_write: vec![],
+    };
+    let out = e.forward(&model, &step).unwrap();
+    assert_eq!(
+        model
+            .first_token(model.reduce_ranks(&[out.digest]).unwrap())
+            .0,
+        want
+    );
+    assert_eq!(
+        e.memory().unit_hashes().stale_slot(e.memory().arena()),
+        None
+    );
+}
