@@ -103,8 +103,9 @@ impl EmulatedDeviceMemory {
                 // SAFETY: the source range is held (source reference) until the fence
                 // completes, so no one writes it while this copy reads it.
                 let src = unsafe { self.host.range(range) }.map_err(|e| fail(e.to_string()))?;
-                // the restored bytes' unit hashes are taken as they land (one pass)
-                self.units.copy_and_record(start, dev, src);
+                dev.copy_from_slice(src);
+                // the restored bytes' unit hashes, taken from what landed
+                self.units.record(start, dev);
             }
         }
         Ok(())

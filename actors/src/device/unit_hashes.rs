@@ -1,6 +1,6 @@
 //! UnitHashes: the emulated device's record, per slot, of the `kv::unit_hash` of every
 //! digest unit of the slot's first bytes, taken when those bytes were produced (the
-//! forward's writes) or restored (an H2D copy hashes each unit as it lands). A forward then
+//! forward's writes) or restored (an H2D copy hashes what landed). A forward then
 //! digests a context block from its record, O(blocks) instead of O(bytes): what attention
 //! reading the block inside the modeled step time costs the emulator.
 //!
@@ -92,26 +92,6 @@ impl UnitHashes {
         rec.hashes
             .extend(bytes.chunks_exact(unit).map(crate::model::kv::unit_hash));
         rec.len = bytes.len();
-    }
-
-    /// Copies `src` into `dst` (the arena's bytes from `addr`), hashes each unit of what
-    /// landed, and records the hashes; a copy that cannot be recorded is a
-    /// plain copy that drops the record.
-    pub fn copy_and_record(&mut self, addr: usize, dst: &mut [u8], src: &[u8]) {
-        let Some(slot) = self.recordable(addr, dst.len()) else {
-            dst.copy_from_slice(src);
-            self.invalidate(addr, dst.len());
-            return;
-        };
-        let unit = self.unit;
-        let rec = &mut self.slots[slot];
-        rec.hashes.clear();
-        // one copy of the whole range, then the hashes of the bytes just landed (still
-        // largely in cache): faster here than copying and hashing unit by unit
-        dst.copy_from_slice(src);
-        rec.hashes
-            .extend(dst.chunks_exact(unit).map(crate::model::kv::unit_hash));
-        rec.len = dst.len();
     }
 
     /// The unit hashes of `bytes`, the arena's bytes from `addr`, when they can be
@@ -214,7 +194,8 @@ mod tests {
         let mut src = vec![0u8; SLOT];
         fill_prng(1, &mut src);
         let mut arena = vec![0u8; 4 * SLOT];
-        t.copy_and_record(2 * SLOT, &mut arena[2 * SLOT..3 * SLOT], &src);
+        arena[2 * SLOT..3 * SLOT].copy_from_slice(&src);
+        t.record(2 * SLOT, &arena[2 * SLOT..3 * SLOT]);
         assert_eq!(&arena[2 * SLOT..3 * SLOT], &src[..]);
         assert_eq!(t.get(2 * SLOT, SLOT), Some(&hashes(&src)[..]));
         // a prefix of the record serves a shorter block; nothing beyond it
@@ -241,11 +222,8 @@ mod tests {
         // a copy not at a slot's start, or of a length that is no whole number of units,
         // is not recordable: it drops the records it overlaps
         let mut arena = vec![0u8; 4 * SLOT];
-        t.copy_and_record(
-            3 * SLOT + 4,
-            &mut arena[3 * SLOT + 4..3 * SLOT + 8],
-            &[1; 4],
-        );
+        arena[3 * SLOT + 4..3 * SLOT + 8].copy_from_slice(&[1; 4]);
+        t.record(3 * SLOT + 4, &arena[3 * SLOT + 4..3 * SLOT + 8]);
         assert_eq!(t.get(3 * SLOT, SLOT), None);
         t.record(0, &bytes[..UNIT + 1]);
         assert_eq!(t.get(0, UNIT), None);
