@@ -410,6 +410,11 @@ pub struct TtftArgs {
     /// environment deploy/mooncake/env.sh exports.
     #[arg(long)]
     mooncake: bool,
+    /// Measure only these cohorts (comma-separated; `recompute` always runs, every ratio
+    /// needs it): e.g. `--cohorts host,l3-dfs-warm` skips the other processes. Default:
+    /// every cohort.
+    #[arg(long, value_delimiter = ',')]
+    cohorts: Vec<String>,
 }
 
 impl BenchRun for TtftArgs {
@@ -425,6 +430,7 @@ impl BenchRun for TtftArgs {
             tpot_tokens: self.tpot_tokens,
             out: self.out.into(),
             mooncake: self.mooncake,
+            cohorts: self.cohorts,
         })
     }
 }

@@ -70,9 +70,26 @@ pub struct TtftConfig {
     /// Also measure Mooncake Store as the MEMORY tier (settings from the environment
     /// deploy/mooncake/env.sh exports).
     pub mooncake: bool,
+    /// Only these cohorts (empty: all); `recompute` always runs.
+    pub cohorts: Vec<String>,
 }
 
 impl TtftConfig {
+    /// Whether any of `cohorts` is measured.
+    fn wants(&self, cohorts: &[&str]) -> bool {
+        self.cohorts.is_empty() || cohorts.iter().any(|c| self.cohorts.iter().any(|w| w == c))
+    }
+
+    /// An unknown cohort name: the one error line naming it.
+    pub fn check_cohorts(&self) -> Result<(), String> {
+        match self.cohorts.iter().find(|c| !COHORTS.contains(&c.as_str())) {
+            Some(c) => Err(format!(
+                "--cohorts: unknown cohort {c:?} (one of {})",
+                COHORTS.join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
     /// The model measured: the synthetic profile, or `dir:<path>` for a model directory.
     pub fn model_name(&self) -> String {
         match &self.model_dir {
@@ -343,7 +360,30 @@ impl<'a> Bench<'a> {
             }
         }
         r.stop(Duration::from_secs(60))?;
-        // Device and Host hits (no L3).
+        if self.cfg.wants(&["device", "host"]) {
+            self.device_and_host(len, &p, &refs)?;
+        }
+        if self.cfg.wants(&["l3-dfs-warm", "l3-dfs-cold"]) {
+            self.dfs(len, &p, &refs)?;
+        }
+        if self.cfg.wants(&["l3-memory", "partial", "miss"]) {
+            self.memory(len, &p, &q, &h, &refs, tpot)?;
+        }
+        if self.cfg.mooncake && self.cfg.wants(&["l3-mooncake"]) {
+            self.mooncake(len)?;
+        }
+        Ok(())
+    }
+
+    /// Device and Host hits (no L3).
+    fn device_and_host(
+        &mut self,
+        len: u64,
+        p: &[Vec<u32>],
+        refs: &BTreeMap<(u64, usize), Vec<u64>>,
+    ) -> Result<(), String> {
+        let runs = self.cfg.runs.max(1);
+        let mt = self.cfg.max_tokens;
         let d = self.start(None, &format!("device-host-{len}"))?;
         self.warm_up(&d, len)?;
         for i in 0..runs {
@@ -357,7 +397,18 @@ impl<'a> Bench<'a> {
             self.record("host", len, i, &s, &out, &refs[&(1, i)]);
         }
         d.stop(Duration::from_secs(60))?;
-        // The shared-DFS tier: a writer backs the prompts up, then fresh processes read.
+        Ok(())
+    }
+
+    /// The shared-DFS tier: a writer backs the prompts up, then fresh processes read.
+    fn dfs(
+        &mut self,
+        len: u64,
+        p: &[Vec<u32>],
+        refs: &BTreeMap<(u64, usize), Vec<u64>>,
+    ) -> Result<(), String> {
+        let runs = self.cfg.runs.max(1);
+        let mt = self.cfg.max_tokens;
         let dfs = self.cfg.out.join(format!("store-dfs-{len}"));
         let _ = std::fs::remove_dir_all(&dfs);
         let w = self.start(Some(&dfs), &format!("dfs-writer-{len}"))?;
@@ -371,6 +422,9 @@ impl<'a> Bench<'a> {
         }
         w.stop(Duration::from_secs(120))?;
         for (cohort, cold) in [("l3-dfs-warm", false), ("l3-dfs-cold", true)] {
+            if !self.cfg.wants(&[cohort]) {
+                continue;
+            }
             for i in 0..runs {
                 let f = self.start(Some(&dfs), &format!("{cohort}-{len}-{i}"))?;
                 self.warm_up(&f, len)?;
@@ -385,7 +439,21 @@ impl<'a> Bench<'a> {
         }
         // The stores hold GiBs of KV at long lengths: gone once their cohorts ran.
         let _ = std::fs::remove_dir_all(&dfs);
-        // The MEMORY tier of a long-running process, partial hits and misses.
+        Ok(())
+    }
+
+    /// The MEMORY tier of a long-running process, partial hits and misses.
+    fn memory(
+        &mut self,
+        len: u64,
+        p: &[Vec<u32>],
+        q: &[Vec<u32>],
+        h: &[Vec<u32>],
+        refs: &BTreeMap<(u64, usize), Vec<u64>>,
+        tpot: &mut Vec<serde_json::Value>,
+    ) -> Result<(), String> {
+        let runs = self.cfg.runs.max(1);
+        let mt = self.cfg.max_tokens;
         let mem = self.cfg.out.join(format!("store-memory-{len}"));
         let _ = std::fs::remove_dir_all(&mem);
         let m = self.start(Some(&mem), &format!("memory-{len}"))?;
@@ -408,37 +476,43 @@ impl<'a> Bench<'a> {
         }
         m.stop(Duration::from_secs(120))?;
         let _ = std::fs::remove_dir_all(&mem);
-        if self.cfg.mooncake {
-            // The shared master keeps objects across runs: these prompts are salted by the
-            // process and time so the priming request computes.
-            let salt = std::process::id() as u64 ^ super::stats::mix(now_nanos());
-            let k: Vec<Vec<u32>> = (0..runs)
-                .map(|i| {
-                    tokens(
-                        super::stats::mix(salt ^ i as u64 ^ (len << 32)),
-                        len as usize,
-                        v,
-                    )
-                })
-                .collect();
-            let r = self.start(None, &format!("mooncake-reference-{len}"))?;
-            let mut kref = vec![];
-            for x in &k {
-                r.reset_local(true)?;
-                kref.push(self.complete(&r, x, mt)?.1);
-            }
-            r.stop(Duration::from_secs(60))?;
-            let mc = self.start_with(Store::Mooncake, &format!("mooncake-{len}"))?;
-            self.warm_up(&mc, len)?;
-            for i in 0..runs {
-                let (_, out) = self.complete(&mc, &k[i], mt)?;
-                self.check_prime("l3-mooncake", len, i, &out, &kref[i]);
-                mc.reset_local(true)?;
-                let (s, out) = self.complete(&mc, &k[i], mt)?;
-                self.record("l3-mooncake", len, i, &s, &out, &kref[i]);
-            }
-            mc.stop(Duration::from_secs(120))?;
+        Ok(())
+    }
+
+    /// Mooncake Store as the MEMORY tier of a long-running process.
+    fn mooncake(&mut self, len: u64) -> Result<(), String> {
+        let runs = self.cfg.runs.max(1);
+        let mt = self.cfg.max_tokens;
+        let v = self.vocab();
+        // The shared master keeps objects across runs: these prompts are salted by the
+        // process and time so the priming request computes.
+        let salt = std::process::id() as u64 ^ super::stats::mix(now_nanos());
+        let k: Vec<Vec<u32>> = (0..runs)
+            .map(|i| {
+                tokens(
+                    super::stats::mix(salt ^ i as u64 ^ (len << 32)),
+                    len as usize,
+                    v,
+                )
+            })
+            .collect();
+        let r = self.start(None, &format!("mooncake-reference-{len}"))?;
+        let mut kref = vec![];
+        for x in &k {
+            r.reset_local(true)?;
+            kref.push(self.complete(&r, x, mt)?.1);
         }
+        r.stop(Duration::from_secs(60))?;
+        let mc = self.start_with(Store::Mooncake, &format!("mooncake-{len}"))?;
+        self.warm_up(&mc, len)?;
+        for i in 0..runs {
+            let (_, out) = self.complete(&mc, &k[i], mt)?;
+            self.check_prime("l3-mooncake", len, i, &out, &kref[i]);
+            mc.reset_local(true)?;
+            let (s, out) = self.complete(&mc, &k[i], mt)?;
+            self.record("l3-mooncake", len, i, &s, &out, &kref[i]);
+        }
+        mc.stop(Duration::from_secs(120))?;
         Ok(())
     }
 
@@ -544,6 +618,7 @@ pub fn ratio(summaries: &[Summary], a: &str, b: &str, len: u64) -> Option<f64> {
 /// Runs the bench, prints a table, writes ttft.json and ttft.svg. Err when a run failed or
 /// a restored output differed from recomputation (after writing what was measured).
 pub fn run(cfg: &TtftConfig) -> Result<(), String> {
+    cfg.check_cohorts()?;
     std::fs::create_dir_all(cfg.out.join("logs"))
         .map_err(|e| format!("{}: {e}", cfg.out.display()))?;
     let mut b = Bench::new(cfg)?;

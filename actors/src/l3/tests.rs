@@ -6,7 +6,7 @@
 use super::executor::{L3Executor, Submitted};
 use super::store::faulty::{Call, Fault, FaultyStore, Gate};
 use super::store::memory::MemoryStore;
-use super::store::{PromotionResult, Store, StoreCapabilities};
+use super::store::{Store, StoreCapabilities};
 use crate::clock::{Clock, ManualClock, SharedClock};
 use crate::host::storage::HostCacheStorage;
 use messages::{
@@ -15,7 +15,7 @@ use messages::{
     StorageQueryOp,
 };
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -570,7 +570,7 @@ fn close_with_a_busy_worker_keeps_the_store_and_settles_queued_jobs() {
 /// A MemoryStore that declares the promotion capability and counts its triggers.
 struct PromotingStore {
     inner: MemoryStore,
-    prefetched: AtomicU64,
+    promoted: parking_lot::Mutex<Vec<StorageKey>>,
 }
 
 impl Store for PromotingStore {
@@ -603,28 +603,49 @@ impl Store for PromotingStore {
     fn remove_namespace(&self, ns: &messages::Namespace) -> Result<u64, super::store::StoreError> {
         self.inner.remove_namespace(ns)
     }
-    fn prefetch_to_memory(
-        &self,
-        keys: &[StorageKey],
-    ) -> Result<Vec<PromotionResult>, super::store::StoreError> {
-        self.prefetched
-            .fetch_add(keys.len() as u64, Ordering::SeqCst);
-        Ok(vec![PromotionResult::Committed; keys.len()])
+    fn promote_detached(&self, keys: &[StorageKey]) -> Result<usize, super::store::StoreError> {
+        self.promoted.lock().extend(keys.iter().cloned());
+        Ok(keys.len())
     }
 }
 
+/// Waits (bounded) until `f` holds; the detached trigger follows the GET's settlement.
+fn eventually(f: impl Fn() -> bool) -> bool {
+    let until = std::time::Instant::now() + WAIT;
+    while !f() {
+        if std::time::Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
 #[test]
-fn get_triggers_promotion_only_when_the_store_declares_it() {
+fn get_triggers_promotion_of_what_it_read_only_when_the_store_declares_it() {
     let store = Arc::new(PromotingStore {
         inner: MemoryStore::new(),
-        prefetched: AtomicU64::new(0),
+        promoted: parking_lot::Mutex::new(Vec::new()),
     });
     store.inner.put(&[key("a")], &[&[3u8; 8]]).unwrap();
     let r = rig(store.clone(), runtime());
-    r.exec.submit(get(1, &[("a", 0, 8)]));
-    assert!(settle(&r.exec, 1)[&1].fully_succeeded());
-    assert_eq!(store.prefetched.load(Ordering::SeqCst), 1);
-    assert_eq!(r.exec.stats().kind(StorageOpKind::Get).backend_calls, 2);
+    // "a" is read in full; "zz" is missing: only "a" is promoted, after the GET landed.
+    r.exec.submit(get(1, &[("a", 0, 8), ("zz", 8, 8)]));
+    let done = settle(&r.exec, 1);
+    assert!(done[&1].success[0] && !done[&1].success[1]);
+    assert!(eventually(|| !store.promoted.lock().is_empty()));
+    assert_eq!(*store.promoted.lock(), vec![key("a")]);
+    assert!(eventually(|| r
+        .exec
+        .stats()
+        .kind(StorageOpKind::Get)
+        .backend_calls
+        == 2));
+    // A GET that read nothing triggers nothing.
+    r.exec.submit(get(2, &[("zz", 0, 8)]));
+    assert!(!settle(&r.exec, 1)[&2].success[0]);
+    assert_eq!(store.promoted.lock().len(), 1);
+    assert_eq!(r.exec.stats().kind(StorageOpKind::Get).backend_calls, 3);
     // Without the capability: one call, no trigger.
     let mem = Arc::new(MemoryStore::new());
     let r2 = rig(mem.clone(), runtime());

@@ -1,6 +1,7 @@
 //! An L3 worker thread: takes immutable jobs from its kind's queue, skips inert
 //! (cancelled) items, calls the store with the job's Host byte ranges, and settles the job
-//! under the executor's lock. It never calls the scheduler, a device API or a collective,
+//! under the executor's lock; after a GET settled, it triggers the promotion of what the
+//! GET read (seed 003's trigger, detached: it runs on the store's workers). It never calls the scheduler, a device API or a collective,
 //! and it never decides retirement beyond what the store's results state.
 
 use super::executor::{Phase, Shared};
@@ -8,7 +9,7 @@ use super::job::Job;
 use super::outcome::{settle_get, settle_put, settle_query, Settled};
 use super::stats::add;
 use crate::l3::store::{KeyResult, StoreError};
-use messages::StorageOpKind;
+use messages::{StorageKey, StorageOpKind};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use tracing::info_span;
@@ -41,13 +42,30 @@ pub(crate) fn run(
             }
         }
         tracing::debug!(parent: &job.span, "started");
-        let settled = {
+        let (settled, read) = {
             let call = info_span!(parent: &job.span, "l3_backend_call", call = job.kind.as_str());
             let _e = call.enter();
             execute(shared, &job)
         };
         let finished = shared.clock.now_us();
         finish(shared, &job, settled, started, finished);
+        if shared.promotion && !read.is_empty() {
+            promote(shared, &job, &read);
+        }
+    }
+}
+
+/// Seed 003's trigger for what a GET just read, after the GET settled: the promotion runs
+/// on the store's own workers, from the store's own source, so it touches no Host byte and
+/// never delays the request (the read went straight into Host).
+fn promote(shared: &Shared, job: &Job, read: &[StorageKey]) {
+    let c = shared.counters.kind(job.kind);
+    add(&c.backend_calls, 1);
+    let r = catch_unwind(AssertUnwindSafe(|| shared.store.promote_detached(read)));
+    match r {
+        Ok(Ok(started)) => tracing::debug!(parent: &job.span, started, "promotion"),
+        Ok(Err(e)) => tracing::debug!(parent: &job.span, error = %e, "promotion not started"),
+        Err(_) => tracing::warn!(parent: &job.span, "promotion trigger panicked"),
     }
 }
 
@@ -55,37 +73,46 @@ fn panicked(store: &'static str) -> StoreError {
     StoreError::new(store, "store call panicked")
 }
 
-fn execute(shared: &Shared, job: &Job) -> Settled {
+/// Runs the job's store call; for a GET, also the keys it read in full (to promote).
+fn execute(shared: &Shared, job: &Job) -> (Settled, Vec<StorageKey>) {
     let store = &shared.store;
     let c = shared.counters.kind(job.kind);
     let name = store.name();
+    add(&c.backend_calls, 1);
     match job.kind {
         StorageOpKind::Query => {
-            add(&c.backend_calls, 1);
             let r = catch_unwind(AssertUnwindSafe(|| store.query(&job.keys)))
                 .unwrap_or_else(|_| Err(panicked(name)));
-            settle_query(job.op, job.keys.len(), r)
+            (settle_query(job.op, job.keys.len(), r), Vec::new())
         }
         StorageOpKind::Get => {
-            if shared.promotion {
-                add(&c.backend_calls, 1);
-                let r = catch_unwind(AssertUnwindSafe(|| store.prefetch_to_memory(&job.keys)));
-                let readable = match r {
-                    Ok(Ok(v)) => v.iter().filter(|p| p.readable()).count(),
-                    _ => 0,
-                };
-                tracing::debug!(parent: &job.span, readable, "promotion");
-            }
-            add(&c.backend_calls, 1);
             let r = catch_unwind(AssertUnwindSafe(|| get(shared, job)))
                 .unwrap_or_else(|_| Err(panicked(name)));
-            settle_get(job.op, &job.expected_lengths(), r, shared.failures_retire)
+            let lengths = job.expected_lengths();
+            let read = match (&r, shared.promotion) {
+                (Ok(rows), true) => job
+                    .keys
+                    .iter()
+                    .zip(rows.iter().zip(&lengths))
+                    .filter(
+                        |(_, (row, len))| matches!(row, KeyResult::Ok { bytes } if bytes == *len),
+                    )
+                    .map(|(k, _)| k.clone())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            (
+                settle_get(job.op, &lengths, r, shared.failures_retire),
+                read,
+            )
         }
         StorageOpKind::Put => {
-            add(&c.backend_calls, 1);
             let r = catch_unwind(AssertUnwindSafe(|| put(shared, job)))
                 .unwrap_or_else(|_| Err(panicked(name)));
-            settle_put(job.op, &job.expected_lengths(), r, shared.failures_retire)
+            (
+                settle_put(job.op, &job.expected_lengths(), r, shared.failures_retire),
+                Vec::new(),
+            )
         }
     }
 }

@@ -8,6 +8,7 @@
 //! partial object, never replace an existing object, never resolve a key outside its
 //! namespace directory, and never return unvalidated bytes as a success.
 
+use super::fan_out::{fan_out_threads, read_fanned};
 use super::{KeyResult, Store, StoreError};
 use messages::identity::KEY_PREFIX;
 use messages::{Namespace, StorageKey};
@@ -327,6 +328,8 @@ pub enum ReadError {
 pub struct DfsStore {
     root: PathBuf,
     io: IoLimiter,
+    /// Threads one batched GET may fan out over (`fan_out`).
+    fan_out: usize,
     pub stats: DfsStats,
     pub hooks: DfsHooks,
 }
@@ -353,6 +356,7 @@ impl DfsStore {
         Ok(Self {
             root,
             io: IoLimiter::new(io_concurrency as usize),
+            fan_out: fan_out_threads(io_concurrency as usize),
             stats: DfsStats::default(),
             hooks: DfsHooks::default(),
         })
@@ -360,6 +364,12 @@ impl DfsStore {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Threads one batched GET may fan out over: the machine's parallelism, capped at
+    /// the file slots.
+    pub fn fan_out(&self) -> usize {
+        self.fan_out
     }
 
     pub fn io_limiter(&self) -> &IoLimiter {
@@ -847,11 +857,9 @@ impl Store for DfsStore {
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
         crate::l3::store::same_count("dfs", keys.len(), dests.len(), "destinations")?;
-        Ok(keys
-            .iter()
-            .zip(dests.iter_mut())
-            .map(|(k, d)| self.get_one(k, d))
-            .collect())
+        Ok(read_fanned(keys, dests, self.fan_out, |k, d| {
+            self.get_one(k, d)
+        }))
     }
 
     fn put(&self, keys: &[StorageKey], srcs: &[&[u8]]) -> Result<Vec<KeyResult>, StoreError> {

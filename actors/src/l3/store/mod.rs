@@ -6,6 +6,7 @@
 
 pub mod dfs;
 pub mod dfs_bench;
+pub mod fan_out;
 pub mod faulty;
 pub mod local;
 pub mod memory;
@@ -152,6 +153,15 @@ pub trait Store: Send + Sync + 'static {
     /// capability answer Unsupported for every key.
     fn prefetch_to_memory(&self, keys: &[StorageKey]) -> Result<Vec<PromotionResult>, StoreError> {
         Ok(vec![PromotionResult::Unsupported; keys.len()])
+    }
+
+    /// Seed 003's trigger after a read: starts the promotion of `keys` (a GET just read
+    /// them into Host straight from wherever they were readable) and returns without
+    /// waiting, so the promotion never sits on the request's path; the MEMORY replica
+    /// serves later reads. Returns the number of promotions left running. Stores without
+    /// the capability start nothing.
+    fn promote_detached(&self, _keys: &[StorageKey]) -> Result<usize, StoreError> {
+        Ok(0)
     }
 
     /// Releases the client. Called only when every job has provably retired.

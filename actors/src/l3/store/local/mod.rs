@@ -15,6 +15,7 @@ mod tests;
 
 use crate::clock::SharedClock;
 use crate::l3::store::dfs::DfsStore;
+use crate::l3::store::fan_out::read_fanned;
 use crate::l3::store::promotion::hooks::PromotionHooks;
 use crate::l3::store::promotion::staging::StagingBudget;
 use crate::l3::store::promotion::stats::PromotionStats;
@@ -200,17 +201,17 @@ impl Store for LocalStore {
             .collect())
     }
 
-    /// Admission: a fresh lease on a MEMORY replica if one is resident now, else DFS.
+    /// Admission: a fresh lease on a MEMORY replica if one is resident now, else DFS; a
+    /// large batch fans out over a few threads (`fan_out`).
     fn get(
         &self,
         keys: &[StorageKey],
         dests: &mut [&mut [u8]],
     ) -> Result<Vec<KeyResult>, StoreError> {
         crate::l3::store::same_count("local", keys.len(), dests.len(), "destinations")?;
-        Ok(keys
-            .iter()
-            .zip(dests.iter_mut())
-            .map(|(k, d)| match self.engine.target.lease(k) {
+        let threads = self.engine.dfs.fan_out();
+        Ok(read_fanned(keys, dests, threads, |k, d| {
+            match self.engine.target.lease(k) {
                 // A replica is handed out only for the key it was written for.
                 Some(lease) if lease.target().key() != k => KeyResult::Invalid,
                 Some(lease) => {
@@ -221,8 +222,8 @@ impl Store for LocalStore {
                     self.stats.dfs_reads.fetch_add(1, Ordering::Relaxed);
                     self.engine.dfs.get_one(k, d)
                 }
-            })
-            .collect())
+            }
+        }))
     }
 
     /// Write-through: DFS (create-only) first, then a best-effort MEMORY copy.
@@ -245,5 +246,9 @@ impl Store for LocalStore {
 
     fn prefetch_to_memory(&self, keys: &[StorageKey]) -> Result<Vec<PromotionResult>, StoreError> {
         Ok(self.submit_prefetch(keys)?.wait())
+    }
+
+    fn promote_detached(&self, keys: &[StorageKey]) -> Result<usize, StoreError> {
+        Ok(self.submit_prefetch(keys)?.detach())
     }
 }

@@ -455,6 +455,37 @@ fn cancelling_one_waiter_leaves_the_others_result() {
 }
 
 #[test]
+fn a_detached_trigger_runs_to_commit_with_no_waiter_left() {
+    let f = fx(Limits {
+        workers: 1,
+        ..Limits::default()
+    });
+    f.seed(&k("blocker"), &payload(1, 64));
+    f.seed(&k("a"), &payload(2, 64));
+    f.seed(&k("c"), &payload(3, 64));
+    let g = Gate::new();
+    f.store.hooks().arm_once(PromotionStage::Read, g.clone());
+    let tb = f.store.submit_prefetch(&[k("blocker")]).unwrap();
+    g.wait_entered(1);
+    // "a" and "c" stay queued behind the held worker, and nobody waits for them.
+    assert_eq!(f.store.promote_detached(&[k("a"), k("c")]).unwrap(), 2);
+    // A waiter that joins "a" and goes away does not cancel it either.
+    drop(f.store.submit_prefetch(&[k("a")]).unwrap());
+    assert_eq!(stat(&f).cancelled.load(Ordering::SeqCst), 0);
+    g.release();
+    assert_eq!(tb.wait(), vec![R::Committed]);
+    f.store.engine().wait_drained(3);
+    assert!(f.store.memory().contains(&k("a")));
+    assert!(f.store.memory().contains(&k("c")));
+    assert_eq!(stat(&f).committed.load(Ordering::SeqCst), 3);
+    assert_eq!(f.read(&k("c"), 64).1, payload(3, 64));
+    assert_eq!(f.memory_hits(), 1);
+    // Resident keys start nothing.
+    assert_eq!(f.store.promote_detached(&[k("a")]).unwrap(), 0);
+    f.quiescent();
+}
+
+#[test]
 fn cancel_after_commit_keeps_the_replica() {
     let f = fx(Limits::default());
     f.seed(&k("a"), &payload(1, 64));

@@ -77,6 +77,8 @@ impl AttemptState {
 struct AttemptSt<G> {
     state: AttemptState,
     waiters: u32,
+    /// A detached trigger keeps the attempt running after its last waiter leaves.
+    detached: bool,
     target: Option<G>,
     /// What the target's commit answered (Committed or AlreadyInMemory).
     committed_as: PromotionResult,
@@ -282,6 +284,24 @@ impl<T: PromotionTier> PromotionTicket<T> {
     }
 }
 
+impl<T: PromotionTier> PromotionTicket<T> {
+    /// Gives up waiting without giving up the promotions: every attempt this trigger
+    /// admitted or joined runs to its end even if no waiter is left (a detached trigger is
+    /// never cancelled as abandoned). Returns how many attempts it left running.
+    pub fn detach(mut self) -> usize {
+        let mut n = 0;
+        for a in self.handles.iter_mut().filter_map(Option::take) {
+            {
+                let mut st = a.st.lock();
+                st.detached = true;
+                st.waiters = st.waiters.saturating_sub(1);
+            }
+            n += 1;
+        }
+        n
+    }
+}
+
 impl<T: PromotionTier> Drop for PromotionTicket<T> {
     fn drop(&mut self) {
         for a in self.handles.iter_mut().filter_map(Option::take) {
@@ -362,6 +382,10 @@ impl<T: PromotionTier> PromotionEngine<T> {
                 std::thread::Builder::new()
                     .name(format!("{name}-{i}"))
                     .spawn(move || {
+                        // Best-effort work: the foreground gets the cores first.
+                        if let Err(e) = super::background::lower_current_thread() {
+                            tracing::debug!(error = %e, "promotion worker keeps its priority");
+                        }
                         while let Ok(task) = rx.recv() {
                             let guard = DrainGuard(&engine.drained);
                             engine.run(task);
@@ -512,6 +536,7 @@ impl<T: PromotionTier> PromotionEngine<T> {
                 st: Mutex::new(AttemptSt {
                     state: AttemptState::Queued,
                     waiters: 1,
+                    detached: false,
                     target: None,
                     committed_as: R::Committed,
                     done: false,
@@ -700,7 +725,10 @@ impl<T: PromotionTier> PromotionEngine<T> {
         let cancel = {
             let mut st = a.st.lock();
             st.waiters = st.waiters.saturating_sub(1);
-            self.limits.cancel_abandoned && st.waiters == 0 && st.state == AttemptState::Queued
+            self.limits.cancel_abandoned
+                && !st.detached
+                && st.waiters == 0
+                && st.state == AttemptState::Queued
         };
         if cancel {
             self.settle(a, AttemptState::Cancelled, true);

@@ -1,7 +1,8 @@
 //! DFS → MEMORY promotion (seed 003, notes/dfs-promotion.md): the one engine behind every
 //! promoting store's `prefetch_to_memory`. `engine` owns admission, per-key dedup, the
 //! workers, settlement, expiry and cancellation; `staging` and `stats` are the budget and
-//! the counters it charges; `hooks` pause a worker at a named stage in tests. A store
+//! the counters it charges; `hooks` pause a worker at a named stage in tests; `background`
+//! runs the workers at background CPU priority. A store
 //! supplies only its MEMORY tier, through two small traits: `TierAdmission` (what the tier
 //! already holds, and whether an object of a given size could fit) and `PromotionTarget`
 //! (reserve, write, commit or abort one promoted object). The implementations live beside
@@ -11,6 +12,7 @@
 //! Nothing here knows which tier it writes, publishes a target other than through the
 //! target's own `commit`, or reads a DFS object except through `DfsStore`'s validated reads.
 
+pub mod background;
 pub mod engine;
 pub mod hooks;
 pub mod staging;

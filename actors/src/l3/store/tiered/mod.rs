@@ -262,6 +262,10 @@ impl Store for TieredStore {
         Ok(self.submit_prefetch(keys)?.wait())
     }
 
+    fn promote_detached(&self, keys: &[StorageKey]) -> Result<usize, StoreError> {
+        Ok(self.submit_prefetch(keys)?.detach())
+    }
+
     fn close(&self) -> Result<(), StoreError> {
         self.engine.target.memory.close()
     }
