@@ -110,6 +110,7 @@ pub const ENTRIES: &[Entry] = &[
     r("storage.contract.max_keys_per_operation", "Most keys one storage operation may carry.", "greater than 0 and at most `max_host_blocks`", "9000"),
     e("storage.contract.lookahead_tokens", "Most tokens a read may extend beyond the local hit."),
     r("storage.contract.negative_metadata_capacity", "Capacity of the bounded FIFO of confirmed missing or invalid objects.", "greater than 0", "0"),
+    r("storage.contract.backup_bytes_in_flight", "Payload bytes of backup PUTs outstanding at once: a new backup PUT is admitted only while less is outstanding, and one PUT takes keys until it carries a quarter of it (at least one key), so a write path slower than the backups queues candidates instead of aging the executor's queue into the pressure gate.", "greater than 0", "0"),
     r("storage.contract.backup_candidate_capacity", "Capacity of the bounded, nonowning backup candidate queue (a 16k-token llama-8b-like prompt has 1024 blocks).", "greater than 0", "0"),
     r("storage.contract.soft_deadline_ms", "Soft deadline of a read, from QUERY issue, including queue wait: past it the request recomputes (`deadline`).", "greater than 0", "0"),
     r("storage.contract.ready_hold_ms", "How long a Ready hold protects newly read blocks before expiring.", "greater than 0", "0"),

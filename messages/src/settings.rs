@@ -79,6 +79,12 @@ pub struct StorageConfig {
     pub negative_metadata_capacity: u32,
     /// Capacity of the bounded, nonowning backup candidate queue.
     pub backup_candidate_capacity: u32,
+    /// Payload bytes of backup PUTs outstanding at once: a new backup PUT is admitted only
+    /// while less is outstanding, and one takes keys until it carries a quarter of it (at
+    /// least one key). A write path slower than the backups then queues candidates
+    /// (bounded, the oldest dropped and counted) instead of aging the executor's queue into
+    /// the pressure gate.
+    pub backup_bytes_in_flight: u64,
     /// Soft deadline of a read, from QUERY issue, including queue wait.
     pub soft_deadline_ms: u64,
     /// How long a Ready hold protects newly read blocks before expiring.
@@ -117,6 +123,7 @@ impl StorageConfig {
             &f("backup_candidate_capacity"),
             self.backup_candidate_capacity as u64,
         )?;
+        positive(&f("backup_bytes_in_flight"), self.backup_bytes_in_flight)?;
         positive(&f("soft_deadline_ms"), self.soft_deadline_ms)?;
         positive(&f("ready_hold_ms"), self.ready_hold_ms)?;
         if self.operation_credits > 1_000_000 {
@@ -383,6 +390,7 @@ pub mod tests {
             lookahead_tokens: 4096,
             negative_metadata_capacity: 16,
             backup_candidate_capacity: 16,
+            backup_bytes_in_flight: 1 << 30,
             soft_deadline_ms: 100,
             ready_hold_ms: 100,
             min_extension_tokens: 1,

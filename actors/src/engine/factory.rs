@@ -127,6 +127,7 @@ pub fn small_storage() -> (StorageConfig, StorageRuntimeConfig) {
             lookahead_tokens: 0,
             negative_metadata_capacity: 64,
             backup_candidate_capacity: 256,
+            backup_bytes_in_flight: 1 << 40,
             soft_deadline_ms: 60_000,
             ready_hold_ms: 60_000,
             min_extension_tokens: 1,

@@ -27,6 +27,7 @@ fn storage_config() -> StorageConfig {
         lookahead_tokens: 4096,
         negative_metadata_capacity: 64,
         backup_candidate_capacity: 64,
+        backup_bytes_in_flight: 1 << 40,
         // Three rounds: a QUERY withheld for five rounds times out.
         soft_deadline_ms: 30,
         ready_hold_ms: 30,

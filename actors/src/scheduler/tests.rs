@@ -24,6 +24,7 @@ pub(super) fn storage_config() -> StorageConfig {
         lookahead_tokens: 0,
         negative_metadata_capacity: 64,
         backup_candidate_capacity: 64,
+        backup_bytes_in_flight: 1 << 40,
         soft_deadline_ms: SOFT_DEADLINE_MS,
         ready_hold_ms: SOFT_DEADLINE_MS,
         min_extension_tokens: 1,

@@ -37,6 +37,7 @@ pub fn unbounded_contract(
         lookahead_tokens: 4096,
         negative_metadata_capacity: 1024,
         backup_candidate_capacity: 1024,
+        backup_bytes_in_flight: 1 << 40,
         soft_deadline_ms: 1 << 40,
         ready_hold_ms: 1 << 40,
         min_extension_tokens: 1,

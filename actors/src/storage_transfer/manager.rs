@@ -77,6 +77,9 @@ pub struct StorageTransferManager {
     negative: NegativeMetadata,
     /// Pending PUTs per key (lookups only, never iterated).
     pub(super) pending_put_keys: super::backup::KeyTable<u32>,
+    /// Payload bytes of the backup PUTs issued and not yet settled
+    /// (`StorageConfig::backup_bytes_in_flight` bounds new ones).
+    pub(super) backup_bytes_outstanding: u64,
     now_us: u64,
     lease_serial: u64,
     pub(crate) epoch: u64,
@@ -121,6 +124,7 @@ impl StorageTransferManager {
             deadlines: DeadlineQueue::new(),
             ready_expiry: DeadlineQueue::new(),
             pending_put_keys: Default::default(),
+            backup_bytes_outstanding: 0,
             now_us: 0,
             lease_serial: 0,
             epoch: 0,
@@ -420,6 +424,11 @@ impl StorageTransferManager {
         if let Some(t) = self.tickets.get_mut(&op) {
             if let Some((refs, ops, hosts)) = t.settle() {
                 let class = t.class;
+                if t.kind == StorageOpKind::Put {
+                    let bytes: u64 = t.ranges.iter().map(|r| r.len).sum();
+                    self.backup_bytes_outstanding =
+                        self.backup_bytes_outstanding.saturating_sub(bytes);
+                }
                 self.tickets.remove(&op);
                 self.credits.release(class, ops, hosts);
                 fx.release.extend(refs);
@@ -764,6 +773,7 @@ impl StorageTransferManager {
         for k in &keys {
             *self.pending_put_keys.entry(k.clone()).or_insert(0) += 1;
         }
+        self.backup_bytes_outstanding += ranges.iter().map(|r| r.len).sum::<u64>();
         self.tickets.insert(
             op,
             Ticket::new(

@@ -92,6 +92,7 @@ pub(crate) mod tests_support {
             lookahead_tokens: 4096,
             negative_metadata_capacity: 16,
             backup_candidate_capacity: 16,
+            backup_bytes_in_flight: 1 << 40,
             soft_deadline_ms: 100,
             ready_hold_ms: 50,
             min_extension_tokens: 1,

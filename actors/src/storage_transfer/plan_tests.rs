@@ -560,6 +560,84 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
 }
 
 #[test]
+fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() {
+    // 384 bytes in flight: a PUT takes 64-byte pages until it carries 96 (two pages), and
+    // a new one is admitted only while less than 384 is outstanding. The operation credits
+    // would allow four backup PUTs: the bytes bound three.
+    let cfg = StorageConfig {
+        backup_bytes_in_flight: 384,
+        ..config()
+    };
+    let mut m = StorageTransferManager::new(cfg);
+    m.offer_backups((0..16).map(|i| cand(&format!("c{i}"), 10 + i)).collect());
+    begin(&mut m, input(0, 0, vec![]));
+    let page = |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64));
+    let puts = m.plan_backups(&mut { page });
+    assert_eq!(puts.len(), 3);
+    let ops = m.end_plan(vec![]);
+    let sizes: Vec<usize> = ops
+        .iter()
+        .map(|o| match o {
+            StorageOp::Put(p) => p.keys.len(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(sizes, vec![2, 2, 2]);
+    assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("c0"), key("c1")]));
+    assert_eq!(
+        m.queued_candidates(),
+        10,
+        "the rest wait in the queue, in order"
+    );
+    // A later round with nothing settled admits nothing more.
+    begin(&mut m, input(MS, 0, vec![]));
+    assert!(m.plan_backups(&mut { page }).is_empty());
+    m.end_plan(vec![]);
+    // One PUT settles: room for exactly one more, the next candidates in order.
+    begin(
+        &mut m,
+        input(
+            2 * MS,
+            0,
+            vec![StorageDone::put(
+                puts[0],
+                vec![true; 2],
+                vec![64; 2],
+                vec![false; 2],
+                true,
+            )],
+        ),
+    );
+    let more = m.plan_backups(&mut { page });
+    assert_eq!(more.len(), 1);
+    let ops = m.end_plan(vec![]);
+    assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("c6"), key("c7")]));
+    assert_eq!(m.queued_candidates(), 8);
+    let s = m.stats();
+    assert!(
+        s.dropped_backup_keys.iter().all(|n| *n == 0),
+        "waiting is not dropping: {:?}",
+        s.dropped_backup_keys
+    );
+}
+
+#[test]
+fn one_backup_page_larger_than_the_bound_still_goes_alone() {
+    let cfg = StorageConfig {
+        backup_bytes_in_flight: 16,
+        ..config()
+    };
+    let mut m = StorageTransferManager::new(cfg);
+    m.offer_backups(vec![cand("a", 1), cand("b", 2)]);
+    begin(&mut m, input(0, 0, vec![]));
+    let puts = m.plan_backups(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
+    assert_eq!(puts.len(), 1);
+    let ops = m.end_plan(vec![]);
+    assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("a")]));
+    assert_eq!(m.queued_candidates(), 1);
+}
+
+#[test]
 fn closed_gate_offers_no_candidates_and_dispatches_nothing() {
     let mut m = StorageTransferManager::new(config());
     m.offer_backups(vec![cand("a", 1), cand("b", 2)]);
@@ -642,6 +720,7 @@ impl Sim {
             max_host_blocks: 6,
             max_keys_per_operation: 4,
             backup_candidate_capacity: 4,
+            backup_bytes_in_flight: 1 << 40,
             ..config()
         };
         Self {

@@ -187,14 +187,22 @@ impl StorageTransferManager {
         }
         let mut unavailable = 0u64;
         let mut coalesced = vec![];
+        // The bytes bound: a new PUT only while less than the bound is outstanding, each
+        // taking keys until it carries a quarter of it (the rest wait in the queue).
+        let in_flight = self.cfg.backup_bytes_in_flight;
+        let per_op = (in_flight / 4).max(1);
         loop {
             let room = backup_room(&self.credits, &self.cfg);
-            if room == 0 || self.planning.candidates.is_empty() {
+            if room == 0
+                || self.planning.candidates.is_empty()
+                || self.backup_bytes_outstanding >= in_flight
+            {
                 break;
             }
             let (mut keys, mut refs, mut ranges) = (vec![], vec![], vec![]);
             let mut batch: BTreeSet<StorageKey> = BTreeSet::new();
-            while keys.len() < room {
+            let mut bytes = 0u64;
+            while keys.len() < room && bytes < per_op {
                 let Some(c) = self.planning.candidates.pop_front() else {
                     break;
                 };
@@ -204,6 +212,7 @@ impl StorageTransferManager {
                 }
                 match residency(&c.key, c.host) {
                     Some(range) => {
+                        bytes += range.len;
                         batch.insert(c.key.clone());
                         keys.push(c.key);
                         refs.push(c.host);

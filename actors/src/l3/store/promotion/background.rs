@@ -52,6 +52,10 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(inside, BACKGROUND_NICE);
-        assert_eq!(nice_of_this_thread(), before, "other threads keep their priority");
+        assert_eq!(
+            nice_of_this_thread(),
+            before,
+            "other threads keep their priority"
+        );
     }
 }
