@@ -171,10 +171,12 @@ impl StorageTransferManager {
     }
 
     /// Dispatches create-only PUTs of the plan from this round's candidates, within the
-    /// backup credits. `residency(key, host)` rechecks the Host entry: `Some(range)` means
+    /// backup credits and `backup_bytes_in_flight` (a PUT only while less is outstanding,
+    /// each up to a quarter of it). `residency(key, host)` rechecks the Host entry: `Some(range)` means
     /// it is resident and the caller took a source reference (which the ticket then owns
     /// until retirement); `None` drops the candidate as unavailable (the caller forgets
-    /// it). Candidates that find no credits go back to the queue front when the plan ends.
+    /// it). Candidates that find no credits or bytes go back to the queue front when the
+    /// plan ends.
     /// Returns the PUTs' operation IDs.
     pub fn plan_backups(
         &mut self,
