@@ -323,6 +323,7 @@ pub fn run(settings: Settings) -> Result<()> {
         admin: AdminContext {
             spec,
             store: store_holder.lock().clone(),
+            reset_idle_wait_us: settings.server.reset_idle_wait_ms.saturating_mul(1000),
         },
     };
     let loop_shared = shared.clone();

@@ -101,6 +101,9 @@ pub struct ServerSettings {
     /// On SIGTERM/SIGINT, how long queued backups may take to land once the last request
     /// finished; what is still queued then is dropped and reported.
     pub shutdown_drain_ms: u64,
+    /// How long `POST /admin/reset_local` waits for storage to become idle (its backups
+    /// landed) before it is refused with an error naming what is still pending.
+    pub reset_idle_wait_ms: u64,
     /// `/health/ready` answers 503 while L3 storage cools down after an outage (default:
     /// ready but `degraded`, since requests still complete by recomputation).
     pub not_ready_on_storage_outage: bool,
@@ -225,6 +228,9 @@ impl Settings {
         }
         if !matches!(self.model.device.as_str(), "auto" | "emulated" | "cuda") {
             return Err(bad("model.device", "must be auto, emulated or cuda"));
+        }
+        if self.server.reset_idle_wait_ms == 0 {
+            return Err(bad("server.reset_idle_wait_ms", "must be greater than 0"));
         }
         if self.server.listen.parse::<SocketAddr>().is_err() {
             return Err(bad(

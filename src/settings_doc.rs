@@ -92,6 +92,7 @@ pub const ENTRIES: &[Entry] = &[
         ..e("server.admin_token", "Bearer token of the admin endpoints (`Authorization: Bearer <token>`); empty: admin endpoints disabled. Never printed: check-config and logs show `<redacted>`.")
     },
     e("server.shutdown_drain_ms", "On SIGTERM/SIGINT, how long queued backups may take to land once the last request finished; what is still queued then is dropped and logged with its count."),
+    r("server.reset_idle_wait_ms", "How long `POST /admin/reset_local` waits for storage to become idle (the backups in flight landed); past it the reset is refused on every rank with an error naming the queued candidates and outstanding operations, and nothing is reset (a store that keeps rejecting PUTs for capacity never becomes idle).", "greater than 0", "0"),
     e("server.not_ready_on_storage_outage", "`/health/ready` answers 503 while L3 cools down or probes after an outage (default: ready but `degraded`, since requests still complete by recomputation)."),
     // [host_cache]
     e("host_cache.size_bytes", "Host (L2) cache size in bytes; 0: `ratio` x the Device blocks."),

@@ -361,6 +361,40 @@ fn sigterm_with_a_backup_backlog_lands_every_queued_backup_first() {
     assert!(reader.stop().success());
 }
 
+/// A store that refuses PUTs for capacity keeps its backups pending (they are re-offered
+/// with a backoff), so storage never becomes idle: a local reset waits at most
+/// `server.reset_idle_wait_ms`, is refused with a JSON error naming what is pending, and the
+/// work it held resumes.
+#[test]
+fn a_local_reset_on_a_full_disk_is_refused_after_its_wait_and_serving_resumes() {
+    let Some(fs) = Tmpfs::mount("256k") else {
+        return;
+    };
+    let prompts: Vec<Vec<u32>> = (0..24).map(|s| prompt(64, 700 + s)).collect();
+    let h = Host::start(
+        &["serve", "--store", "local", "--store-dir", fs.path()],
+        &[
+            ("TSL3_SERVER__ADMIN_TOKEN", "t0k"),
+            ("TSL3_SERVER__RESET_IDLE_WAIT_MS", "500"),
+            ("TSL3_SERVER__SHUTDOWN_DRAIN_MS", "300"),
+        ],
+    );
+    complete_all(&h, &prompts);
+    let capacity = wait_for_metric(&h, "tsl3_dfs_puts_total", &["outcome=\"capacity\""], 1.0);
+    assert!(capacity >= 1.0, "the disk filled");
+    let (code, body) = h.post("/admin/reset_local", "", Some("t0k"));
+    assert_ne!(code, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("a JSON error body");
+    let text = doc.to_string();
+    assert!(text.contains("server.reset_idle_wait_ms"), "{text}");
+    assert!(text.contains("backup candidates queued"), "{text}");
+    assert!(text.contains("nothing was reset"), "{text}");
+    // Nothing was reset (the Device still holds the prompt) and new work is admitted.
+    let again = h.complete(&prompts[23], 1);
+    assert!(again["tsl3"]["device"].as_u64().unwrap() > 0, "{again}");
+    assert!(h.stop().success());
+}
+
 #[test]
 fn sigterm_on_a_full_disk_stops_at_the_drain_deadline_and_reports_what_it_dropped() {
     let Some(fs) = Tmpfs::mount("256k") else {

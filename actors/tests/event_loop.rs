@@ -63,6 +63,7 @@ fn rig(inbox_capacity: usize) -> (Rig, FrontendInbox, LoopConfig, actors::engine
         admin: AdminContext {
             spec,
             store: Some(s),
+            reset_idle_wait_us: 60_000_000,
         },
     };
     (

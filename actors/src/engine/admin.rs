@@ -21,6 +21,9 @@ use std::sync::Arc;
 pub struct AdminContext {
     pub spec: RankSpec,
     pub store: Option<Arc<dyn Store>>,
+    /// How long (agreed time) a local reset waits for idle storage before it is refused
+    /// (`server.reset_idle_wait_ms`).
+    pub reset_idle_wait_us: u64,
 }
 
 /// Where this rank is in the admin protocol.
@@ -30,6 +33,8 @@ pub struct AdminSteps {
     preflight: Option<Result<(), String>>,
     /// The preflight was reported; the agreed result is awaited.
     awaiting: bool,
+    /// The agreed tick at which the pending command began waiting for idle storage.
+    waiting_since_us: Option<u64>,
 }
 
 impl AdminSteps {
@@ -40,16 +45,19 @@ impl AdminSteps {
 
     /// After a round: with the agreed preflight, apply (or refuse) the pending command and
     /// return its result for the client; otherwise start the preflight once the rank is
-    /// quiescent. Every rank reaches each step in the same round.
+    /// quiescent. Every rank reaches each step in the same round: the state and `tick_us`
+    /// (the round's agreed tick) are alike on every rank.
     pub async fn after_round<X: ExecutorPort, D: DevicePort>(
         &mut self,
         engine: &mut RankEngine<X, D>,
         agreed_preflight: Option<Result<(), String>>,
         work: &RoundWork,
+        tick_us: u64,
         ctx: &AdminContext,
     ) -> Option<Result<String, String>> {
         if let Some(agreed) = agreed_preflight {
             self.awaiting = false;
+            self.waiting_since_us = None;
             let (cmd, _) = engine.admin_pending()?;
             return Some(apply(engine, cmd, agreed, ctx).await);
         }
@@ -58,14 +66,39 @@ impl AdminSteps {
         }
         if let Some((cmd, true)) = engine.admin_pending() {
             // A local reset also waits for storage to be idle (the backups in flight land
-            // first); every rank sees the same agreed state, so all start alike.
+            // first), for at most `reset_idle_wait_us`: a store that keeps refusing PUTs
+            // (full) never becomes idle, and held work must not wait forever. Past the
+            // bound the preflight fails, so every rank refuses the reset alike.
             if !cmd.waits_for_idle_storage() || work.storage_idle() {
                 self.preflight = Some(preflight(engine.namespace(), cmd, ctx));
                 self.awaiting = true;
+            } else {
+                let since = *self.waiting_since_us.get_or_insert(tick_us);
+                let waited = tick_us.saturating_sub(since);
+                if waited >= ctx.reset_idle_wait_us {
+                    self.preflight = Some(Err(not_idle(waited, work)));
+                    self.awaiting = true;
+                }
             }
         }
         None
     }
+}
+
+/// Why a local reset was refused: storage did not become idle in time.
+fn not_idle(waited_us: u64, work: &RoundWork) -> String {
+    format!(
+        "storage did not become idle within {} ms (server.reset_idle_wait_ms): {} backup \
+         candidates queued, storage operations {}; nothing was reset (a store refusing \
+         PUTs for capacity keeps its backups pending: see tsl3_dfs_puts_total)",
+        waited_us / 1000,
+        work.backups_queued,
+        if work.storage_pending {
+            "outstanding"
+        } else {
+            "settled"
+        }
+    )
 }
 
 /// This rank's preflight: a clear deletes the namespace in the remote store (synchronously;
@@ -94,8 +127,19 @@ async fn apply<X: ExecutorPort, D: DevicePort>(
     let ns = engine.namespace().clone();
     match cmd {
         AdminCommand::ResetLocal { host } => {
+            if let Err(e) = preflight {
+                // Refused alike on every rank (storage never became idle); the refusal's
+                // own reason is the answer.
+                return match engine
+                    .apply_admin(ClearKind::LocalReset, Some(Err(e.clone())), None)
+                    .await
+                {
+                    Ok(()) | Err(super::AdminError::Refused(_)) => Err(e),
+                    Err(other) => Err(other.to_string()),
+                };
+            }
             engine
-                .apply_admin(ClearKind::LocalReset, Some(preflight), None)
+                .apply_admin(ClearKind::LocalReset, Some(Ok(())), None)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(format!(

@@ -119,13 +119,14 @@ where
             Err(e) => return Err(fail(&mut clients, &inbox, &shared, engine, &e).await),
         };
         let agreed_preflight = agreed.admin_preflight.take();
+        let tick_us = agreed.tick_us;
         // Steps 3-6.
         let work = match engine.run_round(agreed).await {
             Ok(w) => w,
             Err(e) => return Err(fail(&mut clients, &inbox, &shared, engine, &e).await),
         };
         if let Some(result) = admin
-            .after_round(&mut engine, agreed_preflight, &work, &cfg.admin)
+            .after_round(&mut engine, agreed_preflight, &work, tick_us, &cfg.admin)
             .await
         {
             if cfg.leader {
