@@ -47,6 +47,7 @@ fn promoter() {
         max_promotions_in_flight: 64,
         dfs_io_concurrency: 4,
         promotion_ttl_us: DEFAULT_PROMOTION_TTL_US,
+        promote_after_get: false,
     };
     let store = LocalStore::open(&cfg, SystemClock::shared()).unwrap();
     let raced_keys: Vec<StorageKey> = (0..RACED).map(raced).collect();

@@ -131,6 +131,7 @@ fn open_store(spec: &str, host: &Arc<HostCacheStorage>) -> Arc<dyn Store> {
             max_promotions_in_flight: 4,
             dfs_io_concurrency: 2,
             promotion_ttl_us: DEFAULT_PROMOTION_TTL_US,
+            promote_after_get: false,
         };
         Arc::new(LocalStore::open(&cfg, SystemClock::shared()).unwrap())
     } else {

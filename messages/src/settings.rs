@@ -343,6 +343,9 @@ pub struct LocalStoreSettings {
     pub max_promotions_in_flight: u32,
     /// Concurrent DFS file operations.
     pub dfs_io_concurrency: u32,
+    /// Promote what a GET read from DFS into the MEMORY tier after the GET settled
+    /// (detached, at background priority).
+    pub promote_after_get: bool,
 }
 
 impl LocalStoreSettings {

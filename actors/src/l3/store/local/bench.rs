@@ -43,6 +43,7 @@ pub fn bench_promotion(
         max_promotions_in_flight: objects.max(1) as u32,
         dfs_io_concurrency: workers.max(1) * 2,
         promotion_ttl_us: DEFAULT_PROMOTION_TTL_US,
+        promote_after_get: false,
     };
     let dfs = Arc::new(DfsStore::open(dir, cfg.dfs_io_concurrency)?);
     let keys: Vec<StorageKey> = (0..objects)

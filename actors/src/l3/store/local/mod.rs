@@ -43,6 +43,8 @@ pub struct LocalStoreConfig {
     pub max_promotions_in_flight: u32,
     pub dfs_io_concurrency: u32,
     pub promotion_ttl_us: u64,
+    /// `promote_detached` starts promotions (`storage.local.promote_after_get`).
+    pub promote_after_get: bool,
 }
 
 impl LocalStoreConfig {
@@ -55,6 +57,7 @@ impl LocalStoreConfig {
             max_promotions_in_flight: s.max_promotions_in_flight,
             dfs_io_concurrency: s.dfs_io_concurrency,
             promotion_ttl_us: DEFAULT_PROMOTION_TTL_US,
+            promote_after_get: s.promote_after_get,
         }
     }
 }
@@ -78,6 +81,7 @@ pub struct LocalStats {
 pub struct LocalStore {
     engine: Arc<PromotionEngine<MemoryTier>>,
     tx: flume::Sender<Task<Arc<MemoryTarget>>>,
+    promote_after_get: bool,
     pub stats: LocalStats,
 }
 
@@ -122,6 +126,7 @@ impl LocalStore {
         Ok(Self {
             engine,
             tx,
+            promote_after_get: cfg.promote_after_get,
             stats: LocalStats::default(),
         })
     }
@@ -248,7 +253,11 @@ impl Store for LocalStore {
         Ok(self.submit_prefetch(keys)?.wait())
     }
 
+    /// Only with `promote_after_get`: by default the GET's bytes are in Host already.
     fn promote_detached(&self, keys: &[StorageKey]) -> Result<usize, StoreError> {
+        if !self.promote_after_get {
+            return Ok(0);
+        }
         Ok(self.submit_prefetch(keys)?.detach())
     }
 }

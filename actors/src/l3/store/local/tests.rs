@@ -58,6 +58,7 @@ fn fx(l: Limits) -> Fx {
         max_promotions_in_flight: l.in_flight,
         dfs_io_concurrency: 4,
         promotion_ttl_us: TTL_US,
+        promote_after_get: true,
     };
     let store = Arc::new(LocalStore::open(&cfg, clock.clone()).unwrap());
     Fx {
@@ -483,6 +484,34 @@ fn a_detached_trigger_runs_to_commit_with_no_waiter_left() {
     // Resident keys start nothing.
     assert_eq!(f.store.promote_detached(&[k("a")]).unwrap(), 0);
     f.quiescent();
+}
+
+#[test]
+fn without_promote_after_get_a_detached_trigger_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LocalStoreConfig {
+        dir: dir.path().join("dfs"),
+        memory_bytes: 1 << 20,
+        promotion_workers: 1,
+        staging_bytes: 1 << 20,
+        max_promotions_in_flight: 4,
+        dfs_io_concurrency: 2,
+        promotion_ttl_us: TTL_US,
+        promote_after_get: false,
+    };
+    let store = LocalStore::open(&cfg, ManualClock::new(1_000)).unwrap();
+    assert_eq!(
+        store.dfs().put_one(&k("a"), &payload(1, 64)),
+        KeyResult::Ok { bytes: 64 }
+    );
+    assert_eq!(store.promote_detached(&[k("a")]).unwrap(), 0);
+    assert_eq!(store.promotion_stats().attempted.load(Ordering::SeqCst), 0);
+    assert!(!store.memory().contains(&k("a")));
+    // The explicit trigger still promotes.
+    assert_eq!(
+        store.prefetch_to_memory(&[k("a")]).unwrap(),
+        vec![R::Committed]
+    );
 }
 
 #[test]
