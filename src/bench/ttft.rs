@@ -125,6 +125,17 @@ struct Bench<'a> {
     logs: usize,
 }
 
+/// The prompts of one length and their recomputed outputs.
+struct Prompts {
+    len: u64,
+    /// The timed prompts (one per run), their halves-then-new variants and fresh ones.
+    p: Vec<Vec<u32>>,
+    h: Vec<Vec<u32>>,
+    q: Vec<Vec<u32>>,
+    /// Recomputed output by (1: p, 2: q, 3: h; run).
+    refs: BTreeMap<(u64, usize), Vec<u64>>,
+}
+
 /// Where a process keeps L3.
 enum Store<'p> {
     None,
@@ -360,14 +371,15 @@ impl<'a> Bench<'a> {
             }
         }
         r.stop(Duration::from_secs(60))?;
+        let pr = Prompts { len, p, h, q, refs };
         if self.cfg.wants(&["device", "host"]) {
-            self.device_and_host(len, &p, &refs)?;
+            self.device_and_host(&pr)?;
         }
         if self.cfg.wants(&["l3-dfs-warm", "l3-dfs-cold"]) {
-            self.dfs(len, &p, &refs)?;
+            self.dfs(&pr)?;
         }
         if self.cfg.wants(&["l3-memory", "partial", "miss"]) {
-            self.memory(len, &p, &q, &h, &refs, tpot)?;
+            self.memory(&pr, tpot)?;
         }
         if self.cfg.mooncake && self.cfg.wants(&["l3-mooncake"]) {
             self.mooncake(len)?;
@@ -376,12 +388,8 @@ impl<'a> Bench<'a> {
     }
 
     /// Device and Host hits (no L3).
-    fn device_and_host(
-        &mut self,
-        len: u64,
-        p: &[Vec<u32>],
-        refs: &BTreeMap<(u64, usize), Vec<u64>>,
-    ) -> Result<(), String> {
+    fn device_and_host(&mut self, pr: &Prompts) -> Result<(), String> {
+        let (len, p, refs) = (pr.len, &pr.p, &pr.refs);
         let runs = self.cfg.runs.max(1);
         let mt = self.cfg.max_tokens;
         let d = self.start(None, &format!("device-host-{len}"))?;
@@ -401,12 +409,8 @@ impl<'a> Bench<'a> {
     }
 
     /// The shared-DFS tier: a writer backs the prompts up, then fresh processes read.
-    fn dfs(
-        &mut self,
-        len: u64,
-        p: &[Vec<u32>],
-        refs: &BTreeMap<(u64, usize), Vec<u64>>,
-    ) -> Result<(), String> {
+    fn dfs(&mut self, pr: &Prompts) -> Result<(), String> {
+        let (len, p, refs) = (pr.len, &pr.p, &pr.refs);
         let runs = self.cfg.runs.max(1);
         let mt = self.cfg.max_tokens;
         let dfs = self.cfg.out.join(format!("store-dfs-{len}"));
@@ -443,15 +447,8 @@ impl<'a> Bench<'a> {
     }
 
     /// The MEMORY tier of a long-running process, partial hits and misses.
-    fn memory(
-        &mut self,
-        len: u64,
-        p: &[Vec<u32>],
-        q: &[Vec<u32>],
-        h: &[Vec<u32>],
-        refs: &BTreeMap<(u64, usize), Vec<u64>>,
-        tpot: &mut Vec<serde_json::Value>,
-    ) -> Result<(), String> {
+    fn memory(&mut self, pr: &Prompts, tpot: &mut Vec<serde_json::Value>) -> Result<(), String> {
+        let (len, p, q, h, refs) = (pr.len, &pr.p, &pr.q, &pr.h, &pr.refs);
         let runs = self.cfg.runs.max(1);
         let mt = self.cfg.max_tokens;
         let mem = self.cfg.out.join(format!("store-memory-{len}"));
