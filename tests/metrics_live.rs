@@ -12,9 +12,13 @@ use std::time::Duration;
 
 /// An engine host on the local store in `store_dir`.
 fn start(store_dir: &str) -> Host {
+    start_with(store_dir, &[])
+}
+
+fn start_with(store_dir: &str, envs: &[(&str, &str)]) -> Host {
     Host::start(
         &["serve", "--store", "local", "--store-dir", store_dir],
-        &[],
+        envs,
     )
 }
 
@@ -159,9 +163,9 @@ fn a_live_engine_host_exports_every_declared_metric_and_counts_its_workload() {
         "SIGTERM ends the engine host with 0"
     );
 
-    // A fresh process restores the prompt from L3 through the local store (its query admits
-    // DFS -> MEMORY promotions; GETs are served from MEMORY or DFS).
-    let second = start(d);
+    // A fresh process restores the prompt from L3 through the local store (its GET reads
+    // DFS into Host; with promote_after_get, what it read is then promoted into MEMORY).
+    let second = start_with(d, &[("TSL3_STORAGE__LOCAL__PROMOTE_AFTER_GET", "true")]);
     let c = second.complete(&p, 3);
     assert!(c["tsl3"]["l3"].as_u64().unwrap() > 0, "{c}");
     let text = metrics_until(&second, "an L3 restore served by the local store", |s| {
