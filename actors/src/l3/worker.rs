@@ -1,8 +1,9 @@
 //! An L3 worker thread: takes immutable jobs from its kind's queue, skips inert
 //! (cancelled) items, calls the store with the job's Host byte ranges, and settles the job
 //! under the executor's lock; after a GET settled, it triggers the promotion of what the
-//! GET read (seed 003's trigger, detached: it runs on the store's workers). It never calls the scheduler, a device API or a collective,
-//! and it never decides retirement beyond what the store's results state.
+//! GET read (seed 003's trigger, detached: it runs on the store's workers). It never calls
+//! the scheduler, a device API or a collective, and it never decides retirement beyond
+//! what the store's results state.
 
 use super::executor::{Phase, Shared};
 use super::job::Job;

@@ -1,9 +1,11 @@
 //! LocalStore, the embedded default store: an in-process MEMORY tier (bounded bytes, LRU,
 //! leases) over the shared-DFS tier (`DfsStore`). PUT writes through (DFS first, then a
-//! best-effort MEMORY copy); GET reads MEMORY first, then DFS; `prefetch_to_memory` is
-//! seed 003's DFS → MEMORY promotion, run by the shared engine (`store::promotion`) with
-//! the MEMORY tier as the target (`promotion`). Admission (a later GET) always
-//! reselects the currently readable source: a promoted replica is not a reservation.
+//! best-effort MEMORY copy); GET reads MEMORY first, then DFS, straight into Host (a large
+//! batch over a few threads), and promotes what it read afterwards only with
+//! `promote_after_get`; `prefetch_to_memory` is seed 003's DFS → MEMORY promotion, run by
+//! the shared engine (`store::promotion`) with the MEMORY tier as the target
+//! (`promotion`). Admission (a later GET) always reselects the currently readable source:
+//! a promoted replica is not a reservation.
 //! It must never serve a MEMORY replica that was not fully written and verified, and never
 //! remove a DFS source a promotion of this process is reading.
 
