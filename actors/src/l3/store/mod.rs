@@ -100,6 +100,7 @@ impl PromotionResult {
 /// ordinary query/get path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreCapabilities {
+    /// The executor triggers `promote_detached` with what each GET read.
     pub promotion: bool,
 }
 

@@ -197,8 +197,12 @@ impl Store for LocalStore {
         true
     }
 
+    /// Promotion after a GET only with `promote_after_get` (the explicit
+    /// `prefetch_to_memory` trigger works either way).
     fn capabilities(&self) -> StoreCapabilities {
-        StoreCapabilities { promotion: true }
+        StoreCapabilities {
+            promotion: self.promote_after_get,
+        }
     }
 
     fn query(&self, keys: &[StorageKey]) -> Result<Vec<bool>, StoreError> {

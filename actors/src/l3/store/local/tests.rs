@@ -34,6 +34,7 @@ struct Limits {
     staging: u64,
     workers: u32,
     in_flight: u32,
+    promote_after_get: bool,
 }
 
 impl Default for Limits {
@@ -43,6 +44,7 @@ impl Default for Limits {
             staging: 1 << 20,
             workers: 2,
             in_flight: 16,
+            promote_after_get: true,
         }
     }
 }
@@ -58,7 +60,7 @@ fn fx(l: Limits) -> Fx {
         max_promotions_in_flight: l.in_flight,
         dfs_io_concurrency: 4,
         promotion_ttl_us: TTL_US,
-        promote_after_get: true,
+        promote_after_get: l.promote_after_get,
     };
     let store = Arc::new(LocalStore::open(&cfg, clock.clone()).unwrap());
     Fx {
@@ -488,21 +490,15 @@ fn a_detached_trigger_runs_to_commit_with_no_waiter_left() {
 
 #[test]
 fn without_promote_after_get_a_detached_trigger_starts_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = LocalStoreConfig {
-        dir: dir.path().join("dfs"),
-        memory_bytes: 1 << 20,
-        promotion_workers: 1,
-        staging_bytes: 1 << 20,
-        max_promotions_in_flight: 4,
-        dfs_io_concurrency: 2,
-        promotion_ttl_us: TTL_US,
+    let f = fx(Limits {
         promote_after_get: false,
-    };
-    let store = LocalStore::open(&cfg, ManualClock::new(1_000)).unwrap();
-    assert_eq!(
-        store.dfs().put_one(&k("a"), &payload(1, 64)),
-        KeyResult::Ok { bytes: 64 }
+        ..Limits::default()
+    });
+    let store = &f.store;
+    f.seed(&k("a"), &payload(1, 64));
+    assert!(
+        !store.capabilities().promotion,
+        "the executor triggers nothing"
     );
     assert_eq!(store.promote_detached(&[k("a")]).unwrap(), 0);
     assert_eq!(store.promotion_stats().attempted.load(Ordering::SeqCst), 0);
