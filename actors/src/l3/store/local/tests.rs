@@ -422,8 +422,9 @@ fn memory_pressure_gives_capacity() {
     f.quiescent();
 }
 
-#[test]
-fn cancelling_one_waiter_leaves_the_others_result() {
+/// A store with one promotion worker, held at its read of "blocker" (released through the
+/// gate; its ticket is the third value), and objects "a" and "c" in DFS only.
+fn one_worker_held() -> (Fx, Arc<Gate>, PromotionTicket<MemoryTier>) {
     let f = fx(Limits {
         workers: 1,
         ..Limits::default()
@@ -435,6 +436,12 @@ fn cancelling_one_waiter_leaves_the_others_result() {
     f.store.hooks().arm_once(PromotionStage::Read, g.clone());
     let tb = f.store.submit_prefetch(&[k("blocker")]).unwrap();
     g.wait_entered(1);
+    (f, g, tb)
+}
+
+#[test]
+fn cancelling_one_waiter_leaves_the_others_result() {
+    let (f, g, tb) = one_worker_held();
     // The only worker is held: "a" and "c" stay queued.
     let ta1 = f.store.submit_prefetch(&[k("a")]).unwrap();
     let ta2 = f.store.submit_prefetch(&[k("a")]).unwrap();
@@ -459,17 +466,7 @@ fn cancelling_one_waiter_leaves_the_others_result() {
 
 #[test]
 fn a_detached_trigger_runs_to_commit_with_no_waiter_left() {
-    let f = fx(Limits {
-        workers: 1,
-        ..Limits::default()
-    });
-    f.seed(&k("blocker"), &payload(1, 64));
-    f.seed(&k("a"), &payload(2, 64));
-    f.seed(&k("c"), &payload(3, 64));
-    let g = Gate::new();
-    f.store.hooks().arm_once(PromotionStage::Read, g.clone());
-    let tb = f.store.submit_prefetch(&[k("blocker")]).unwrap();
-    g.wait_entered(1);
+    let (f, g, tb) = one_worker_held();
     // "a" and "c" stay queued behind the held worker, and nobody waits for them.
     assert_eq!(f.store.promote_detached(&[k("a"), k("c")]).unwrap(), 2);
     // A waiter that joins "a" and goes away does not cancel it either.
