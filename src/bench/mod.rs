@@ -9,6 +9,7 @@ pub mod http;
 pub mod idle;
 pub mod plot;
 pub mod process;
+pub mod raw_transfer;
 pub mod replay;
 pub mod stats;
 pub mod trace;

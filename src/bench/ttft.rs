@@ -25,8 +25,9 @@
 use super::http::{self, Streamed};
 use super::plot::{Panel, Series, StackedBar};
 use super::process::{drop_page_cache, EngineProcess};
+use super::raw_transfer::{beyond_raw, memcpy_bandwidth, BeyondRaw};
 use super::stats::{percentile, tokens};
-use actors::model::ModelProfile;
+use actors::model::{GroupKind, ModelProfile};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -601,6 +602,51 @@ impl<'a> Bench<'a> {
     }
 }
 
+/// KV bytes per prompt token of one rank, when every cache group keeps full history (a
+/// window or state group's restored bytes do not grow with the prompt: None).
+fn bytes_per_token(profile: &ModelProfile) -> Option<f64> {
+    let mut sum = 0.0;
+    for g in &profile.groups {
+        if g.kind != GroupKind::Full {
+            return None;
+        }
+        sum += g.shard_block_bytes(1).ok()? as f64 / g.block_tokens.max(1) as f64;
+    }
+    Some(sum)
+}
+
+/// Restore time beyond raw transfer of every memory-speed cohort at every length.
+fn beyond_raw_figures(
+    summaries: &[Summary],
+    profile: &ModelProfile,
+    bandwidth: f64,
+) -> Vec<BeyondRaw> {
+    let Some(per_token) = bytes_per_token(profile) else {
+        return vec![];
+    };
+    summaries
+        .iter()
+        .filter_map(|s| {
+            let device = summaries
+                .iter()
+                .find(|d| d.cohort == "device" && d.tokens == s.tokens)?;
+            let restored = if s.cohort == "host" {
+                s.mean_host
+            } else {
+                s.mean_l3
+            };
+            beyond_raw(
+                s.cohort,
+                s.tokens,
+                s.p50_ms,
+                device.p50_ms,
+                restored * per_token,
+                bandwidth,
+            )
+        })
+        .collect()
+}
+
 /// The ratio of two cohorts' p50 TTFT at one length.
 pub fn ratio(summaries: &[Summary], a: &str, b: &str, len: u64) -> Option<f64> {
     let p = |c: &str| {
@@ -619,6 +665,14 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
     std::fs::create_dir_all(cfg.out.join("logs"))
         .map_err(|e| format!("{}: {e}", cfg.out.display()))?;
     let mut b = Bench::new(cfg)?;
+    // This machine's memcpy over every core, before any engine runs: the raw transfer
+    // speed a memory-speed restore is measured against.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let bandwidth = memcpy_bandwidth(512 << 20, threads, 4);
+    println!(
+        "memcpy bandwidth ({threads} threads, 512 MiB, best of 4): {:.2} GB/s",
+        bandwidth / 1e9
+    );
     let model = cfg.model_name();
     println!(
         "bench ttft: model {} lengths {:?} runs {} soft deadline {} ms, device time {}, Device capacity {} blocks per group, output {}",
@@ -672,6 +726,19 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
             t["ratio"].as_f64().unwrap_or(f64::NAN)
         );
     }
+    let beyond = beyond_raw_figures(&summaries, &b.profile, bandwidth);
+    for f in &beyond {
+        println!(
+            "restore beyond raw transfer: {} at {} tokens: restore {:.1} ms (p50 - device p50) for {:.0} MiB x {} hops, raw {:.1} ms at memcpy speed: {:+.0}% (target <= +20%)",
+            f.cohort,
+            f.tokens,
+            f.restore_ms,
+            f.restored_bytes / (1u64 << 20) as f64,
+            f.hops,
+            f.raw_ms,
+            f.beyond * 100.0
+        );
+    }
     let longest = cfg.lengths.iter().copied().max().unwrap_or(0);
     let ratios: BTreeMap<&str, Option<f64>> = COHORTS[1..]
         .iter()
@@ -689,6 +756,8 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
         "memory_tier_bytes": b.memory_tier_bytes,
         "summaries": summaries,
         "ratios_to_recompute_at_longest": ratios,
+        "memcpy_bytes_per_s": bandwidth,
+        "restore_beyond_raw_transfer": beyond,
         "tpot": tpot,
         "samples": b.samples,
         "mismatches": b.mismatches,
@@ -764,4 +833,49 @@ fn plot(summaries: &[Summary], profile: &str, longest: u64, path: &Path) -> Resu
             },
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(cohort: &'static str, tokens: u64, p50_ms: f64, host: f64, l3: f64) -> Summary {
+        Summary {
+            cohort,
+            tokens,
+            runs: 1,
+            p50_ms,
+            p90_ms: p50_ms,
+            p99_ms: p50_ms,
+            mean_device: 0.0,
+            mean_host: host,
+            mean_l3: l3,
+            mean_computed: 0.0,
+            fallbacks: BTreeMap::new(),
+            outputs_equal: 1,
+        }
+    }
+
+    #[test]
+    fn restored_bytes_follow_the_tokens_each_cohort_restored() {
+        let p = ModelProfile::by_name("llama-8b-like").unwrap();
+        // 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes per token.
+        assert_eq!(bytes_per_token(&p), Some(131072.0));
+        let s = [
+            summary("device", 16384, 20.0, 0.0, 0.0),
+            summary("host", 16384, 220.0, 16368.0, 0.0),
+            summary("l3-memory", 16384, 420.0, 0.0, 16368.0),
+            summary("miss", 16384, 1000.0, 0.0, 0.0),
+        ];
+        let f = beyond_raw_figures(&s, &p, 16368.0 * 131072.0 / 0.1);
+        assert_eq!(f.len(), 2, "{f:?}");
+        // Raw: 100 ms per hop. Host: 200 ms restore over 1 hop; L3: 400 ms over 2 hops.
+        assert_eq!((f[0].cohort, f[0].hops), ("host", 1));
+        assert!((f[0].beyond - 1.0).abs() < 1e-9, "{f:?}");
+        assert_eq!((f[1].cohort, f[1].hops), ("l3-memory", 2));
+        assert!((f[1].beyond - 1.0).abs() < 1e-9, "{f:?}");
+        let hybrid = ModelProfile::by_name("hybrid-swa").unwrap();
+        assert_eq!(bytes_per_token(&hybrid), None);
+        assert!(beyond_raw_figures(&s, &hybrid, 1e9).is_empty());
+    }
 }
