@@ -103,9 +103,9 @@ impl EmulatedDeviceMemory {
                 // SAFETY: the source range is held (source reference) until the fence
                 // completes, so no one writes it while this copy reads it.
                 let src = unsafe { self.host.range(range) }.map_err(|e| fail(e.to_string()))?;
-                dev.copy_from_slice(src);
-                // the restored bytes' unit hashes, taken from what landed
-                self.units.record(start, dev);
+                // the restored bytes' unit hashes, taken from what landed as it landed
+                let hashes = self.units.copy_hashed(start, dev, src);
+                self.units.store(start, dev.len(), hashes);
             }
         }
         Ok(())
@@ -164,8 +164,8 @@ impl EmulatedDeviceMemory {
                 share
                     .iter_mut()
                     .map(|(addr, dst, src)| {
-                        dst.copy_from_slice(src);
-                        (*addr, dst.len(), units.hashes_of(*addr, dst))
+                        let hashes = units.copy_hashed(*addr, dst, src);
+                        (*addr, dst.len(), hashes)
                     })
                     .collect()
             };

@@ -13,6 +13,9 @@
 /// the arena): the forward hashes those blocks' bytes as before.
 pub const MIN_RECORDED_UNIT: usize = 128;
 
+/// Bytes copied before they are hashed in a fused copy (well inside a core's L2).
+pub const FUSED_CHUNK: usize = 64 << 10;
+
 #[derive(Debug, Default)]
 struct SlotRecord {
     /// Bytes from the slot's start that `hashes` covers (0: no record).
@@ -94,19 +97,27 @@ impl UnitHashes {
         rec.len = bytes.len();
     }
 
-    /// The unit hashes of `bytes`, the arena's bytes from `addr`, when they can be
-    /// recorded there (for a copy done elsewhere; `store` records them).
-    pub fn hashes_of(&self, addr: usize, bytes: &[u8]) -> Option<Vec<u64>> {
-        self.recordable(addr, bytes.len())?;
-        Some(
-            bytes
-                .chunks_exact(self.unit)
-                .map(crate::model::kv::unit_hash)
-                .collect(),
-        )
+    /// Copies `src` into `dst` (the arena's bytes from `addr`) and returns the unit hashes
+    /// of what landed, when they can be recorded there. The copy runs in chunks of whole
+    /// units (about [`FUSED_CHUNK`] bytes) and each chunk is hashed right after it landed,
+    /// while it is still in cache: one pass over memory instead of a copy and a re-read.
+    /// Where no record can be taken it is a plain copy and None.
+    pub fn copy_hashed(&self, addr: usize, dst: &mut [u8], src: &[u8]) -> Option<Vec<u64>> {
+        if self.recordable(addr, dst.len()).is_none() || dst.len() != src.len() {
+            dst.copy_from_slice(src);
+            return None;
+        }
+        let unit = self.unit;
+        let chunk = unit * (FUSED_CHUNK / unit).max(1);
+        let mut hashes = Vec::with_capacity(dst.len() / unit);
+        for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+            d.copy_from_slice(s);
+            hashes.extend(d.chunks_exact(unit).map(crate::model::kv::unit_hash));
+        }
+        Some(hashes)
     }
 
-    /// Records `hashes` (from `hashes_of`) for the `len` bytes now at `addr`; None drops
+    /// Records `hashes` (from `copy_hashed`) for the `len` bytes now at `addr`; None drops
     /// the record of every slot they touch.
     pub fn store(&mut self, addr: usize, len: usize, hashes: Option<Vec<u64>>) {
         match (hashes, self.recordable(addr, len)) {
@@ -205,6 +216,36 @@ mod tests {
         t.record(SLOT, &src[..UNIT]);
         assert_eq!(t.get(SLOT, UNIT), Some(&hashes(&src)[..1]));
         assert_eq!(t.get(SLOT, 2 * UNIT), None);
+    }
+
+    #[test]
+    fn a_fused_copy_lands_the_bytes_and_hashes_what_landed_chunk_by_chunk() {
+        // A slot larger than one fused chunk, so the copy runs in several chunks.
+        let slot = FUSED_CHUNK * 2 + 4 * UNIT;
+        let mut t = UnitHashes::new(2, slot);
+        t.set_unit(UNIT);
+        let mut src = vec![0u8; slot];
+        fill_prng(9, &mut src);
+        let mut arena = vec![0u8; 2 * slot];
+        let (first, second) = arena.split_at_mut(slot);
+        let h = t.copy_hashed(slot, second, &src).expect("recordable");
+        assert_eq!(second, &src[..]);
+        assert_eq!(h, hashes(&src), "the same hashes a separate pass takes");
+        t.store(slot, slot, Some(h));
+        assert_eq!(t.get(slot, slot), Some(&hashes(&src)[..]));
+        // not at a slot's start: a plain copy, no record
+        assert_eq!(
+            t.copy_hashed(4, &mut first[4..4 + UNIT], &src[..UNIT]),
+            None
+        );
+        assert_eq!(&first[4..4 + UNIT], &src[..UNIT]);
+        // one wrong source byte changes exactly the hash of its unit
+        src[FUSED_CHUNK + 3] ^= 1;
+        let h2 = t.copy_hashed(0, first, &src).unwrap();
+        let diff: Vec<usize> = (0..h2.len())
+            .filter(|i| h2[*i] != hashes(&second[..])[*i])
+            .collect();
+        assert_eq!(diff, vec![FUSED_CHUNK / UNIT]);
     }
 
     #[test]
