@@ -16,6 +16,21 @@ use std::sync::Arc;
 /// A run of H2D copies at least this large is split over two threads.
 pub const PARALLEL_H2D_BYTES: u64 = 16 << 20;
 
+/// Where a run of copies of these lengths (summing to `total`) splits into two shares of
+/// about equal bytes: the first share is the copies before the returned index.
+fn halfway(lens: impl Iterator<Item = u64>, total: u64) -> usize {
+    let mut acc = 0u64;
+    let mut split = 0usize;
+    for len in lens {
+        if acc * 2 >= total {
+            break;
+        }
+        acc += len;
+        split += 1;
+    }
+    split
+}
+
 #[derive(Debug)]
 enum Pending {
     Copy(ResolvedCopy),
@@ -157,13 +172,7 @@ impl EmulatedDeviceMemory {
             })?;
             parts.push((*start, dst, src));
         }
-        // two shares of about equal bytes
-        let mut split = 0usize;
-        let mut acc = 0u64;
-        while split < parts.len() && acc * 2 < total {
-            acc += parts[split].1.len() as u64;
-            split += 1;
-        }
+        let split = halfway(parts.iter().map(|p| p.1.len() as u64), total);
         let (first, second) = parts.split_at_mut(split);
         let units = &self.units;
         let copy_share =
@@ -236,12 +245,7 @@ impl EmulatedDeviceMemory {
             )?;
             parts.push((dst, &arena[dev.clone()]));
         }
-        let mut split = 0usize;
-        let mut acc = 0u64;
-        while split < parts.len() && acc * 2 < total {
-            acc += parts[split].0.len() as u64;
-            split += 1;
-        }
+        let split = halfway(parts.iter().map(|p| p.0.len() as u64), total);
         let (first, second) = parts.split_at_mut(split);
         let copy_share = |share: &mut [(&mut [u8], &[u8])]| {
             for (dst, src) in share.iter_mut() {
@@ -377,5 +381,18 @@ impl DeviceMemory for EmulatedDeviceMemory {
             arena: &mut self.arena,
             units: &mut self.units,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::halfway;
+
+    #[test]
+    fn a_run_splits_where_the_first_share_reaches_half_its_bytes() {
+        assert_eq!(halfway([4u64, 4, 4, 4].into_iter(), 16), 2);
+        assert_eq!(halfway([10u64, 1, 1].into_iter(), 12), 1);
+        assert_eq!(halfway([1u64, 1, 10].into_iter(), 12), 3);
+        assert_eq!(halfway(std::iter::empty(), 0), 0);
     }
 }
