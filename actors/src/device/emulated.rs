@@ -1,7 +1,8 @@
 //! Host-emulated device memory (the default backend, and what CI runs): a separate Vec<u8>
 //! arena of N device slots and an in-order queue standing in for a stream. Copies execute
 //! when fences are polled (like asynchronous DMA that reads its Host source late), so a
-//! Host range must stay owned until its fence completes. An optional per-poll step limit
+//! Host range must stay owned until its fence completes. A large run of copies in one
+//! direction is split over two threads. An optional per-poll step limit
 //! lets tests observe fences that have not completed yet. It never sleeps.
 
 use super::geometry::DeviceGeometry;
@@ -13,8 +14,8 @@ use messages::HostRange;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// A run of H2D copies at least this large is split over two threads.
-pub const PARALLEL_H2D_BYTES: u64 = 16 << 20;
+/// A run of copies in one direction at least this large is split over two threads.
+pub const PARALLEL_RUN_BYTES: u64 = 16 << 20;
 
 /// Where a run of copies of these lengths (summing to `total`) splits into two shares of
 /// about equal bytes: the first share is the copies before the returned index.
@@ -29,6 +30,41 @@ fn halfway(lens: impl Iterator<Item = u64>, total: u64) -> usize {
         split += 1;
     }
     split
+}
+
+/// Whether ranges sorted by start are pairwise disjoint.
+fn disjoint(sorted: impl Iterator<Item = (u64, u64)>) -> bool {
+    let mut prev_end = None;
+    for (start, end) in sorted {
+        if prev_end.is_some_and(|e| e > start) {
+            return false;
+        }
+        prev_end = Some(end);
+    }
+    true
+}
+
+/// Runs `work` over two shares of `parts` of about equal bytes (`len` of each, summing to
+/// `total`): the second on a scoped thread (the second core plays the DMA engine), the
+/// first on this one. A panic of the other thread is an error naming `what`.
+fn on_two_threads<P: Send, R: Send>(
+    parts: &mut [P],
+    total: u64,
+    len: impl Fn(&P) -> u64,
+    work: impl Fn(&mut [P]) -> R + Sync,
+    what: &str,
+) -> Result<(R, R), DeviceError> {
+    let split = halfway(parts.iter().map(&len), total);
+    let (first, second) = parts.split_at_mut(split);
+    let (mine, other) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| work(second));
+        (work(first), other.join())
+    });
+    let other = other.map_err(|_| DeviceError::Backend {
+        backend: "emulated",
+        message: format!("{what} copy thread panicked"),
+    })?;
+    Ok((mine, other))
 }
 
 #[derive(Debug)]
@@ -133,14 +169,14 @@ impl EmulatedDeviceMemory {
         Ok(())
     }
 
-    /// A run of H2D copies large enough to split (`PARALLEL_H2D_BYTES`) whose device
+    /// A run of H2D copies large enough to split (`PARALLEL_RUN_BYTES`) whose device
     /// destinations are pairwise disjoint executes on two threads, each copying and
     /// hashing its share (a DMA engine runs beside the host thread; here the second core
     /// plays it). False, having done nothing, when the run is small or overlaps: the copies
     /// then run one by one, in order.
     fn execute_h2d_run(&mut self, run: &[ResolvedCopy]) -> Result<bool, DeviceError> {
         let total: u64 = run.iter().map(|c| c.len).sum();
-        if run.len() < 2 || total < PARALLEL_H2D_BYTES {
+        if run.len() < 2 || total < PARALLEL_RUN_BYTES {
             return Ok(false);
         }
         let mut order: Vec<(usize, usize, ResolvedCopy)> = Vec::with_capacity(run.len());
@@ -149,7 +185,7 @@ impl EmulatedDeviceMemory {
             order.push((r.start, r.end, *c));
         }
         order.sort_unstable_by_key(|(start, _, _)| *start);
-        if order.windows(2).any(|w| w[0].1 > w[1].0) {
+        if !disjoint(order.iter().map(|(s, e, _)| (*s as u64, *e as u64))) {
             return Ok(false);
         }
         // carve the disjoint destinations out of the arena, in address order
@@ -172,8 +208,6 @@ impl EmulatedDeviceMemory {
             })?;
             parts.push((*start, dst, src));
         }
-        let split = halfway(parts.iter().map(|p| p.1.len() as u64), total);
-        let (first, second) = parts.split_at_mut(split);
         let units = &self.units;
         let copy_share =
             |share: &mut [(usize, &mut [u8], &[u8])]| -> Vec<(usize, usize, Option<Vec<u64>>)> {
@@ -185,15 +219,13 @@ impl EmulatedDeviceMemory {
                     })
                     .collect()
             };
-        let (a, b) = std::thread::scope(|scope| {
-            let other = scope.spawn(|| copy_share(second));
-            let mine = copy_share(first);
-            (mine, other.join())
-        });
-        let b = b.map_err(|_| DeviceError::Backend {
-            backend: "emulated",
-            message: "an H2D copy thread panicked".into(),
-        })?;
+        let (a, b) = on_two_threads(
+            &mut parts,
+            total,
+            |p| p.1.len() as u64,
+            copy_share,
+            "an H2D",
+        )?;
         for (addr, len, hashes) in a.into_iter().chain(b) {
             self.units.store(addr, len, hashes);
         }
@@ -201,13 +233,13 @@ impl EmulatedDeviceMemory {
         Ok(true)
     }
 
-    /// A run of D2H copies large enough to split (`PARALLEL_H2D_BYTES`) whose Host
+    /// A run of D2H copies large enough to split (`PARALLEL_RUN_BYTES`) whose Host
     /// destinations are pairwise disjoint executes on two threads, each copying its share
     /// out of the arena (which no copy of the run writes). False, having done nothing, when
     /// the run is small or its destinations overlap: the copies then run one by one.
     fn execute_d2h_run(&mut self, run: &[ResolvedCopy]) -> Result<bool, DeviceError> {
         let total: u64 = run.iter().map(|c| c.len).sum();
-        if run.len() < 2 || total < PARALLEL_H2D_BYTES {
+        if run.len() < 2 || total < PARALLEL_RUN_BYTES {
             return Ok(false);
         }
         let mut order: Vec<(u64, u64, std::ops::Range<usize>)> = Vec::with_capacity(run.len());
@@ -226,7 +258,7 @@ impl EmulatedDeviceMemory {
             ));
         }
         order.sort_unstable_by_key(|(start, _, _)| *start);
-        if order.windows(2).any(|w| w[0].1 > w[1].0) {
+        if !disjoint(order.iter().map(|(s, e, _)| (*s, *e))) {
             return Ok(false);
         }
         let arena: &[u8] = &self.arena;
@@ -245,22 +277,12 @@ impl EmulatedDeviceMemory {
             )?;
             parts.push((dst, &arena[dev.clone()]));
         }
-        let split = halfway(parts.iter().map(|p| p.0.len() as u64), total);
-        let (first, second) = parts.split_at_mut(split);
         let copy_share = |share: &mut [(&mut [u8], &[u8])]| {
             for (dst, src) in share.iter_mut() {
                 dst.copy_from_slice(src);
             }
         };
-        let joined = std::thread::scope(|scope| {
-            let other = scope.spawn(|| copy_share(second));
-            copy_share(first);
-            other.join()
-        });
-        joined.map_err(|_| DeviceError::Backend {
-            backend: "emulated",
-            message: "a D2H copy thread panicked".into(),
-        })?;
+        on_two_threads(&mut parts, total, |p| p.0.len() as u64, copy_share, "a D2H")?;
         self.split_d2h_runs += 1;
         Ok(true)
     }
@@ -386,7 +408,7 @@ impl DeviceMemory for EmulatedDeviceMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::halfway;
+    use super::{disjoint, halfway};
 
     #[test]
     fn a_run_splits_where_the_first_share_reaches_half_its_bytes() {
@@ -394,5 +416,12 @@ mod tests {
         assert_eq!(halfway([10u64, 1, 1].into_iter(), 12), 1);
         assert_eq!(halfway([1u64, 1, 10].into_iter(), 12), 3);
         assert_eq!(halfway(std::iter::empty(), 0), 0);
+    }
+
+    #[test]
+    fn ranges_that_touch_are_disjoint_and_ranges_that_share_a_byte_are_not() {
+        assert!(disjoint([(0, 4), (4, 8), (10, 12)].into_iter()));
+        assert!(!disjoint([(0, 5), (4, 8)].into_iter()));
+        assert!(disjoint(std::iter::empty()));
     }
 }

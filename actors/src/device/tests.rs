@@ -675,6 +675,29 @@ fn a_recorded_digest_equals_the_digest_of_the_bytes() {
     ));
 }
 
+/// Polls until some fence completed (an engine with a step limit needs several polls).
+fn poll_until_done(e: &mut DeviceCopyEngineCore<EmulatedDeviceMemory>) -> Vec<FenceId> {
+    loop {
+        let done = e.poll_fences().unwrap();
+        if !done.is_empty() {
+            return done;
+        }
+    }
+}
+
+/// Runs `batch` on an engine that executes it in one poll and on one that executes one
+/// copy per poll; both complete its fence.
+fn run_split_and_serial(
+    split: &mut DeviceCopyEngineCore<EmulatedDeviceMemory>,
+    serial: &mut DeviceCopyEngineCore<EmulatedDeviceMemory>,
+    batch: &DeviceCopyBatch,
+) {
+    let f = split.submit(batch).unwrap();
+    assert_eq!(split.poll_fences().unwrap(), vec![f]);
+    let g = serial.submit(batch).unwrap();
+    assert_eq!(poll_until_done(serial), vec![g]);
+}
+
 /// A large run of H2D copies is split over two threads: it lands the same bytes and the
 /// same unit-hash records as the same copies done one by one, and a run whose
 /// destinations overlap keeps stream order (the later copy wins).
@@ -708,18 +731,11 @@ fn a_split_h2d_run_lands_what_one_by_one_copies_land() {
         DeviceSlot(2),
         8192,
     ));
-    assert!(copies.iter().map(|c| c.host.len).sum::<u64>() >= super::emulated::PARALLEL_H2D_BYTES);
+    assert!(copies.iter().map(|c| c.host.len).sum::<u64>() >= super::emulated::PARALLEL_RUN_BYTES);
     let batch = DeviceCopyBatch::new(copies);
     let mut split = make(None);
     let mut serial = make(Some(1));
-    let f = split.submit(&batch).unwrap();
-    assert_eq!(split.poll_fences().unwrap(), vec![f]);
-    let g = serial.submit(&batch).unwrap();
-    let mut done = vec![];
-    while done.is_empty() {
-        done = serial.poll_fences().unwrap();
-    }
-    assert_eq!(done, vec![g]);
+    run_split_and_serial(&mut split, &mut serial, &batch);
     assert_eq!(split.memory().split_h2d_runs(), 1);
     assert_eq!(serial.memory().split_h2d_runs(), 0);
     assert!(split.memory().arena() == serial.memory().arena());
@@ -830,11 +846,7 @@ fn a_split_d2h_run_lands_what_one_by_one_copies_land() {
                 .collect(),
         );
         let f = e.submit(&fill).unwrap();
-        let mut done = vec![];
-        while done.is_empty() {
-            done = e.poll_fences().unwrap();
-        }
-        assert_eq!(done, vec![f]);
+        assert_eq!(poll_until_done(&mut e), vec![f]);
         e
     };
     // twelve whole slots to shuffled, disjoint Host ranges above the source, and a
@@ -856,14 +868,7 @@ fn a_split_d2h_run_lands_what_one_by_one_copies_land() {
     let batch = DeviceCopyBatch::new(copies);
     let mut split = make(None);
     let mut serial = make(Some(1));
-    let f = split.submit(&batch).unwrap();
-    assert_eq!(split.poll_fences().unwrap(), vec![f]);
-    let g = serial.submit(&batch).unwrap();
-    let mut done = vec![];
-    while done.is_empty() {
-        done = serial.poll_fences().unwrap();
-    }
-    assert_eq!(done, vec![g]);
+    run_split_and_serial(&mut split, &mut serial, &batch);
     assert_eq!(split.memory().split_d2h_runs(), 1);
     assert_eq!(serial.memory().split_d2h_runs(), 0);
     let all = HostRange::new(0, 40 * SLOT);
