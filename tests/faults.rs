@@ -472,11 +472,25 @@ fn a_killed_or_stalled_rank_fails_the_replica_promptly_and_launch_exits_non_zero
         );
         assert_eq!(tokens(&h.complete(&prompt(16, 1), 2)).len(), 2);
         let follower = rank_pid(&log, 1);
+        // A long generation is in the rounds when the follower goes.
+        let body = serde_json::json!({"prompt": prompt(16, 2), "max_tokens": 4000}).to_string();
+        let addr = h.addr.clone();
+        let request =
+            std::thread::spawn(move || common::http(&addr, "POST", "/v1/completions", &body, None));
+        let mut live = 0;
+        for _ in 0..400 {
+            let (_, health) = h.get("/health");
+            let v: serde_json::Value = serde_json::from_str(&health).unwrap_or_default();
+            live = v["live_requests"].as_u64().unwrap_or(0);
+            if live > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(live > 0, "{sig}: the request reached the rounds");
         let started = std::time::Instant::now();
         signal(follower, sig);
-        // A long generation keeps the request in the rounds when the follower goes.
-        let body = serde_json::json!({"prompt": prompt(16, 2), "max_tokens": 4000}).to_string();
-        let (code, text) = common::http(&h.addr, "POST", "/v1/completions", &body, None);
+        let (code, text) = request.join().unwrap();
         assert_eq!(code, 503, "{sig}: {text}");
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let msg = v["error"]["message"].as_str().unwrap_or_default();

@@ -118,6 +118,9 @@ where
             Ok(a) => a,
             Err(e) => return Err(fail(&mut clients, &inbox, &shared, engine, &e).await),
         };
+        if cfg.leader {
+            clients.refuse_stopping();
+        }
         let agreed_preflight = agreed.admin_preflight.take();
         let tick_us = agreed.tick_us;
         // Steps 3-6.

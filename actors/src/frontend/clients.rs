@@ -56,6 +56,10 @@ pub struct Clients {
     pending: BTreeMap<RequestId, flume::Sender<TokenEvent>>,
     admin: VecDeque<AdminReply>,
     started: BTreeMap<RequestId, Instant>,
+    /// Submissions that arrived while stopping, answered after the round's exchange: with
+    /// "shutting down" when it succeeds, or with the replica's failure when it fails (a
+    /// rank lost just before the stop is the cause a client must see).
+    refused: Vec<flume::Sender<TokenEvent>>,
 }
 
 impl Clients {
@@ -72,7 +76,8 @@ impl Clients {
     }
 
     /// The leader's frontend messages of the next round: cancellations of clients that went
-    /// away, new requests (refused while `stopping`) and admin commands, in arrival order.
+    /// away, new requests and admin commands, in arrival order. While `stopping`, a new
+    /// request is held for `refuse_stopping` (or `fail_all`) instead of entering the round.
     pub fn collect(&mut self, inbox: &FrontendInbox, stopping: bool) -> Vec<FrontendMessage> {
         let mut out: Vec<FrontendMessage> = self
             .pending
@@ -91,9 +96,7 @@ impl Clients {
                 break;
             };
             if stopping {
-                let _ = events.send(TokenEvent::Failed(
-                    "the engine host is shutting down".into(),
-                ));
+                self.refused.push(events);
                 continue;
             }
             let id = self.ids.next_id();
@@ -164,8 +167,19 @@ impl Clients {
 
     /// Fails every request and admin command the registry holds, and (with `inbox`) those
     /// still queued in the inbox.
+    /// Answers the requests that arrived while stopping: the round agreed without them, so
+    /// the replica is whole and only shutting down.
+    pub fn refuse_stopping(&mut self) {
+        for tx in self.refused.drain(..) {
+            let _ = tx.send(TokenEvent::Failed(
+                "the engine host is shutting down".into(),
+            ));
+        }
+    }
+
     pub fn fail_all(&mut self, why: &str, inbox: Option<&FrontendInbox>) {
-        for (_, tx) in std::mem::take(&mut self.pending) {
+        let pending = std::mem::take(&mut self.pending).into_values();
+        for tx in pending.chain(self.refused.drain(..)) {
             let _ = tx.send(TokenEvent::Failed(why.to_string()));
         }
         self.started.clear();
@@ -292,9 +306,36 @@ mod tests {
         c.fail_all("stopping", Some(&inbox));
         assert_eq!(c.pending(), 0);
         assert!(matches!(rx3.try_recv(), Ok(TokenEvent::Failed(_))));
-        // While stopping, a new submission is refused at once.
+        // While stopping, a new submission never enters the round; it is refused once the
+        // round's exchange succeeded.
         let rx4 = submit(&senders, vec![9]);
         assert!(c.collect(&inbox, true).is_empty());
-        assert!(matches!(rx4.try_recv(), Ok(TokenEvent::Failed(_))));
+        assert!(rx4.try_recv().is_err(), "held until the round's exchange");
+        c.refuse_stopping();
+        match rx4.try_recv() {
+            Ok(TokenEvent::Failed(why)) => assert!(why.contains("shutting down"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_refused_while_stopping_gets_the_failure_when_the_round_fails() {
+        // A rank dies and launch stops the leader before the leader's round noticed: the
+        // client is told the replica failed, not only that the host is shutting down.
+        let (senders, inbox) = rig();
+        let rx = submit(&senders, vec![1]);
+        let mut c = Clients::new(RequestIds::with_tag(3));
+        assert!(c.collect(&inbox, true).is_empty());
+        c.fail_all(
+            "the replica failed in round 9: peer rank 1 closed",
+            Some(&inbox),
+        );
+        match rx.try_recv() {
+            Ok(TokenEvent::Failed(why)) => assert!(why.contains("failed in round 9"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // Nothing is answered twice.
+        c.refuse_stopping();
+        assert!(rx.try_recv().is_err());
     }
 }
