@@ -9,7 +9,7 @@ use super::geometry::DeviceGeometry;
 use super::memory::{DeviceMemory, HostView, ResolvedCopy};
 use super::ops::{CopyDirection, DeviceError, FenceId};
 use super::unit_hashes::UnitHashes;
-use crate::host::HostCacheStorage;
+use crate::host::{stream_copy, HostCacheStorage};
 use messages::HostRange;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -155,7 +155,7 @@ impl EmulatedDeviceMemory {
                 // bounds-checked by the engine and again by `range_mut`. Tested: bytes
                 // outside copied ranges stay untouched.
                 let dst = unsafe { self.host.range_mut(range) }.map_err(|e| fail(e.to_string()))?;
-                dst.copy_from_slice(dev);
+                stream_copy(dst, dev);
             }
             CopyDirection::H2D => {
                 // SAFETY: the source range is held (source reference) until the fence
@@ -279,7 +279,7 @@ impl EmulatedDeviceMemory {
         }
         let copy_share = |share: &mut [(&mut [u8], &[u8])]| {
             for (dst, src) in share.iter_mut() {
-                dst.copy_from_slice(src);
+                stream_copy(dst, src);
             }
         };
         on_two_threads(&mut parts, total, |p| p.0.len() as u64, copy_share, "a D2H")?;

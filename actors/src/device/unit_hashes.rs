@@ -9,6 +9,8 @@
 //! (`write`, an H2D copy, copy-on-write, the forward's writes) records or invalidates the
 //! slot first, so a record always describes the bytes in the slot.
 
+use crate::host::stream_copy;
+
 /// Units smaller than this are not recorded (the record would cost more than 1/16 of
 /// the arena): the forward hashes those blocks' bytes as before.
 pub const MIN_RECORDED_UNIT: usize = 128;
@@ -99,20 +101,21 @@ impl UnitHashes {
 
     /// Copies `src` into `dst` (the arena's bytes from `addr`) and returns the unit hashes
     /// of what landed, when they can be recorded there. The copy runs in chunks of whole
-    /// units (about [`FUSED_CHUNK`] bytes) and each chunk is hashed right after it landed,
-    /// while it is still in cache: one pass over memory instead of a copy and a re-read.
-    /// Where no record can be taken it is a plain copy and None.
+    /// units (about [`FUSED_CHUNK`] bytes), streamed (`stream_copy`), and each chunk is
+    /// hashed right after it landed from its source bytes, which the copy just loaded into
+    /// cache and stored unchanged: one pass over memory instead of a copy and a re-read.
+    /// Where no record can be taken it is a plain (streamed) copy and None.
     pub fn copy_hashed(&self, addr: usize, dst: &mut [u8], src: &[u8]) -> Option<Vec<u64>> {
         if self.recordable(addr, dst.len()).is_none() {
-            dst.copy_from_slice(src);
+            stream_copy(dst, src);
             return None;
         }
         let unit = self.unit;
         let chunk = unit * (FUSED_CHUNK / unit).max(1);
         let mut hashes = Vec::with_capacity(dst.len() / unit);
         for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-            d.copy_from_slice(s);
-            hashes.extend(d.chunks_exact(unit).map(crate::model::kv::unit_hash));
+            stream_copy(d, s);
+            hashes.extend(s.chunks_exact(unit).map(crate::model::kv::unit_hash));
         }
         Some(hashes)
     }

@@ -2,4 +2,6 @@
 //! and the debug builds' poisoned-memory checker over it.
 pub mod poison;
 pub mod storage;
+pub mod stream_copy;
 pub use storage::{HostCacheStorage, HostError};
+pub use stream_copy::stream_copy;

@@ -151,13 +151,13 @@ impl Store for MemoryStore {
             .map(|(k, d)| match map.get(k) {
                 None => KeyResult::Missing,
                 Some(obj) if obj.len() == d.len() => {
-                    d.copy_from_slice(obj);
+                    crate::host::stream_copy(d, obj);
                     KeyResult::Ok {
                         bytes: obj.len() as u64,
                     }
                 }
                 Some(obj) if obj.len() < d.len() => {
-                    d[..obj.len()].copy_from_slice(obj);
+                    crate::host::stream_copy(&mut d[..obj.len()], obj);
                     KeyResult::ShortRead {
                         bytes: obj.len() as u64,
                     }

@@ -184,7 +184,7 @@ impl MemoryTarget {
         if len > dest.len() {
             return KeyResult::Invalid;
         }
-        dest[..len].copy_from_slice(&d);
+        crate::host::stream_copy(&mut dest[..len], &d);
         if len < dest.len() {
             KeyResult::ShortRead { bytes: len as u64 }
         } else {
