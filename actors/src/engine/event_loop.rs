@@ -32,6 +32,37 @@ const STOPPED_ALONE_GRACE: Duration = Duration::from_secs(30);
 /// the leader's report. The agreed tick is still delivered with every round.
 pub const QUIET_TICK: Duration = Duration::from_millis(250);
 
+/// The longest pause of a rank that waits on storage (or is idle with storage work pending)
+/// before it rounds again without a completion: the lateness bound of a soft deadline,
+/// a Ready expiry or a backoff.
+pub const WAIT_TICK_MAX: Duration = Duration::from_millis(4);
+
+/// Waits for this rank's next storage completion, a client message (`inbox`, the leader)
+/// or `pause` (at most [`WAIT_TICK_MAX`]), whichever comes first.
+async fn wait_for_work(
+    storage: Option<&tokio::sync::Notify>,
+    inbox: Option<&FrontendInbox>,
+    pause: Duration,
+) {
+    let completed = async {
+        match storage {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    let message = async {
+        match inbox {
+            Some(i) => i.wake.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = completed => {}
+        _ = message => {}
+        _ = tokio::time::sleep(pause.min(WAIT_TICK_MAX)) => {}
+    }
+}
+
 /// The longest an emulated device step is waited (a bound on a mis-modeled round).
 const MAX_EMULATED_WAIT: Duration = Duration::from_secs(5);
 
@@ -91,6 +122,7 @@ where
     // Shutdown drain (leader): when the last request finished, and what the last round saw.
     let mut drain_since: Option<Instant> = None;
     let mut last = RoundWork::default();
+    let storage_wake = engine.storage_wake();
     loop {
         let stopping = shared.stop.load(Ordering::SeqCst);
         if stopping && stopping_since.is_none() {
@@ -164,9 +196,15 @@ where
             break;
         }
         let live = engine.scheduler().live_requests() > 0;
-        if live || work.storage_ops > 0 {
+        // Every live request waits on a QUERY or GET of the executor: a round now would
+        // find nothing to do until a completion lands.
+        let waiting = live
+            && work.storage_ops == 0
+            && work.forwards == 0
+            && engine.scheduler().waits_only_on_storage();
+        if (live && !waiting) || work.storage_ops > 0 {
             idle_rounds = 0;
-        } else if !stopping && work.storage_idle() && engine.admin_pending().is_none() {
+        } else if !live && !stopping && work.storage_idle() && engine.admin_pending().is_none() {
             // Quiet: nothing can come due until a client sends something.
             idle_rounds = 0;
             if cfg.leader {
@@ -176,12 +214,18 @@ where
                 }
             }
         } else {
-            // Idle but storage work or a drain is pending: tick again shortly (soft
-            // deadlines, Ready expiry and backoffs stay on time); the pause grows from 1 ms
-            // to 4 ms over a quiet stretch and resets on any work.
+            // Waiting on storage, or idle with storage work or a drain pending: the next
+            // round comes with this rank's next storage completion or (leader) a client
+            // message, and at the latest after a pause that keeps soft deadlines, Ready
+            // expiry and backoffs on time. The pause grows from 1 ms to WAIT_TICK_MAX over
+            // a quiet stretch and resets on any work.
+            // A follower that waits on storage goes straight into the exchange, where it
+            // waits for the leader's report (the leader paces the round).
             idle_rounds = idle_rounds.saturating_add(1);
-            let pause = 1u64 << (idle_rounds / 64).min(2);
-            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let pause = Duration::from_millis(1u64 << (idle_rounds / 64).min(2));
+            if cfg.leader || !waiting {
+                wait_for_work(storage_wake.as_deref(), cfg.leader.then_some(&inbox), pause).await;
+            }
         }
     }
     clients.fail_all("the engine host is shutting down", None);

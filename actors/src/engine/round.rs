@@ -121,6 +121,8 @@ pub struct RankEngine<X = L3Executor, D = SyncDevice> {
     /// Prefill digests of the last round's forwards, reported at the next head.
     digests: Vec<PrefillDigest>,
     last_pressure: PressureSnapshot,
+    /// The executor's completion wake (None: storage disabled), kept across `map_ports`.
+    storage_wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// The serving form: the executor and the device engine as actors on the loop's arbiter.
@@ -190,7 +192,13 @@ impl<X, D> RankEngine<X, D> {
             round: self.round,
             digests: self.digests,
             last_pressure: self.last_pressure,
+            storage_wake: self.storage_wake,
         }
+    }
+
+    /// Notified when a storage completion awaits the next head (None: storage disabled).
+    pub fn storage_wake(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.storage_wake.clone()
     }
 }
 
@@ -383,6 +391,7 @@ impl RankEngine<L3Executor, SyncDevice> {
         let model = Arc::new(scheduler.model().clone());
         let cost = model.profile().cost;
         let rank = scheduler.layout().shard.index;
+        let storage_wake = executor.as_ref().map(L3Executor::completion_wake);
         Self {
             pipeline: RoundPipeline::new(scheduler),
             executor,
@@ -398,6 +407,7 @@ impl RankEngine<L3Executor, SyncDevice> {
             round: 0,
             digests: vec![],
             last_pressure: PressureSnapshot::default(),
+            storage_wake,
         }
     }
 

@@ -119,6 +119,9 @@ pub(crate) struct Shared {
     pub promotion: bool,
     pub state: Mutex<State>,
     pub settled: Condvar,
+    /// Woken with every completion: the round loop of a rank whose requests all wait on
+    /// storage sleeps on it (a permit is kept when nobody waits, so no wake is lost).
+    pub completed: Arc<tokio::sync::Notify>,
     pub counters: Counters,
 }
 
@@ -127,6 +130,7 @@ impl Shared {
     pub fn push(&self, st: &mut State, done: StorageDone) {
         st.completions.push(done);
         self.settled.notify_all();
+        self.completed.notify_one();
     }
 }
 
@@ -194,6 +198,7 @@ impl L3Executor {
             }),
             runtime: runtime.clone(),
             settled: Condvar::new(),
+            completed: Arc::new(tokio::sync::Notify::new()),
             counters: Counters::default(),
         });
         let dispatch = tracing::dispatcher::get_default(|d| d.clone());
@@ -374,6 +379,11 @@ impl L3Executor {
         });
         let pressure = snapshot(entries, now, self.shared.runtime.outstanding_limit as usize);
         (done, pressure)
+    }
+
+    /// Notified whenever a completion awaits `poll` (one stored permit when no task waits).
+    pub fn completion_wake(&self) -> Arc<tokio::sync::Notify> {
+        self.shared.completed.clone()
     }
 
     /// Health with its epoch. Never consumes the recovery probe.

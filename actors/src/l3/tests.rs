@@ -765,3 +765,25 @@ fn a_dfs_get_lands_in_the_host_destination_and_a_corrupt_object_is_never_success
     assert_eq!(dfs.stats.reads_ok.load(Ordering::Relaxed), 1);
     let _ = r.exec.close();
 }
+
+#[test]
+fn a_completion_wakes_the_round_loop_once_and_no_wake_comes_without_one() {
+    use futures::FutureExt;
+    let store = faulty(true);
+    let gate = Gate::new();
+    store.inject(Call::Query, Some(1), Fault::Gate(gate.clone()));
+    let r = rig(store, runtime());
+    let wake = r.exec.completion_wake();
+    assert_eq!(r.exec.submit(q(1, &["a"])), Submitted::Queued);
+    gate.wait_entered(1);
+    assert!(
+        wake.notified().now_or_never().is_none(),
+        "no completion yet, so no wake"
+    );
+    gate.release();
+    assert!(r.exec.wait_undelivered(1, WAIT));
+    // The completion left one permit for a loop that was not waiting when it landed.
+    assert!(wake.notified().now_or_never().is_some());
+    assert!(wake.notified().now_or_never().is_none(), "one permit only");
+    assert!(ran_ok(&settle(&r.exec, 1)[&1]));
+}

@@ -314,6 +314,16 @@ impl Scheduler {
     pub fn live_requests(&self) -> usize {
         self.requests.len()
     }
+    /// Some request is live and every live one waits on a storage completion (a QUERY or
+    /// GET in flight): nothing is queued, running or unprepared, so no round can make
+    /// progress before a completion, an arrival or a deadline. O(1).
+    pub fn waits_only_on_storage(&self) -> bool {
+        !self.requests.is_empty()
+            && self.running.is_empty()
+            && self.queue.is_empty()
+            && self.unprepared.is_empty()
+            && self.pending_admin.is_empty()
+    }
     pub fn state_of(&self, id: RequestId) -> Option<&'static str> {
         self.requests.get(&id).map(|r| r.state.name())
     }

@@ -221,6 +221,33 @@ mod tests {
     }
 
     #[test]
+    fn only_a_request_on_a_query_in_flight_lets_the_loop_wait_for_storage() {
+        let mut rig = rig(true);
+        assert!(
+            !rig.s.waits_only_on_storage(),
+            "no live request: quiet, not waiting"
+        );
+        let p = prompt(32, 6);
+        rig.apply(arrivals(&[(1, &p, 2)]));
+        assert!(
+            !rig.s.waits_only_on_storage(),
+            "unprepared: the plan has work"
+        );
+        let plan = rig.plan();
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        assert!(rig.s.waits_only_on_storage(), "the QUERY is in flight");
+        let exists = vec![false; q.keys.len()];
+        let plan = rig.round(query_done(q.op, exists));
+        assert_eq!(plan.forwards.len(), 1);
+        assert!(
+            !rig.s.waits_only_on_storage(),
+            "running: the next round decodes"
+        );
+    }
+
+    #[test]
     fn storage_disabled_plans_no_storage_and_admits_at_once() {
         let mut rig = rig(false);
         let p = prompt(32, 2);
