@@ -7,7 +7,7 @@
 //! position; lookups visit one entry per LCM parent boundary of the prompt.
 
 use super::keys::{BuildContentHasher, ContentHash, PromptIndex};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 /// A nonaligned boundary candidate: its exact token count and its identity hash (the LCM
 /// parent chain below it extended by the remaining tokens).
@@ -59,11 +59,17 @@ impl TailHint {
     }
 }
 
-/// The bounded local table of tail hints (FIFO: the oldest hint goes first).
+/// The hints under one LCM parent: by tail length, the identity hashes recorded. A lookup
+/// computes a prompt's tail identity once per recorded length, whatever the number of
+/// hints (many prompts behind one system prompt share a parent).
+type ParentTails = BTreeMap<u32, HashSet<ContentHash, BuildContentHasher>>;
+
+/// The bounded local table of tail hints (FIFO: the oldest hint goes first). Recording and
+/// forgetting a hint cost O(1) set operations, not a scan of its parent's hints.
 #[derive(Clone, Debug)]
 pub struct TailTable {
     capacity: usize,
-    by_parent: HashMap<ContentHash, Vec<(u32, ContentHash)>, BuildContentHasher>,
+    by_parent: HashMap<ContentHash, ParentTails, BuildContentHasher>,
     order: VecDeque<TailHint>,
 }
 
@@ -102,11 +108,16 @@ impl TailTable {
         if self.capacity == 0 {
             return false;
         }
-        let entry = self.by_parent.entry(hint.parent).or_default();
-        if entry.contains(&(hint.extra, hint.hash)) {
+        let fresh = self
+            .by_parent
+            .entry(hint.parent)
+            .or_default()
+            .entry(hint.extra)
+            .or_insert_with(|| HashSet::with_hasher(BuildContentHasher))
+            .insert(hint.hash);
+        if !fresh {
             return true;
         }
-        entry.push((hint.extra, hint.hash));
         self.order.push_back(hint);
         while self.order.len() > self.capacity {
             if let Some(old) = self.order.pop_front() {
@@ -117,11 +128,17 @@ impl TailTable {
     }
 
     fn forget(&mut self, old: TailHint) {
-        if let Some(v) = self.by_parent.get_mut(&old.parent) {
-            v.retain(|x| *x != (old.extra, old.hash));
-            if v.is_empty() {
-                self.by_parent.remove(&old.parent);
+        let Some(tails) = self.by_parent.get_mut(&old.parent) else {
+            return;
+        };
+        if let Some(hashes) = tails.get_mut(&old.extra) {
+            hashes.remove(&old.hash);
+            if hashes.is_empty() {
+                tails.remove(&old.extra);
             }
+        }
+        if tails.is_empty() {
+            self.by_parent.remove(&old.parent);
         }
     }
 
@@ -142,10 +159,14 @@ impl TailTable {
         let mut scratch = Vec::new();
         let mut k = lo / l;
         while k * l < hi {
-            if let Some(v) = self.by_parent.get(&index.parent_hash(k)) {
-                for &(extra, hash) in v {
+            if let Some(tails) = self.by_parent.get(&index.parent_hash(k)) {
+                for (&extra, hashes) in tails {
                     let b = k * l + extra;
-                    if b > lo && b <= hi && index.tail_identity(&mut scratch, tokens, b) == hash {
+                    if b <= lo || b > hi {
+                        continue;
+                    }
+                    let hash = index.tail_identity(&mut scratch, tokens, b);
+                    if hashes.contains(&hash) {
                         out.push(TailCandidate { boundary: b, hash });
                     }
                 }
@@ -214,5 +235,39 @@ mod tests {
         t.record(&idx, TailCandidate::at(&idx, &p, 19).unwrap());
         assert_eq!(t.len(), 2);
         assert!(!TailTable::new(0).record(&idx, TailCandidate::at(&idx, &p, 3).unwrap()));
+    }
+
+    #[test]
+    fn many_tails_under_one_parent_match_only_their_own_prompt_and_leave_in_order() {
+        let g = geo();
+        // Prompts share their first block (one system prompt) and differ in the tail.
+        let prompt = |n: u32| -> Vec<u32> { (0..8).chain([100 + n, 200 + n, 7]).collect() };
+        let mut t = TailTable::new(4);
+        for n in 0..6u32 {
+            let p = prompt(n);
+            let idx = PromptIndex::new(&g, &p, 11);
+            let len = if n % 2 == 0 { 10 } else { 9 };
+            assert!(t.record(&idx, TailCandidate::at(&idx, &p, len).unwrap()));
+        }
+        assert_eq!(t.len(), 4, "bounded");
+        for n in 0..6u32 {
+            let p = prompt(n);
+            let idx = PromptIndex::new(&g, &p, 11);
+            let got: Vec<u32> = t
+                .candidates(&idx, &p, 0, 11)
+                .iter()
+                .map(|c| c.boundary)
+                .collect();
+            let want: Vec<u32> = match n {
+                0 | 1 => vec![], // the two oldest left first
+                _ if n % 2 == 0 => vec![10],
+                _ => vec![9],
+            };
+            assert_eq!(got, want, "prompt {n}");
+        }
+        // A prompt with another tail under the same parent matches nothing.
+        let q = prompt(50);
+        let iq = PromptIndex::new(&g, &q, 11);
+        assert!(t.candidates(&iq, &q, 0, 11).is_empty());
     }
 }
