@@ -23,7 +23,8 @@
 
 use super::health::HealthMonitor;
 use super::job::{Job, JobSpec};
-use super::pressure::{snapshot, PressureEntry};
+use super::pressure::JobTable;
+pub(crate) use super::pressure::Phase;
 use super::stats::{add, Counters, ExecutorStats, JobGauges};
 use super::worker;
 use crate::clock::SharedClock;
@@ -34,7 +35,6 @@ use messages::{
     StorageDone, StorageOp, StorageOpKind,
 };
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -80,24 +80,9 @@ pub struct CloseReport {
     pub completions: Vec<StorageDone>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Phase {
-    Queued,
-    Running,
-    /// Finished with an unretired result: quarantined, still native work.
-    Unretired,
-}
-
-#[derive(Debug)]
-pub(crate) struct Tracked {
-    pub job: Arc<Job>,
-    pub phase: Phase,
-    pub since_us: u64,
-}
-
 #[derive(Debug)]
 pub(crate) struct State {
-    pub jobs: HashMap<OperationId, Tracked>,
+    pub jobs: JobTable,
     pub completions: Vec<StorageDone>,
     pub health: HealthMonitor,
     pub closing: bool,
@@ -191,7 +176,7 @@ impl L3Executor {
             host,
             clock,
             state: Mutex::new(State {
-                jobs: HashMap::new(),
+                jobs: JobTable::default(),
                 completions: vec![],
                 health: HealthMonitor::new(runtime.health_cooldown_ms.saturating_mul(1000)),
                 closing: false,
@@ -316,14 +301,7 @@ impl L3Executor {
         let adm = st.health.admit(now)?;
         let (id, kind) = (spec.op, spec.kind);
         let job = Arc::new(Job::new(spec, adm, now, span));
-        st.jobs.insert(
-            id,
-            Tracked {
-                job: job.clone(),
-                phase: Phase::Queued,
-                since_us: now,
-            },
-        );
+        st.jobs.insert(id, job.clone(), now);
         match senders[kind.index()].try_send(job.clone()) {
             Ok(()) => {
                 tracing::debug!(parent: &job.span, probe = adm.probe, epoch = adm.epoch, "queued");
@@ -366,19 +344,13 @@ impl L3Executor {
         );
     }
 
-    /// New completions and the pressure snapshot, under one lock. Scans at most the
-    /// outstanding limit and never calls storage.
+    /// New completions and the pressure snapshot, under one lock. O(1) in the tracked jobs
+    /// (the table keeps their pressure) and never calls storage.
     pub fn poll(&self) -> (Vec<StorageDone>, PressureSnapshot) {
         let now = self.shared.clock.now_us();
         let mut st = self.shared.state.lock();
         let done = std::mem::take(&mut st.completions);
-        let entries = st.jobs.values().map(|t| PressureEntry {
-            kind: t.job.kind,
-            payload_bytes: t.job.payload_bytes,
-            since_us: t.since_us,
-        });
-        let pressure = snapshot(entries, now, self.shared.runtime.outstanding_limit as usize);
-        (done, pressure)
+        (done, st.jobs.snapshot(now))
     }
 
     /// Notified whenever a completion awaits `poll` (one stored permit when no task waits).

@@ -38,9 +38,7 @@ pub(crate) fn run(
         let started = shared.clock.now_us();
         {
             let mut st = shared.state.lock();
-            if let Some(t) = st.jobs.get_mut(&job.op) {
-                t.phase = Phase::Running;
-            }
+            st.jobs.set_phase(&job.op, Phase::Running);
         }
         tracing::debug!(parent: &job.span, "started");
         let (settled, read) = {
@@ -213,9 +211,7 @@ fn finish(shared: &Shared, job: &Job, settled: Settled, started: u64, finished: 
     } else {
         add(&c.quarantined_refs, job.keys.len() as u64);
         st.health.quarantine();
-        if let Some(t) = st.jobs.get_mut(&job.op) {
-            t.phase = Phase::Unretired;
-        }
+        st.jobs.set_phase(&job.op, Phase::Unretired);
         tracing::error!(parent: &job.span, outcome, "quarantined: unretired result");
     }
     st.health.record(job.admission, settled.outage, finished);
