@@ -141,7 +141,7 @@ pub const ENTRIES: &[Entry] = &[
     r("storage.runtime.close_deadline_ms", "`close()` joins the workers for at most this long.", "greater than 0", "0"),
     // [storage.local]
     r("storage.local.dir", "Root of the shared-DFS tier: a local directory, or an NFS/CephFS/3FS mount shared by the hosts (flag `--store-dir`; relative to the working directory: use an absolute path for a service).", "not empty", ""),
-    r("storage.local.memory_bytes", "Bytes the in-process MEMORY tier may hold.", "greater than 0", "0"),
+    r("storage.local.memory_bytes", "Bytes the in-process MEMORY tier may hold: its replicas plus the spare buffers of replicas that left, kept for the next target of their size (a refill then writes memory already touched; spares go first when a reservation needs the room).", "greater than 0", "0"),
     r("storage.local.promotion_workers", "DFS -> MEMORY promotion workers.", "greater than 0", "0"),
     e("storage.local.promote_after_get", "Promote what a GET read from DFS into the MEMORY tier after the GET settled (detached, on the promotion workers at background priority; the tiered store always promotes into Mooncake). Off by default: the GET already put the bytes in Host, and on a machine with few cores the promotion's second read and fresh allocations slow the restore it follows (`bench ttft --lengths 16384 --cohorts l3-dfs-warm`, 2026-12-02, three runs each way: p50 971, 1081, 1183 ms off; 1158, 1308, 1362 ms on)."),
     r("storage.local.staging_bytes", "Bytes promotions may stage at once.", "greater than 0", "0"),

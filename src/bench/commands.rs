@@ -35,7 +35,7 @@ pub enum BenchCommand {
     /// GET and PUT throughput of 1000 x 64 KiB through our Mooncake adapter and through
     /// Mooncake's own Python client against the same master (deploy/mooncake/start.sh).
     Mooncake(MooncakeArgs),
-    /// DFS -> MEMORY promotion throughput beside a plain file read + memcpy of the same bytes.
+    /// DFS -> MEMORY promotion throughput (refills of a tier whose memory was used before; the first fill of fresh memory printed apart) beside a plain file read + memcpy of the same bytes.
     Promotion(PromotionArgs),
     /// Round cost (apply + plan + d2h_done) of the real Scheduler with waiting requests and
     /// outstanding storage operations, beside the same round with storage disabled: µs and

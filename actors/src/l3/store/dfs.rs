@@ -507,13 +507,23 @@ impl DfsStore {
     /// Reads a whole object into a fresh buffer after validating identity, length and
     /// checksum.
     pub fn read_object(&self, key: &StorageKey) -> Result<(ObjectIdentity, Vec<u8>), ReadError> {
+        self.read_object_with(key, |_| None)
+    }
+
+    /// `read_object` into the buffer `buffer(len)` gives once the header named the payload
+    /// length (an empty buffer of that capacity, e.g. a MEMORY-tier spare), or a fresh one.
+    pub fn read_object_with(
+        &self,
+        key: &StorageKey,
+        buffer: impl FnOnce(usize) -> Option<Vec<u8>>,
+    ) -> Result<(ObjectIdentity, Vec<u8>), ReadError> {
         let _permit = self.io.acquire();
         self.stats.staged_reads.fetch_add(1, Ordering::Relaxed);
         let r = self.validated(key, |f| {
             let h = Self::read_header(key, f)?;
             let len = usize::try_from(h.identity.len)
                 .map_err(|_| ReadError::Invalid(InvalidReason::Length))?;
-            let (buf, sum) = read_payload_owned(f, len)?;
+            let (buf, sum) = read_payload_owned(f, len, buffer(len).unwrap_or_default())?;
             if sum != h.identity.checksum {
                 return Err(ReadError::Invalid(InvalidReason::Checksum));
             }
@@ -815,13 +825,19 @@ fn read_payload_hashed(f: &mut File, buf: &mut [u8]) -> Result<u64, ReadError> {
     Ok(h.digest())
 }
 
-/// Reads exactly `len` payload bytes into a fresh buffer (its memory is written once, by
-/// the read, never zeroed first), hashing each chunk as it lands; returns it and its
-/// xxh3-64.
-fn read_payload_owned(f: &mut File, len: usize) -> Result<(Vec<u8>, u64), ReadError> {
-    let mut buf: Vec<u8> = Vec::new();
-    buf.try_reserve_exact(len)
-        .map_err(|_| ReadError::Invalid(InvalidReason::Length))?;
+/// Reads exactly `len` payload bytes into `buf` (emptied first; grown only when its
+/// capacity is short; its memory is written once, by the read, never zeroed first),
+/// hashing each chunk as it lands; returns it and its xxh3-64.
+fn read_payload_owned(
+    f: &mut File,
+    len: usize,
+    mut buf: Vec<u8>,
+) -> Result<(Vec<u8>, u64), ReadError> {
+    buf.clear();
+    if buf.capacity() < len {
+        buf.try_reserve_exact(len)
+            .map_err(|_| ReadError::Invalid(InvalidReason::Length))?;
+    }
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     while buf.len() < len {
         let start = buf.len();
@@ -1355,5 +1371,31 @@ mod tests {
         assert_eq!(oks, 1, "{results:?}");
         let (_, bytes) = s.read_object(&k(5, "race")).unwrap();
         assert!(bytes.iter().all(|b| *b == bytes[0]));
+    }
+
+    #[test]
+    fn a_read_into_a_reused_buffer_holds_exactly_the_object() {
+        let (_d, s) = store();
+        let key = k(4, "reuse");
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        s.put(std::slice::from_ref(&key), &[&data]).unwrap();
+        // A spare with old bytes and the exact capacity, then one too small to hold it.
+        let mut old = vec![0xEEu8; data.len()];
+        old.truncate(10);
+        let cap = old.capacity();
+        let (_, got) = s
+            .read_object_with(&key, |len| {
+                assert_eq!(len, data.len());
+                Some(old)
+            })
+            .unwrap();
+        assert_eq!(got, data);
+        assert_eq!(
+            got.capacity(),
+            cap,
+            "the buffer itself was filled, not a new one"
+        );
+        let (_, got) = s.read_object_with(&key, |_| Some(vec![1u8; 3])).unwrap();
+        assert_eq!(got, data);
     }
 }

@@ -9,6 +9,14 @@
 //! (or rewrite bytes already landed), and a promotion hands the target its verified staging
 //! buffer whole (`adopt`), so a promoted object crosses memory once, in the DFS read. Only
 //! a target holding exactly its reserved length is ever published.
+//!
+//! Spare buffers: the memory of a replica that left (evicted, removed, fenced) is kept for
+//! the next target or promotion read of the same size, as long as replicas plus spares fit
+//! the budget; a reservation that needs the room drops spares first. A refill of the tier
+//! then writes memory the process already touched instead of faulting fresh pages (on a
+//! VM that returns freed pages to its host, a first touch ran at 1.1-1.4 GB/s here against
+//! 6.7-18.8 GB/s for a second pass). A spare's old bytes are never read: a buffer is handed
+//! out empty (length 0) and only what is written after that becomes its content.
 
 use messages::{Namespace, StorageKey};
 use parking_lot::{Mutex, RwLock};
@@ -19,6 +27,13 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::l3::store::CapacityReason;
 
+/// Buffers kept for reuse, by capacity.
+#[derive(Debug, Default)]
+struct Spares {
+    by_capacity: HashMap<usize, Vec<Vec<u8>>>,
+    bytes: u64,
+}
+
 /// The MEMORY byte budget, charged by targets from allocation until their last Arc drops.
 #[derive(Debug)]
 pub struct MemoryBudget {
@@ -26,9 +41,85 @@ pub struct MemoryBudget {
     used: AtomicU64,
     /// Bytes of fenced targets not yet drained (their writer still holds them).
     fenced_outstanding: AtomicU64,
+    /// Memory of replicas that left, kept while `used` plus spares fit `capacity`.
+    spares: Mutex<Spares>,
 }
 
 impl MemoryBudget {
+    fn new(capacity: u64) -> Self {
+        Self {
+            capacity,
+            used: AtomicU64::new(0),
+            fenced_outstanding: AtomicU64::new(0),
+            spares: Mutex::new(Spares::default()),
+        }
+    }
+
+    /// An empty buffer whose capacity is exactly `len`, if a spare one is kept.
+    pub fn take_spare(&self, len: usize) -> Option<Vec<u8>> {
+        if len == 0 {
+            return None;
+        }
+        let mut sp = self.spares.lock();
+        let class = sp.by_capacity.get_mut(&len)?;
+        let v = class.pop()?;
+        if class.is_empty() {
+            sp.by_capacity.remove(&len);
+        }
+        sp.bytes -= v.capacity() as u64;
+        Some(v)
+    }
+
+    /// Keeps `v`'s memory for a later target when replicas plus spares still fit the
+    /// budget; drops it otherwise.
+    fn keep_spare(&self, mut v: Vec<u8>) {
+        let cap = v.capacity();
+        if cap == 0 {
+            return;
+        }
+        v.clear();
+        let mut sp = self.spares.lock();
+        let total = self
+            .used()
+            .saturating_add(sp.bytes)
+            .saturating_add(cap as u64);
+        if total <= self.capacity {
+            sp.bytes += cap as u64;
+            sp.by_capacity.entry(cap).or_default().push(v);
+        }
+    }
+
+    /// Drops spares until replicas plus spares fit the budget again (after a reservation).
+    fn trim_spares(&self) {
+        let mut dropped = Vec::new();
+        {
+            let mut guard = self.spares.lock();
+            let Spares { by_capacity, bytes } = &mut *guard;
+            let room = self.capacity.saturating_sub(self.used());
+            while *bytes > room {
+                let Some(&cap) = by_capacity.keys().next() else {
+                    break;
+                };
+                let Some(class) = by_capacity.get_mut(&cap) else {
+                    break;
+                };
+                if let Some(v) = class.pop() {
+                    *bytes -= v.capacity() as u64;
+                    dropped.push(v);
+                }
+                if class.is_empty() {
+                    by_capacity.remove(&cap);
+                }
+            }
+        }
+        drop(dropped); // freed outside the lock
+    }
+
+    /// Bytes of spare buffers kept for reuse.
+    pub fn spare_bytes(&self) -> u64 {
+        self.spares.lock().bytes
+    }
+
     fn try_reserve(&self, n: u64) -> bool {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
@@ -203,6 +294,7 @@ impl Drop for MemoryTarget {
                 .fetch_sub(len, Ordering::AcqRel);
         }
         self.budget.used.fetch_sub(len, Ordering::AcqRel);
+        self.budget.keep_spare(std::mem::take(self.data.get_mut()));
     }
 }
 
@@ -292,11 +384,7 @@ impl MemoryTier {
     pub fn new(capacity: u64) -> Self {
         Self {
             state: Mutex::new(TierState::default()),
-            budget: Arc::new(MemoryBudget {
-                capacity,
-                used: AtomicU64::new(0),
-                fenced_outstanding: AtomicU64::new(0),
-            }),
+            budget: Arc::new(MemoryBudget::new(capacity)),
             next_target: AtomicU64::new(1),
             stats: TierStats::default(),
         }
@@ -373,8 +461,14 @@ impl MemoryTier {
         let size = usize::try_from(len).map_err(|_| CapacityReason::Allocation)?;
         loop {
             if self.budget.try_reserve(len) {
-                let mut data = Vec::new();
-                if backed && data.try_reserve_exact(size).is_err() {
+                let spare = if backed {
+                    self.budget.take_spare(size)
+                } else {
+                    None
+                };
+                self.budget.trim_spares();
+                let mut data = spare.unwrap_or_default();
+                if backed && data.capacity() < size && data.try_reserve_exact(size).is_err() {
                     self.budget.used.fetch_sub(len, Ordering::AcqRel);
                     return Err(CapacityReason::Allocation);
                 }
@@ -446,8 +540,11 @@ impl MemoryTier {
                 .fetch_add(1, Ordering::Relaxed);
             return false;
         };
-        // One copy into memory written once (never zeroed first).
-        if t.adopt(bytes.to_vec()).is_err() {
+        // One copy into memory written once (never zeroed first): a spare buffer of this
+        // size when one is kept.
+        let mut copy = self.budget.take_spare(bytes.len()).unwrap_or_default();
+        copy.extend_from_slice(bytes);
+        if t.adopt(copy).is_err() {
             return false;
         }
         self.publish(t)
@@ -498,9 +595,70 @@ impl MemoryTier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::l3::store::KeyResult;
 
     fn k(s: &str) -> StorageKey {
         StorageKey::new(format!("tsl3-0000000000000001-{s}"))
+    }
+
+    #[test]
+    fn a_replica_that_left_lends_its_memory_to_the_next_target_of_its_size_and_no_old_byte_shows() {
+        let t = MemoryTier::new(100);
+        assert!(t.insert_copy(&k("a"), &[7; 40]));
+        assert_eq!(t.budget().spare_bytes(), 0);
+        assert!(t.evict(&k("a")));
+        assert_eq!(
+            t.budget().spare_bytes(),
+            40,
+            "the evicted replica's buffer is kept"
+        );
+        // The next target of that size takes it, empty: only its own writes show.
+        let target = t.allocate(&k("b"), 1, 40).unwrap();
+        assert_eq!(t.budget().spare_bytes(), 0);
+        assert!(
+            target.to_vec().is_empty(),
+            "no byte of the old replica is visible"
+        );
+        target.write_chunk(0, &[9; 16]).unwrap();
+        assert_eq!(target.to_vec(), vec![9; 16]);
+        assert!(!target.is_complete() && !t.publish(target.clone()));
+        target.write_chunk(16, &[9; 24]).unwrap();
+        assert!(t.publish(target));
+        let mut dest = [0u8; 40];
+        assert_eq!(
+            t.lease(&k("b")).unwrap().target().read_into(&mut dest),
+            KeyResult::Ok { bytes: 40 }
+        );
+        assert_eq!(dest, [9; 40]);
+        // An insert of that size takes a spare too.
+        assert!(t.evict(&k("b")));
+        assert!(t.insert_copy(&k("c"), &[5; 40]));
+        assert_eq!(t.budget().spare_bytes(), 0);
+        let mut dest = [0u8; 40];
+        t.lease(&k("c")).unwrap().target().read_into(&mut dest);
+        assert_eq!(dest, [5; 40]);
+    }
+
+    #[test]
+    fn replicas_and_spares_together_never_exceed_the_budget() {
+        let t = MemoryTier::new(100);
+        assert!(t.insert_copy(&k("a"), &[1; 40]));
+        assert!(t.insert_copy(&k("b"), &[2; 40]));
+        assert!(t.evict(&k("a")) && t.evict(&k("b")));
+        assert_eq!(t.budget().spare_bytes(), 80);
+        // A target of another size needs room: spares go until both fit.
+        let c = t.allocate(&k("c"), 1, 30).unwrap();
+        assert_eq!(t.budget().used(), 30);
+        assert_eq!(t.budget().spare_bytes(), 40);
+        assert!(t.budget().used() + t.budget().spare_bytes() <= 100);
+        let d = t.allocate(&k("d"), 2, 70).unwrap();
+        assert_eq!(t.budget().spare_bytes(), 0, "a full budget keeps no spare");
+        // What leaves becomes spare while replicas plus spares still fit.
+        drop(c);
+        assert_eq!(t.budget().spare_bytes(), 30);
+        drop(d);
+        assert_eq!(t.budget().spare_bytes(), 100);
+        assert_eq!(t.budget().used(), 0);
     }
 
     #[test]

@@ -53,6 +53,12 @@ impl PromotionTarget for MemoryTier {
         self.allocate_unbacked(key, attempt_id, source.len)
     }
 
+    /// A spare buffer of a replica that left (see `memory_tier`): the staging read then
+    /// writes memory the process already touched.
+    fn staging_buffer(&self, len: usize) -> Option<Vec<u8>> {
+        self.budget().take_spare(len)
+    }
+
     /// The verified staging buffer becomes the replica's memory: no copy, no second hash.
     fn adopt(&self, t: &Arc<MemoryTarget>, staged: Vec<u8>) -> Adoption {
         match t.adopt(staged) {

@@ -764,7 +764,10 @@ impl<T: PromotionTier> PromotionEngine<T> {
     ) -> Option<AttemptState> {
         let failed = |f: PromotionFailure| Some(AttemptState::Failed(FailReason::Failure(f)));
         // 1. Read the source through the validated DFS path into staging.
-        let (identity, staged) = match self.dfs.read_object(&a.key) {
+        let (identity, staged) = match self
+            .dfs
+            .read_object_with(&a.key, |len| self.target.staging_buffer(len))
+        {
             Ok(x) => x,
             Err(e) => return failed(read_failure_reason(&e)),
         };

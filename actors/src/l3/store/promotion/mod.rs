@@ -83,6 +83,11 @@ pub trait PromotionTarget: Send + Sync + std::fmt::Debug + 'static {
     fn adopt(&self, _t: &Self::Target, staged: Vec<u8>) -> Adoption {
         Adoption::Declined(staged)
     }
+    /// An empty buffer of capacity `len` for the staging read, from memory the tier kept
+    /// (None: the read allocates). The default keeps none.
+    fn staging_buffer(&self, _len: usize) -> Option<Vec<u8>> {
+        None
+    }
     /// Makes a fully written, verified target readable: Committed, or AlreadyInMemory
     /// where the tier kept an earlier copy. Called once, under the attempt's lock.
     fn commit(&self, t: Self::Target) -> PromotionResult;
