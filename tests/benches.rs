@@ -314,7 +314,7 @@ fn concurrent_admin_commands_each_get_their_own_answer() {
     assert!(h.stop().success());
 }
 
-/// `bench promotion` and `bench dfs-put` on their default directory (`.tsl3/bench` under
+/// `bench promotion`, `bench dfs-put` and `bench dfs-get` on their default directory (`.tsl3/bench` under
 /// the working directory) leave nothing behind: not their run directory, nor the
 /// `.tsl3/bench` they created.
 #[test]
@@ -338,6 +338,18 @@ fn scratch_benches_leave_no_state_directory_behind() {
             "--batch",
             "2",
         ][..],
+        &[
+            "bench",
+            "dfs-get",
+            "--objects",
+            "4",
+            "--object-bytes",
+            "300000",
+            "--batch",
+            "3",
+            "--rounds",
+            "1",
+        ][..],
     ] {
         let cwd = tempfile::tempdir().unwrap();
         let o = engine_host()
@@ -355,10 +367,13 @@ fn scratch_benches_leave_no_state_directory_behind() {
             "{args:?}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        assert!(
-            !String::from_utf8_lossy(&o.stdout).is_empty(),
-            "{args:?} printed its figures"
-        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(!out.is_empty(), "{args:?} printed its figures");
+        if args[1] == "dfs-get" {
+            // Objects above the mapping threshold: both read paths ran and were compared.
+            assert!(out.contains("DFS GET, mapped"), "{out}");
+            assert!(out.contains("mapped / read(2) speed"), "{out}");
+        }
         let left: Vec<_> = std::fs::read_dir(cwd.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())

@@ -67,6 +67,9 @@ pub enum BenchCommand {
     /// object per call) beside a plain sequential write of the same bytes with the same
     /// fsync policy.
     DfsPut(DfsPutArgs),
+    /// A warm-cache GET of the shared-DFS tier, mapped and with read(2), beside a memcpy of
+    /// the same bytes into the same destinations over the same threads (interleaved rounds).
+    DfsGet(DfsGetArgs),
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.
     FlatKv(FlatKvArgs),
@@ -94,6 +97,7 @@ impl BenchCommand {
             Self::Ttft(a) => a.run(env),
             Self::Replay(a) => a.run(env),
             Self::DfsPut(a) => a.run(env),
+            Self::DfsGet(a) => a.run(env),
             Self::FlatKv(a) => a.run(env),
             Self::Idle(a) => a.run(env),
             Self::ConversationTrace(a) => a.run(env),
@@ -586,6 +590,42 @@ impl BenchRun for DfsPutArgs {
             self.objects,
             self.object_bytes,
             self.batch,
+        );
+        drop(base);
+        println!("{}", r?);
+        Ok(())
+    }
+}
+
+// The flags of `bench dfs-get`.
+#[derive(clap::Args, Debug)]
+pub struct DfsGetArgs {
+    /// Directory for the run (a fresh subdirectory, removed afterwards).
+    #[arg(long, default_value = ".tsl3/bench")]
+    dir: String,
+    /// Objects read per round.
+    #[arg(long, default_value_t = 512)]
+    objects: usize,
+    /// Bytes per object (llama-8b-like: a 16-token block is 2 MiB).
+    #[arg(long, default_value_t = 2 << 20)]
+    object_bytes: usize,
+    /// Keys per GET call.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Interleaved rounds (the best of each is kept).
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
+}
+
+impl BenchRun for DfsGetArgs {
+    fn run(self, _env: &BenchEnv) -> Result<(), String> {
+        let base = super::ScratchDir::create(&self.dir, "dfs-get")?;
+        let r = actors::l3::store::dfs_bench::bench_dfs_get(
+            base.path(),
+            self.objects,
+            self.object_bytes,
+            self.batch,
+            self.rounds,
         );
         drop(base);
         println!("{}", r?);
