@@ -48,7 +48,6 @@ fn promoter() {
         dfs_io_concurrency: 4,
         promotion_ttl_us: DEFAULT_PROMOTION_TTL_US,
         promote_after_get: false,
-        mapped_reads: true,
     };
     let store = LocalStore::open(&cfg, SystemClock::shared()).unwrap();
     let raced_keys: Vec<StorageKey> = (0..RACED).map(raced).collect();

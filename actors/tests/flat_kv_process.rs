@@ -132,7 +132,6 @@ fn open_store(spec: &str, host: &Arc<HostCacheStorage>) -> Arc<dyn Store> {
             dfs_io_concurrency: 2,
             promotion_ttl_us: DEFAULT_PROMOTION_TTL_US,
             promote_after_get: false,
-            mapped_reads: true,
         };
         Arc::new(LocalStore::open(&cfg, SystemClock::shared()).unwrap())
     } else {

@@ -346,9 +346,6 @@ pub struct LocalStoreSettings {
     /// Promote what a GET read from DFS into the MEMORY tier after the GET settled
     /// (detached, at background priority).
     pub promote_after_get: bool,
-    /// A GET maps a large DFS object and copies it once (streaming stores, checksummed in
-    /// the same pass) instead of reading it with read(2).
-    pub mapped_reads: bool,
 }
 
 impl LocalStoreSettings {

@@ -67,8 +67,9 @@ pub enum BenchCommand {
     /// object per call) beside a plain sequential write of the same bytes with the same
     /// fsync policy.
     DfsPut(DfsPutArgs),
-    /// A warm-cache GET of the shared-DFS tier, mapped and with read(2), beside a memcpy of
-    /// the same bytes into the same destinations over the same threads (interleaved rounds).
+    /// A warm-cache GET of the shared-DFS tier beside a memcpy of the same bytes into the
+    /// same destinations over the same threads (interleaved rounds): the store -> Host hop's
+    /// time beyond raw transfer.
     DfsGet(DfsGetArgs),
     /// One prompt's flat KV: device compute, D2H, H2D and the restored forward, beside the
     /// cost model's recomputation time.

@@ -9,7 +9,6 @@
 //! namespace directory, and never return unvalidated bytes as a success.
 
 use super::fan_out::{fan_out_threads, read_fanned};
-use super::mapped_read::{copy_mapped_hashed, MAPPED_MIN};
 use super::{KeyResult, Store, StoreError};
 use messages::identity::KEY_PREFIX;
 use messages::{Namespace, StorageKey};
@@ -296,8 +295,6 @@ pub struct DfsStats {
     /// A GET (`get_one`) never stages: its payload is read straight into the destination,
     /// checksummed in the same pass.
     pub staged_reads: AtomicU64,
-    /// GET payloads copied through a read-only mapping (`mapped_read`), not read(2).
-    pub mapped_reads: AtomicU64,
 }
 
 impl DfsStats {
@@ -333,8 +330,6 @@ pub struct DfsStore {
     io: IoLimiter,
     /// Threads one batched GET may fan out over (`fan_out`).
     fan_out: usize,
-    /// A GET of a large payload maps the file and copies it once (`mapped_read`).
-    mapped_reads: bool,
     pub stats: DfsStats,
     pub hooks: DfsHooks,
 }
@@ -362,17 +357,9 @@ impl DfsStore {
             root,
             io: IoLimiter::new(io_concurrency as usize),
             fan_out: fan_out_threads(io_concurrency as usize),
-            mapped_reads: true,
             stats: DfsStats::default(),
             hooks: DfsHooks::default(),
         })
-    }
-
-    /// Whether a GET maps large payloads (`storage.local.mapped_reads`; on by default)
-    /// or reads every payload with read(2).
-    pub fn with_mapped_reads(mut self, on: bool) -> Self {
-        self.mapped_reads = on;
-        self
     }
 
     pub fn root(&self) -> &Path {
@@ -561,7 +548,7 @@ impl DfsStore {
                 return Err(ReadError::Invalid(InvalidReason::TooLong));
             }
             let body = &mut dest[..len as usize];
-            if self.read_payload_into(f, body)? != h.identity.checksum {
+            if read_payload_hashed(f, body)? != h.identity.checksum {
                 return Err(ReadError::Invalid(InvalidReason::Checksum));
             }
             Ok(len)
@@ -583,21 +570,6 @@ impl DfsStore {
                 retired: true,
             },
         }
-    }
-
-    /// Reads the payload that follows the header just read from `f` into `body` and
-    /// returns its xxh3-64: a large payload through a mapping (one copy), a small one, or
-    /// one whose file cannot be mapped, with read(2). Both hash in the same pass.
-    fn read_payload_into(&self, f: &mut File, body: &mut [u8]) -> Result<u64, ReadError> {
-        if self.mapped_reads && body.len() >= MAPPED_MIN {
-            if let Ok(sum) = copy_mapped_hashed(f, DFS_HEADER_LEN as u64, body) {
-                self.stats.mapped_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(sum);
-            }
-            // Not mappable (a filesystem without mmap): the file position is still just
-            // past the header, so read(2) continues from there.
-        }
-        read_payload_hashed(f, body)
     }
 
     /// A fresh temp path beside `target`'s directory entry (never a valid object name).
@@ -1043,71 +1015,6 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
-    }
-
-    #[test]
-    fn a_large_get_maps_the_object_and_lands_what_read_2_lands_corruption_included() {
-        use crate::l3::store::mapped_read::MAPPED_MIN;
-        let big: Vec<u8> = (0..MAPPED_MIN + 4099)
-            .map(|i| (i * 31 % 251) as u8)
-            .collect();
-        for mapped in [true, false] {
-            let d = tempfile::tempdir().unwrap();
-            let s = DfsStore::open(d.path(), 2)
-                .unwrap()
-                .with_mapped_reads(mapped);
-            s.put(
-                &[k(3, "big"), k(3, "bad"), k(3, "small")],
-                &[&big, &big, b"tiny"],
-            )
-            .unwrap();
-            let mut f = OpenOptions::new()
-                .write(true)
-                .open(s.object_path(&k(3, "bad")).unwrap())
-                .unwrap();
-            f.seek(SeekFrom::Start(
-                DFS_HEADER_LEN as u64 + MAPPED_MIN as u64 - 1,
-            ))
-            .unwrap();
-            f.write_all(&[big[MAPPED_MIN - 1] ^ 0x40]).unwrap();
-            drop(f);
-            let mut a = vec![0u8; big.len()];
-            let mut b = vec![0u8; big.len()];
-            let mut longer = vec![0xEEu8; big.len() + 10];
-            let mut c = [0u8; 4];
-            let r = s
-                .get(
-                    &[k(3, "big"), k(3, "bad"), k(3, "big"), k(3, "small")],
-                    &mut [&mut a, &mut b, &mut longer, &mut c],
-                )
-                .unwrap();
-            assert_eq!(
-                r,
-                vec![
-                    KeyResult::Ok {
-                        bytes: big.len() as u64
-                    },
-                    KeyResult::Invalid,
-                    KeyResult::ShortRead {
-                        bytes: big.len() as u64
-                    },
-                    KeyResult::Ok { bytes: 4 },
-                ],
-                "mapped {mapped}"
-            );
-            assert_eq!(a, big);
-            assert_eq!(&longer[..big.len()], &big[..]);
-            assert!(longer[big.len()..].iter().all(|&x| x == 0xEE));
-            assert_eq!(&c, b"tiny");
-            assert_eq!(s.stats.invalid(InvalidReason::Checksum), 1);
-            assert!(
-                !s.object_path(&k(3, "bad")).unwrap().exists(),
-                "a corrupt object is retired"
-            );
-            // Only the large payloads were mapped, and only when mapping is on.
-            let want = if mapped { 3 } else { 0 };
-            assert_eq!(s.stats.mapped_reads.load(Ordering::Relaxed), want);
-        }
     }
 
     #[test]

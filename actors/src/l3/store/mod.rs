@@ -9,7 +9,6 @@ pub mod dfs_bench;
 pub mod fan_out;
 pub mod faulty;
 pub mod local;
-pub mod mapped_read;
 pub mod memory;
 pub mod mooncake;
 pub mod promotion;

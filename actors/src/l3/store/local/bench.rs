@@ -45,7 +45,6 @@ pub fn bench_promotion(
         dfs_io_concurrency: workers.max(1) * 2,
         promotion_ttl_us: DEFAULT_PROMOTION_TTL_US,
         promote_after_get: false,
-        mapped_reads: true,
     };
     let dfs = Arc::new(DfsStore::open(dir, cfg.dfs_io_concurrency)?);
     let keys: Vec<StorageKey> = (0..objects)

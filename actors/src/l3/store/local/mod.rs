@@ -47,8 +47,6 @@ pub struct LocalStoreConfig {
     pub promotion_ttl_us: u64,
     /// `promote_detached` starts promotions (`storage.local.promote_after_get`).
     pub promote_after_get: bool,
-    /// A GET maps large DFS objects (`storage.local.mapped_reads`).
-    pub mapped_reads: bool,
 }
 
 impl LocalStoreConfig {
@@ -62,7 +60,6 @@ impl LocalStoreConfig {
             dfs_io_concurrency: s.dfs_io_concurrency,
             promotion_ttl_us: DEFAULT_PROMOTION_TTL_US,
             promote_after_get: s.promote_after_get,
-            mapped_reads: s.mapped_reads,
         }
     }
 }
@@ -100,9 +97,7 @@ impl std::fmt::Debug for LocalStore {
 
 impl LocalStore {
     pub fn open(cfg: &LocalStoreConfig, clock: SharedClock) -> Result<Self, StoreError> {
-        let dfs = Arc::new(
-            DfsStore::open(&cfg.dir, cfg.dfs_io_concurrency)?.with_mapped_reads(cfg.mapped_reads),
-        );
+        let dfs = Arc::new(DfsStore::open(&cfg.dir, cfg.dfs_io_concurrency)?);
         Self::with_dfs(dfs, cfg, clock)
     }
 

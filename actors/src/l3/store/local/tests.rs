@@ -61,7 +61,6 @@ fn fx(l: Limits) -> Fx {
         dfs_io_concurrency: 4,
         promotion_ttl_us: TTL_US,
         promote_after_get: l.promote_after_get,
-        mapped_reads: true,
     };
     let store = Arc::new(LocalStore::open(&cfg, clock.clone()).unwrap());
     Fx {
