@@ -90,7 +90,7 @@ pub fn fill_prng(seed: u64, out: &mut [u8]) {
 /// when a block's bytes are produced or restored lets a forward digest that block without
 /// reading its bytes again.
 pub fn unit_hash(bytes: &[u8]) -> u64 {
-    xxh3_64(bytes)
+    crate::host::bulk_hash::xxh3_64(bytes)
 }
 
 /// Digest of one row at its place from its unit hashes, in order: (group seed, position,

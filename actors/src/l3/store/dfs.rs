@@ -595,7 +595,7 @@ impl DfsStore {
             version: DFS_FORMAT_VERSION,
             identity: ObjectIdentity {
                 len: src.len() as u64,
-                checksum: xxh3_64(src),
+                checksum: crate::host::bulk_hash::xxh3_64(src),
                 generation,
             },
             key_hash: key_hash(key),
@@ -817,7 +817,7 @@ fn eof_is_truncation(e: io::Error) -> ReadError {
 /// Reads exactly `buf.len()` payload bytes into `buf`, hashing each chunk as it lands (one
 /// pass over the bytes); returns the payload's xxh3-64.
 fn read_payload_hashed(f: &mut File, buf: &mut [u8]) -> Result<u64, ReadError> {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut h = crate::host::bulk_hash::BulkHasher::new();
     for chunk in buf.chunks_mut(READ_CHUNK) {
         f.read_exact(chunk).map_err(eof_is_truncation)?;
         h.update(chunk);
@@ -838,7 +838,7 @@ fn read_payload_owned(
         buf.try_reserve_exact(len)
             .map_err(|_| ReadError::Invalid(InvalidReason::Length))?;
     }
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut h = crate::host::bulk_hash::BulkHasher::new();
     while buf.len() < len {
         let start = buf.len();
         let want = (len - start).min(READ_CHUNK) as u64;
