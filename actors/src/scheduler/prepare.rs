@@ -57,7 +57,7 @@ impl Scheduler {
             // The page keys are made only for a QUERY the manager admits (most refusals,
             // e.g. exhausted credits, then cost no key strings).
             let whole = r.whole_index(&self.cfg.layout.geometry);
-            let mut qp =
+            let qp =
                 self.cache
                     .plan_query_rows_in(Some(&whole), &r.prompt, r.reusable(), q, limits);
             if qp.bypass.is_some() || qp.rows.is_empty() {
@@ -69,15 +69,7 @@ impl Scheduler {
             let parent = self.trace.request_span(id).cloned();
             let cache = &self.cache;
             let n = qp.rows.len();
-            let planned = stm.plan_query_with(
-                id,
-                n,
-                || {
-                    qp.keys = cache.query_keys(&qp);
-                    qp.keys.clone()
-                },
-                parent,
-            );
+            let planned = stm.plan_query_with(id, n, || cache.query_keys(&qp), parent);
             match planned {
                 Ok((_, lease)) => {
                     let geometry = &self.cfg.layout.geometry;
@@ -154,8 +146,8 @@ impl Scheduler {
         }
         self.next_read += 1;
         let read = self.next_read;
-        let mut dests = vec![];
-        let mut rows = vec![];
+        let mut dests = Vec::with_capacity(res.rows.len());
+        let mut rows = Vec::with_capacity(res.rows.len());
         for row in &res.rows {
             let h = self.new_ref(RefUse::GetRow { read });
             rows.push(h);
