@@ -729,3 +729,41 @@ mod props {
         }
     }
 }
+
+#[test]
+fn a_reservation_reuses_the_answered_querys_keys_and_is_otherwise_the_same() {
+    let p = prompt(21, 200);
+    let make = || {
+        let mut c = coord(vec![full(16), GroupSpec::state("ssm", 32, 8)], 1000, 1000);
+        let dev = c.computed_blocks(&p, 64);
+        c.insert_device(&dev).unwrap();
+        c
+    };
+    let (mut a, mut b) = (make(), make());
+    let plan = a.plan_query(&p, 160, ALL, NO_LIMITS);
+    assert_eq!(plan, b.plan_query(&p, 160, ALL, NO_LIMITS));
+    let hints = all_hints(&plan);
+    let made = a.reserve(&p, 160, &hints, 100).unwrap();
+    let reused = b
+        .reserve_with_keys(None, &p, 160, &hints, 100, &plan.rows, &plan.keys)
+        .unwrap();
+    assert!(!reused.rows.is_empty());
+    assert_eq!(made, reused, "the same reservation, keys included");
+    for row in &reused.rows {
+        let i = plan
+            .rows
+            .iter()
+            .position(|q| q.block == row.block && q.page == row.page)
+            .unwrap();
+        assert!(
+            std::sync::Arc::ptr_eq(&row.key.0, &plan.keys[i].0),
+            "the queried key itself, not a new string"
+        );
+    }
+    // Keys that do not match the rows are ignored: every key is made again.
+    let mut c = make();
+    let again = c
+        .reserve_with_keys(None, &p, 160, &hints, 100, &plan.rows, &plan.keys[1..])
+        .unwrap();
+    assert_eq!(again, made);
+}

@@ -96,10 +96,13 @@ impl Scheduler {
         }
     }
 
+    /// An attached QUERY was answered: `exists` per key, `keys` the keys it carried (the
+    /// GET reuses those it reads instead of making them again).
     pub(super) fn on_query_result(
         &mut self,
         id: RequestId,
         exists: &[bool],
+        keys: &[messages::StorageKey],
         storage: Option<&mut StorageTransferManager>,
     ) {
         let Some(r) = self.requests.get_mut(&id) else {
@@ -128,17 +131,28 @@ impl Scheduler {
         let host_credits = stm.host_credits_left();
         let reusable = r.reusable();
         let whole = r.whole_index(&self.cfg.layout.geometry);
-        let res =
-            match self
-                .cache
-                .reserve_in(Some(&whole), &r.prompt, reusable, &hints, host_credits)
-            {
-                Ok(res) => res,
-                Err(_) => {
-                    self.end_prefetch(id, Some(FallbackReason::Miss));
-                    return;
-                }
-            };
+        let queried = match &r.state {
+            RequestState::Prefetching {
+                phase: PrefetchPhase::Query(plan),
+                ..
+            } => &plan.rows[..],
+            _ => &[],
+        };
+        let res = match self.cache.reserve_with_keys(
+            Some(&whole),
+            &r.prompt,
+            reusable,
+            &hints,
+            host_credits,
+            queried,
+            keys,
+        ) {
+            Ok(res) => res,
+            Err(_) => {
+                self.end_prefetch(id, Some(FallbackReason::Miss));
+                return;
+            }
+        };
         if res.is_empty() {
             let _ = self.cache.abandon(res);
             self.end_prefetch(id, Some(FallbackReason::Miss));
