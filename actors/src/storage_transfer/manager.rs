@@ -608,12 +608,7 @@ impl StorageTransferManager {
             return;
         };
         for key in &t.keys {
-            if let Some(n) = self.pending_put_keys.get_mut(key) {
-                *n -= 1;
-                if *n == 0 {
-                    self.pending_put_keys.remove(key);
-                }
-            }
+            super::backup::uncount(&mut self.pending_put_keys, key);
         }
     }
 
