@@ -467,8 +467,9 @@ impl CacheCoordinator {
         let index = self.index_for(whole, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
         let table = self.table(&index, tokens, bound, &tails, None, None);
-        let local = table.longest(0, Have::Host).map_or(0, |c| c.boundary);
-        let device = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
+        let (local, device) = table.longest_pair(0, Have::Host, Have::Device);
+        let local = local.map_or(0, |c| c.boundary);
+        let device = device.map_or(0, |c| c.boundary);
         let mut plan = QueryPlan {
             local_tokens: local,
             device_tokens: device,
