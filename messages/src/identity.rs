@@ -98,9 +98,11 @@ impl Namespace {
     pub fn key(&self, content_hash: u128, group: u32, page: u32, shard: u32) -> StorageKey {
         // Written into a stack buffer and shared with one allocation: keys are made per page
         // on every QUERY, GET and PUT. Layout: "{ns}-{hash:032x}-g{group}-p{page}-s{shard}".
+        // The tail is built in a fixed array (the hash a byte, two digits, at a time), so the
+        // only per-key work beyond it is one copy of the namespace and the allocation.
         const HEX: &[u8; 16] = b"0123456789abcdef";
         const TAIL: usize = 1 + 32 + 3 * (2 + 10);
-        fn dec(mut v: u32, out: &mut [u8]) -> usize {
+        fn dec(mut v: u32, out: &mut [u8; TAIL], at: usize) -> usize {
             let mut tmp = [0u8; 10];
             let mut i = tmp.len();
             loop {
@@ -112,37 +114,39 @@ impl Namespace {
                 }
             }
             let n = tmp.len() - i;
-            out[..n].copy_from_slice(&tmp[i..]);
+            out[at..at + n].copy_from_slice(&tmp[i..]);
             n
+        }
+        let mut tail = [0u8; TAIL];
+        tail[0] = b'-';
+        for (i, b) in content_hash.to_be_bytes().iter().enumerate() {
+            tail[1 + 2 * i] = HEX[(b >> 4) as usize];
+            tail[2 + 2 * i] = HEX[(b & 0xf) as usize];
+        }
+        let mut t = 33;
+        for (tag, v) in [(b'g', group), (b'p', page), (b's', shard)] {
+            tail[t] = b'-';
+            tail[t + 1] = tag;
+            t += 2;
+            t += dec(v, &mut tail, t);
         }
         let mut stack = [0u8; 160];
         let mut heap = Vec::new();
-        let need = self.0.len() + TAIL;
-        let buf: &mut [u8] = if need <= stack.len() {
-            &mut stack
+        let ns = self.0.as_bytes();
+        let n = ns.len() + t;
+        let buf: &mut [u8] = if n <= stack.len() {
+            &mut stack[..n]
         } else {
-            heap.resize(need, 0);
+            heap.resize(n, 0);
             &mut heap
         };
-        let mut n = self.0.len();
-        buf[..n].copy_from_slice(self.0.as_bytes());
-        buf[n] = b'-';
-        n += 1;
-        for i in (0..32).rev() {
-            buf[n] = HEX[((content_hash >> (i * 4)) & 0xf) as usize];
-            n += 1;
-        }
-        for (tag, v) in [(b'g', group), (b'p', page), (b's', shard)] {
-            buf[n] = b'-';
-            buf[n + 1] = tag;
-            n += 2;
-            n += dec(v, &mut buf[n..]);
-        }
+        buf[..ns.len()].copy_from_slice(ns);
+        buf[ns.len()..].copy_from_slice(&tail[..t]);
         // Only ASCII was appended to the namespace's valid UTF-8: the check is the fast
         // ASCII path and never fails; the key is one allocation.
-        match std::str::from_utf8(&buf[..n]) {
+        match std::str::from_utf8(buf) {
             Ok(key) => StorageKey(Arc::from(key)),
-            Err(_) => StorageKey(Arc::from(String::from_utf8_lossy(&buf[..n]))),
+            Err(_) => StorageKey(Arc::from(String::from_utf8_lossy(buf))),
         }
     }
 
@@ -160,12 +164,17 @@ mod tests {
 
     #[test]
     fn keys_have_the_documented_layout() {
-        let ns = Namespace("tsl3-0123456789abcdef".into());
-        for (h, g, p, sh) in [
-            (0u128, 0u32, 0u32, 0u32),
-            (u128::MAX, u32::MAX, 7, 1_000_000),
-            (0x1234_5678_9abc_def0_0fed_cba9_8765_4321, 3, 10, 42),
-        ] {
+        let short = Namespace("tsl3-0123456789abcdef".into());
+        // Past the stack buffer: the key is built on the heap, same layout.
+        let long = Namespace(format!("tsl3-{}", "x".repeat(150)));
+        for (ns, (h, g, p, sh)) in [&short, &long].into_iter().flat_map(|ns| {
+            [
+                (0u128, 0u32, 0u32, 0u32),
+                (u128::MAX, u32::MAX, 7, 1_000_000),
+                (0x1234_5678_9abc_def0_0fed_cba9_8765_4321, 3, 10, 42),
+            ]
+            .map(|c| (ns, c))
+        }) {
             assert_eq!(
                 ns.key(h, g, p, sh).as_str(),
                 format!("{}-{:032x}-g{}-p{}-s{}", ns.0, h, g, p, sh)

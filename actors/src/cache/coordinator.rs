@@ -122,18 +122,20 @@ impl QueryPlan {
                 got: exists.len(),
             });
         }
-        let mut missing = BTreeSet::new();
-        let mut blocks = BTreeSet::new();
-        for (row, ok) in self.rows.iter().zip(exists) {
-            if *ok {
-                blocks.insert(row.block);
-            } else {
-                missing.insert(row.block);
-            }
-        }
-        for m in &missing {
-            blocks.remove(m);
-        }
+        // A block exists when every one of its rows does: rows sorted by block (a missing
+        // row first), one pass.
+        let mut rows: Vec<(BlockAddr, bool)> = self
+            .rows
+            .iter()
+            .zip(exists)
+            .map(|(row, ok)| (row.block, *ok))
+            .collect();
+        rows.sort_unstable();
+        let blocks = rows
+            .chunk_by(|a, b| a.0 == b.0)
+            .filter(|rows| rows[0].1)
+            .map(|rows| rows[0].0)
+            .collect();
         Ok(ExistenceHints {
             blocks,
             tails: self.boundaries.iter().filter_map(|b| b.tail).collect(),
@@ -465,8 +467,9 @@ impl CacheCoordinator {
         let index = self.index_for(whole, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
         let table = self.table(&index, tokens, bound, &tails, None, None);
-        let local = table.longest(0, Have::Host).map_or(0, |c| c.boundary);
-        let device = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
+        let (local, device) = table.longest_pair(0, Have::Host, Have::Device);
+        let local = local.map_or(0, |c| c.boundary);
+        let device = device.map_or(0, |c| c.boundary);
         let mut plan = QueryPlan {
             local_tokens: local,
             device_tokens: device,
@@ -549,6 +552,28 @@ impl CacheCoordinator {
         hints: &ExistenceHints,
         host_credits: u32,
     ) -> Result<Reservation, CacheError> {
+        self.reserve_with_keys(whole, tokens, reusable, hints, host_credits, &[], &[])
+    }
+
+    /// `reserve_in` that takes a row's page key from the answered QUERY's `rows` and `keys`
+    /// (parallel: the keys that QUERY carried, made by `query_keys` of this namespace)
+    /// instead of making it again; a row the QUERY did not carry gets a new key.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reserve_with_keys(
+        &mut self,
+        whole: Option<&PromptIndex>,
+        tokens: &[u32],
+        reusable: u32,
+        hints: &ExistenceHints,
+        host_credits: u32,
+        queried: &[QueryRow],
+        keys: &[StorageKey],
+    ) -> Result<Reservation, CacheError> {
+        let known = if queried.len() == keys.len() {
+            queried
+        } else {
+            &[]
+        };
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
         let tails = self.tail_candidates(&index, tokens, 0, bound, &hints.tails);
@@ -580,7 +605,7 @@ impl CacheCoordinator {
                 continue;
             }
             let required = table.required_blocks(&index, c);
-            if let Some(mut r) = self.try_allocate(&required, dest + warm)? {
+            if let Some(mut r) = self.try_allocate(&required, dest + warm, known, keys)? {
                 r.boundary = c.boundary;
                 r.device_tokens = device_tokens;
                 r.tail = tail;
@@ -622,6 +647,8 @@ impl CacheCoordinator {
         &mut self,
         required: &[RequiredBlock],
         charge: u32,
+        known: &[QueryRow],
+        keys: &[StorageKey],
     ) -> Result<Option<Reservation>, CacheError> {
         let warm: Vec<BlockAddr> = required
             .iter()
@@ -656,13 +683,27 @@ impl CacheCoordinator {
             }
         }
         let result = if ok {
-            let mut rows = Vec::new();
+            let pages: usize = allocated
+                .iter()
+                .map(|b| self.geometry.group(b.addr.group as usize).pages_per_block as usize)
+                .sum();
+            let mut rows = Vec::with_capacity(pages);
             for b in &allocated {
                 let g = b.addr.group as usize;
                 let spec = self.geometry.group(g);
                 for page in 0..spec.pages_per_block {
+                    let row = QueryRow {
+                        block: b.addr,
+                        page,
+                    };
+                    let key = known
+                        .iter()
+                        .position(|r| *r == row)
+                        .and_then(|i| keys.get(i).cloned())
+                        .unwrap_or_else(|| page_key(&self.namespace, &self.geometry, b.addr, page));
+                    debug_assert_eq!(key, page_key(&self.namespace, &self.geometry, b.addr, page));
                     rows.push(TransferRow {
-                        key: page_key(&self.namespace, &self.geometry, b.addr, page),
+                        key,
                         block: b.addr,
                         page,
                         range: self.host.page_range(b.addr, page, spec.page_bytes)?,

@@ -89,17 +89,19 @@ pub fn pack(
         .find(|(_, f)| f.0)?;
     let mut inc = Included::new(table);
     let mut packing = Packing {
-        boundaries: Vec::new(),
+        boundaries: Vec::with_capacity(candidates.len() - pi),
         blocks: Vec::new(),
         keys: 0,
         host_blocks: charge,
     };
+    // One scratch list for every candidate's extra blocks.
+    let mut extra = Vec::new();
     for &c in &candidates[pi..] {
         // A fallback is reserved alone: its own Host charge must fit.
         if !packing.boundaries.is_empty() && fits(c).2 > credits.host_blocks {
             continue;
         }
-        let extra = extra_blocks(table, index, &inc, c);
+        extra_blocks(table, index, &inc, c, &mut extra);
         let extra_keys: u32 = extra
             .iter()
             .map(|b| table.pages(b.addr.group as usize))
@@ -109,7 +111,7 @@ pub fn pack(
         }
         include(table, &mut inc, c, &extra);
         packing.keys += extra_keys;
-        packing.blocks.extend(extra);
+        packing.blocks.extend_from_slice(&extra);
         packing.boundaries.push(PackedBoundary {
             candidate: c,
             new_keys: extra_keys,
@@ -118,14 +120,16 @@ pub fn pack(
     Some(packing)
 }
 
-/// The missing blocks `c` requires that are not yet included, by group then position.
+/// The missing blocks `c` requires that are not yet included, by group then position
+/// (into `out`, emptied first).
 fn extra_blocks(
     table: &MatchTable,
     index: &PromptIndex,
     inc: &Included,
     c: Candidate,
-) -> Vec<RequiredBlock> {
-    let mut out = Vec::new();
+    out: &mut Vec<RequiredBlock>,
+) {
+    out.clear();
     for g in 0..table.group_count() {
         let (s, e, tail) = table.requirement(g, c.boundary);
         let (clo, chi) = inc.covered[g];
@@ -154,7 +158,6 @@ fn extra_blocks(
             }
         }
     }
-    out
 }
 
 fn include(table: &MatchTable, inc: &mut Included, c: Candidate, extra: &[RequiredBlock]) {

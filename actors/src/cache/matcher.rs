@@ -319,6 +319,29 @@ impl MatchTable {
         self.candidates_iter(lo).find(|c| self.legal(*c, min))
     }
 
+    /// `(longest(lo, min), longest(lo, strict))` for `strict` at or above `min`, in one
+    /// pass: a candidate legal at `strict` is legal at `min`, so the scan stops at the
+    /// first one legal at `strict`, each candidate tallied once.
+    pub fn longest_pair(
+        &self,
+        lo: u32,
+        min: Have,
+        strict: Have,
+    ) -> (Option<Candidate>, Option<Candidate>) {
+        debug_assert!(strict >= min);
+        let mut first = None;
+        for c in self.candidates_iter(lo) {
+            let t = self.tally(c);
+            if first.is_none() && t.legal_at(min) {
+                first = Some(c);
+            }
+            if t.legal_at(strict) {
+                return (first.or(Some(c)), Some(c));
+            }
+        }
+        (first, None)
+    }
+
     /// The blocks `c` requires, by group then position (tail last).
     pub fn required_blocks(&self, index: &PromptIndex, c: Candidate) -> Vec<RequiredBlock> {
         let mut out = Vec::new();

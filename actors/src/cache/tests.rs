@@ -729,3 +729,77 @@ mod props {
         }
     }
 }
+
+#[test]
+fn a_reservation_reuses_the_answered_querys_keys_and_is_otherwise_the_same() {
+    let p = prompt(21, 200);
+    let make = || {
+        let mut c = coord(vec![full(16), GroupSpec::state("ssm", 32, 8)], 1000, 1000);
+        let dev = c.computed_blocks(&p, 64);
+        c.insert_device(&dev).unwrap();
+        c
+    };
+    let (mut a, mut b) = (make(), make());
+    let plan = a.plan_query(&p, 160, ALL, NO_LIMITS);
+    assert_eq!(plan, b.plan_query(&p, 160, ALL, NO_LIMITS));
+    let hints = all_hints(&plan);
+    let made = a.reserve(&p, 160, &hints, 100).unwrap();
+    let reused = b
+        .reserve_with_keys(None, &p, 160, &hints, 100, &plan.rows, &plan.keys)
+        .unwrap();
+    assert!(!reused.rows.is_empty());
+    assert_eq!(made, reused, "the same reservation, keys included");
+    for row in &reused.rows {
+        let i = plan
+            .rows
+            .iter()
+            .position(|q| q.block == row.block && q.page == row.page)
+            .unwrap();
+        assert!(
+            std::sync::Arc::ptr_eq(&row.key.0, &plan.keys[i].0),
+            "the queried key itself, not a new string"
+        );
+    }
+    // Keys that do not match the rows are ignored: every key is made again.
+    let mut c = make();
+    let again = c
+        .reserve_with_keys(None, &p, 160, &hints, 100, &plan.rows, &plan.keys[1..])
+        .unwrap();
+    assert_eq!(again, made);
+}
+
+#[test]
+fn the_one_pass_longest_pair_agrees_with_two_scans() {
+    use super::keys::PromptIndex;
+    use super::matcher::{Have, MatchTable};
+    let g = CacheGeometry::new(vec![full(16), GroupSpec::state("ssm", 32, 8)], 1, 0).unwrap();
+    let p = prompt(23, 200);
+    let index = PromptIndex::new(&g, &p, p.len() as u32);
+    let levels = [Have::Missing, Have::Assumed, Have::Host, Have::Device];
+    // Availability patterns: a block's level from its hash and a seed (mixed levels,
+    // Device prefixes, nothing, everything).
+    for seed in 0u64..64 {
+        let table = MatchTable::build(&g, &index, &p, 199, &[], None, |a| {
+            let h = a.hash.as_u128() as u64;
+            match seed % 4 {
+                0 => levels[((h ^ seed.wrapping_mul(0x9E37)) % 4) as usize],
+                1 => Have::Device,
+                2 => Have::Missing,
+                _ => levels[(h % 2 + 2) as usize],
+            }
+        });
+        for lo in [0, 16, 64] {
+            for (min, strict) in [
+                (Have::Host, Have::Device),
+                (Have::Assumed, Have::Host),
+                (Have::Host, Have::Host),
+            ] {
+                assert_eq!(
+                    table.longest_pair(lo, min, strict),
+                    (table.longest(lo, min), table.longest(lo, strict)),
+                    "seed {seed} lo {lo} {min:?}/{strict:?}"
+                );
+            }
+        }
+    }
+}

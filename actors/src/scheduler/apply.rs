@@ -139,15 +139,17 @@ impl Scheduler {
         let reoffered: BTreeSet<HostRef> = fx.reoffer.iter().map(|c| c.host).collect();
         // Query results: reserve destinations and read, or fall back to local admission.
         for q in fx.query_results {
-            self.on_query_result(q.request, &q.exists, storage.as_deref_mut());
+            self.on_query_result(q.request, &q.exists, &q.keys, storage.as_deref_mut());
         }
-        // Publication of fully successful, retired rows of attached GETs.
-        let mut published: BTreeMap<RequestId, BTreeSet<HostRef>> = BTreeMap::new();
-        for row in &fx.publish {
-            published.entry(row.request).or_default().insert(row.host);
-        }
-        for (req, rows) in published {
-            self.on_get_published(req, &rows);
+        // Publication of fully successful, retired rows of attached GETs, request by
+        // request in request order (sorted once; each request's references sorted for the
+        // lookups).
+        let mut published: Vec<(RequestId, HostRef)> =
+            fx.publish.iter().map(|r| (r.request, r.host)).collect();
+        published.sort_unstable();
+        published.dedup();
+        for rows in published.chunk_by(|a, b| a.0 == b.0) {
+            self.on_get_published(rows[0].0, rows);
         }
         for (req, why) in fx.waits_ended {
             self.on_wait_ended(req, why);
@@ -162,7 +164,8 @@ impl Scheduler {
         }
     }
 
-    fn on_get_published(&mut self, id: RequestId, rows: &BTreeSet<HostRef>) {
+    /// `rows`: the request's published references (all of request `id`), sorted.
+    fn on_get_published(&mut self, id: RequestId, rows: &[(RequestId, HostRef)]) {
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
@@ -180,7 +183,11 @@ impl Scheduler {
         let Some(res) = rec.reservation.take() else {
             return;
         };
-        let ok: Vec<bool> = rec.rows.iter().map(|h| rows.contains(h)).collect();
+        let ok: Vec<bool> = rec
+            .rows
+            .iter()
+            .map(|h| rows.binary_search_by(|(_, r)| r.cmp(h)).is_ok())
+            .collect();
         match self.cache.publish_host(res, &ok) {
             Ok(hold) => rec.hold = Some(hold),
             Err(_) => {

@@ -19,8 +19,8 @@ impl Scheduler {
         for a in std::mem::take(&mut self.h2d_host_refs) {
             let _ = self.cache.host_mut().release(a);
         }
-        let mut candidates = vec![];
         let blocks = std::mem::take(&mut self.d2h_blocks);
+        let mut candidates = Vec::with_capacity(if self.l3_enabled() { blocks.len() } else { 0 });
         for a in blocks {
             if self.cache.host_mut().publish(a).is_err() {
                 continue;

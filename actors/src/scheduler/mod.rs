@@ -50,7 +50,8 @@ use messages::{
     Namespace, PressureObservation, RequestId, SamplingParams, StorageDone, TokenLogprobs,
 };
 use request::{PrefixSplit, Request};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
 
 /// Static configuration of one rank's scheduler.
 #[derive(Clone, Debug)]
@@ -143,6 +144,39 @@ pub(crate) fn tail_kind(kind: crate::cache::GroupKind) -> usize {
     }
 }
 
+/// A map keyed by a sequential ID (HostRef, read number) that is only looked up, inserted
+/// and removed, never iterated: its order cannot reach a decision, so it hashes instead of
+/// keeping a tree (O(1) per reference the manager takes or releases).
+type IdMap<K, V> = HashMap<K, V, BuildIdHasher>;
+
+/// Builds `IdHasher`s (fixed: the same on every rank and run).
+#[derive(Clone, Copy, Debug, Default)]
+struct BuildIdHasher;
+
+impl BuildHasher for BuildIdHasher {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(0)
+    }
+}
+
+/// A multiplicative hash of integer IDs: sequential IDs spread over the table's buckets.
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// What a Host reference handed to the StorageTransferManager stands for.
 #[derive(Clone, Copy, Debug)]
 enum RefUse {
@@ -181,8 +215,10 @@ pub struct Scheduler {
     /// `storage_prepared` is one-shot).
     unprepared: VecDeque<RequestId>,
     free_scratch: Vec<u32>,
-    refs: BTreeMap<HostRef, RefUse>,
-    reads: BTreeMap<u64, ReadRecord>,
+    /// What each Host reference handed to the manager stands for (lookups only).
+    refs: IdMap<HostRef, RefUse>,
+    /// Reads in flight or held Ready, by read number (lookups only).
+    reads: IdMap<u64, ReadRecord>,
     next_ref: u64,
     next_read: u64,
     /// Blocks whose D2H copy is in flight this round (published by `d2h_done`).
@@ -233,8 +269,8 @@ impl Scheduler {
             running: BTreeSet::new(),
             unprepared: VecDeque::new(),
             free_scratch,
-            refs: BTreeMap::new(),
-            reads: BTreeMap::new(),
+            refs: IdMap::default(),
+            reads: IdMap::default(),
             next_ref: 0,
             next_read: 0,
             d2h_blocks: vec![],

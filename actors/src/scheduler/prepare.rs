@@ -57,7 +57,7 @@ impl Scheduler {
             // The page keys are made only for a QUERY the manager admits (most refusals,
             // e.g. exhausted credits, then cost no key strings).
             let whole = r.whole_index(&self.cfg.layout.geometry);
-            let mut qp =
+            let qp =
                 self.cache
                     .plan_query_rows_in(Some(&whole), &r.prompt, r.reusable(), q, limits);
             if qp.bypass.is_some() || qp.rows.is_empty() {
@@ -69,15 +69,7 @@ impl Scheduler {
             let parent = self.trace.request_span(id).cloned();
             let cache = &self.cache;
             let n = qp.rows.len();
-            let planned = stm.plan_query_with(
-                id,
-                n,
-                || {
-                    qp.keys = cache.query_keys(&qp);
-                    qp.keys.clone()
-                },
-                parent,
-            );
+            let planned = stm.plan_query_with(id, n, || cache.query_keys(&qp), parent);
             match planned {
                 Ok((_, lease)) => {
                     let geometry = &self.cfg.layout.geometry;
@@ -104,10 +96,13 @@ impl Scheduler {
         }
     }
 
+    /// An attached QUERY was answered: `exists` per key, `keys` the keys it carried (the
+    /// GET reuses those it reads instead of making them again).
     pub(super) fn on_query_result(
         &mut self,
         id: RequestId,
         exists: &[bool],
+        keys: &[messages::StorageKey],
         storage: Option<&mut StorageTransferManager>,
     ) {
         let Some(r) = self.requests.get_mut(&id) else {
@@ -136,17 +131,28 @@ impl Scheduler {
         let host_credits = stm.host_credits_left();
         let reusable = r.reusable();
         let whole = r.whole_index(&self.cfg.layout.geometry);
-        let res =
-            match self
-                .cache
-                .reserve_in(Some(&whole), &r.prompt, reusable, &hints, host_credits)
-            {
-                Ok(res) => res,
-                Err(_) => {
-                    self.end_prefetch(id, Some(FallbackReason::Miss));
-                    return;
-                }
-            };
+        let queried = match &r.state {
+            RequestState::Prefetching {
+                phase: PrefetchPhase::Query(plan),
+                ..
+            } => &plan.rows[..],
+            _ => &[],
+        };
+        let res = match self.cache.reserve_with_keys(
+            Some(&whole),
+            &r.prompt,
+            reusable,
+            &hints,
+            host_credits,
+            queried,
+            keys,
+        ) {
+            Ok(res) => res,
+            Err(_) => {
+                self.end_prefetch(id, Some(FallbackReason::Miss));
+                return;
+            }
+        };
         if res.is_empty() {
             let _ = self.cache.abandon(res);
             self.end_prefetch(id, Some(FallbackReason::Miss));
@@ -154,8 +160,8 @@ impl Scheduler {
         }
         self.next_read += 1;
         let read = self.next_read;
-        let mut dests = vec![];
-        let mut rows = vec![];
+        let mut dests = Vec::with_capacity(res.rows.len());
+        let mut rows = Vec::with_capacity(res.rows.len());
         for row in &res.rows {
             let h = self.new_ref(RefUse::GetRow { read });
             rows.push(h);

@@ -7,6 +7,7 @@
 
 use super::HostRef;
 use messages::StorageKey;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
@@ -40,6 +41,18 @@ impl BuildHasher for BuildKeyHasher {
 
 /// A lookup-only table keyed by storage key (never iterated).
 pub type KeyTable<V> = HashMap<StorageKey, V, BuildKeyHasher>;
+
+/// Takes one count of `key` off a counting table, removing the entry at zero: one lookup
+/// (a key is hashed once, not once to find and again to remove).
+pub(super) fn uncount(table: &mut KeyTable<u32>, key: &StorageKey) {
+    if let Entry::Occupied(mut e) = table.entry(key.clone()) {
+        if *e.get() <= 1 {
+            e.remove();
+        } else {
+            *e.get_mut() -= 1;
+        }
+    }
+}
 
 /// Why a backup candidate was dropped (the fixed `reason` label of the dropped-keys counter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -147,12 +160,7 @@ impl BackupQueue {
     /// Take the oldest candidate.
     pub fn pop_front(&mut self) -> Option<BackupCandidate> {
         let c = self.queue.pop_front()?;
-        if let Some(n) = self.queued_keys.get_mut(&c.key) {
-            *n -= 1;
-            if *n == 0 {
-                self.queued_keys.remove(&c.key);
-            }
-        }
+        uncount(&mut self.queued_keys, &c.key);
         Some(c)
     }
 

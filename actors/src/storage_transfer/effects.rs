@@ -60,19 +60,28 @@ impl RoundEffects {
     pub fn is_empty(&self) -> bool {
         *self == RoundEffects::default()
     }
-    /// Append another step's effects.
+    /// Append another step's effects (a list still empty here takes the other's as is).
     pub fn extend(&mut self, other: RoundEffects) {
-        self.publish.extend(other.publish);
-        self.release.extend(other.release);
-        self.reoffer.extend(other.reoffer);
-        self.query_results.extend(other.query_results);
-        self.waits_ended.extend(other.waits_ended);
-        self.ready_expired.extend(other.ready_expired);
-        self.quarantined.extend(other.quarantined);
-        self.cancels.extend(other.cancels);
-        self.settled.extend(other.settled);
-        self.backed_up.extend(other.backed_up);
-        self.negative.extend(other.negative);
-        self.forgotten.extend(other.forgotten);
+        append(&mut self.publish, other.publish);
+        append(&mut self.release, other.release);
+        append(&mut self.reoffer, other.reoffer);
+        append(&mut self.query_results, other.query_results);
+        append(&mut self.waits_ended, other.waits_ended);
+        append(&mut self.ready_expired, other.ready_expired);
+        append(&mut self.quarantined, other.quarantined);
+        append(&mut self.cancels, other.cancels);
+        append(&mut self.settled, other.settled);
+        append(&mut self.backed_up, other.backed_up);
+        append(&mut self.negative, other.negative);
+        append(&mut self.forgotten, other.forgotten);
+    }
+}
+
+/// `to` followed by `more`, without copying `more` when `to` is empty.
+fn append<T>(to: &mut Vec<T>, mut more: Vec<T>) {
+    if to.is_empty() {
+        std::mem::swap(to, &mut more);
+    } else {
+        to.append(&mut more);
     }
 }

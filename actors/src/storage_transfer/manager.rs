@@ -284,7 +284,7 @@ impl StorageTransferManager {
     }
 
     fn validate_completions(&self, completions: &[StorageDone]) -> Result<(), ProtocolError> {
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::with_capacity(completions.len());
         for d in completions {
             d.validate()?;
             if !seen.insert(d.op) {
@@ -420,20 +420,37 @@ impl StorageTransferManager {
         fx
     }
 
-    fn settle(&mut self, op: OperationId, fx: &mut RoundEffects) {
-        if let Some(t) = self.tickets.get_mut(&op) {
-            if let Some((refs, ops, hosts)) = t.settle() {
-                let class = t.class;
-                if t.kind == StorageOpKind::Put {
-                    let bytes: u64 = t.ranges.iter().map(|r| r.len).sum();
-                    self.backup_bytes_outstanding =
-                        self.backup_bytes_outstanding.saturating_sub(bytes);
-                }
-                self.tickets.remove(&op);
-                self.credits.release(class, ops, hosts);
-                fx.release.extend(refs);
-                fx.settled.push(op);
-            }
+    /// Settles a ticket: its credits return and its held references are released. Returns
+    /// the settled ticket (removed), so a caller may move its keys out instead of copying.
+    fn settle(&mut self, op: OperationId, fx: &mut RoundEffects) -> Option<Ticket> {
+        let t = self.tickets.get_mut(&op)?;
+        let (refs, ops, hosts) = t.settle()?;
+        let class = t.class;
+        if t.kind == StorageOpKind::Put {
+            let bytes: u64 = t.ranges.iter().map(|r| r.len).sum();
+            self.backup_bytes_outstanding = self.backup_bytes_outstanding.saturating_sub(bytes);
+        }
+        let settled = self.tickets.remove(&op);
+        self.credits.release(class, ops, hosts);
+        fx.release.extend(refs);
+        fx.settled.push(op);
+        settled
+    }
+
+    /// The keys and references of ticket `op` after `settle` returned `settled` (moved out of
+    /// the removed ticket; copied when it stayed, which an Issued ticket never does).
+    fn settled_keys(
+        &self,
+        op: OperationId,
+        settled: Option<Ticket>,
+    ) -> (Vec<StorageKey>, Vec<HostRef>) {
+        match settled {
+            Some(t) => (t.keys, t.refs),
+            None => self
+                .tickets
+                .get(&op)
+                .map(|t| (t.keys.clone(), t.refs.clone()))
+                .unwrap_or_default(),
         }
     }
 
@@ -455,12 +472,8 @@ impl StorageTransferManager {
             }
         }
         // Only a QUERY's result and a PUT's outcome need the ticket's keys (and a PUT its
-        // references) after settlement; a GET reads them from the ticket in place.
-        let (keys, refs) = match kind {
-            StorageOpKind::Query => (t.keys.clone(), Vec::new()),
-            StorageOpKind::Put => (t.keys.clone(), t.refs.clone()),
-            StorageOpKind::Get => (Vec::new(), Vec::new()),
-        };
+        // references) after settlement: they move out of the settled ticket; a GET reads
+        // them from the ticket in place.
         if kind == StorageOpKind::Put {
             self.unpend_put_keys(op);
         }
@@ -473,12 +486,13 @@ impl StorageTransferManager {
         let clean = done.rejection.is_none() && done.error.is_none();
         match kind {
             StorageOpKind::Query => {
-                self.settle(op, fx);
+                let settled = self.settle(op, fx);
                 if let Some(request) = waiter {
                     if clean {
                         if let Some(w) = self.waits.get_mut(&request) {
                             w.phase = WaitPhase::QueryDone;
                         }
+                        let (keys, _) = self.settled_keys(op, settled);
                         fx.query_results.push(QueryResult {
                             request,
                             op,
@@ -535,7 +549,8 @@ impl StorageTransferManager {
                 fx.waits_ended.push((request, WaitEnd::Completed));
             }
             StorageOpKind::Put => {
-                self.settle(op, fx);
+                let settled = self.settle(op, fx);
+                let (keys, refs) = self.settled_keys(op, settled);
                 let rejected = done.capacity.iter().any(|c| *c);
                 if rejected && epoch == self.epoch {
                     self.capacity_backoff_us = (self.capacity_backoff_us * 2)
@@ -593,12 +608,7 @@ impl StorageTransferManager {
             return;
         };
         for key in &t.keys {
-            if let Some(n) = self.pending_put_keys.get_mut(key) {
-                *n -= 1;
-                if *n == 0 {
-                    self.pending_put_keys.remove(key);
-                }
-            }
+            super::backup::uncount(&mut self.pending_put_keys, key);
         }
     }
 

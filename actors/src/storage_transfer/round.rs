@@ -21,7 +21,7 @@ use messages::{
     HostRange, OperationId, ProtocolError, Rejection, RequestId, StorageCancelOp, StorageKey,
     StorageOp,
 };
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use tracing::Span;
 
 /// The round's planning in progress, between `begin_round` and `end_plan`.
@@ -193,6 +193,8 @@ impl StorageTransferManager {
         // taking keys until it carries a quarter of it (the rest wait in the queue).
         let in_flight = self.cfg.backup_bytes_in_flight;
         let per_op = (in_flight / 4).max(1);
+        // The keys of the PUT being filled (lookups only; emptied for each PUT).
+        let mut batch: super::backup::KeyTable<()> = Default::default();
         loop {
             let room = backup_room(&self.credits, &self.cfg);
             if room == 0
@@ -201,21 +203,26 @@ impl StorageTransferManager {
             {
                 break;
             }
-            let (mut keys, mut refs, mut ranges) = (vec![], vec![], vec![]);
-            let mut batch: BTreeSet<StorageKey> = BTreeSet::new();
+            let cap = room.min(self.planning.candidates.len());
+            let (mut keys, mut refs, mut ranges) = (
+                Vec::with_capacity(cap),
+                Vec::with_capacity(cap),
+                Vec::with_capacity(cap),
+            );
+            batch.clear();
             let mut bytes = 0u64;
             while keys.len() < room && bytes < per_op {
                 let Some(c) = self.planning.candidates.pop_front() else {
                     break;
                 };
-                if batch.contains(&c.key) {
+                if batch.contains_key(&c.key) {
                     coalesced.push(c.host); // the queue coalesces keys; kept for safety
                     continue;
                 }
                 match residency(&c.key, c.host) {
                     Some(range) => {
                         bytes += range.len;
-                        batch.insert(c.key.clone());
+                        batch.insert(c.key.clone(), ());
                         keys.push(c.key);
                         refs.push(c.host);
                         ranges.push(range);
