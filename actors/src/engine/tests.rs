@@ -48,10 +48,13 @@ pub(super) struct Outcome {
 }
 
 /// Serves one request to completion (a world of one; rounds until it finishes), then
-/// keeps rounding until the executor is idle so backups have retired.
+/// keeps rounding until the executor is idle so backups have retired. The wait is bounded
+/// by wall time, not by a count of rounds: a backup waiting out a capacity backoff (100 ms
+/// on the system clock) is still queued when a fast build has run thousands of rounds.
 pub(super) fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32) -> Outcome {
     let out = serve_until(e, id, prompt, max_tokens, |_, _| {});
-    for _ in 0..20_000 {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < give_up {
         let idle = e.executor().is_none_or(|x| {
             x.stats()
                 .jobs
@@ -66,7 +69,7 @@ pub(super) fn serve(e: &mut RankEngine, id: u64, prompt: &[u32], max_tokens: u32
         let agreed = agree_single(e.head_now(), vec![], vec![]).unwrap();
         e.run_round_now(agreed).unwrap();
         e.drain_events();
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_micros(200));
     }
     out
 }
