@@ -206,6 +206,11 @@ pub struct SchedulerArgs {
     /// Requests running at once.
     #[arg(long, default_value_t = 16)]
     max_running: usize,
+    /// Output tokens per request (a request runs about max_tokens + 1 rounds): with
+    /// `--waiting` equal to `--max-running` and a long decode, few prompts arrive and the
+    /// storage path has little to do.
+    #[arg(long, default_value_t = 2)]
+    max_tokens: u32,
 }
 
 impl BenchRun for SchedulerArgs {
@@ -217,7 +222,7 @@ impl BenchRun for SchedulerArgs {
             prompt_tokens: self.prompt_tokens,
             device_blocks: self.device_blocks,
             max_running: self.max_running,
-            ..Default::default()
+            max_tokens: self.max_tokens,
         };
         let allocations = env.allocations.map(|a| {
             (a.enable)();
