@@ -688,6 +688,9 @@ impl CacheCoordinator {
                 .map(|b| self.geometry.group(b.addr.group as usize).pages_per_block as usize)
                 .sum();
             let mut rows = Vec::with_capacity(pages);
+            // The QUERY's rows come in the order the reservation allocates them, so the next
+            // known row is checked first (one pass); a row out of that order is searched for.
+            let mut next_known = 0;
             for b in &allocated {
                 let g = b.addr.group as usize;
                 let spec = self.geometry.group(g);
@@ -696,9 +699,15 @@ impl CacheCoordinator {
                         block: b.addr,
                         page,
                     };
-                    let key = known
-                        .iter()
-                        .position(|r| *r == row)
+                    let at = if known.get(next_known) == Some(&row) {
+                        Some(next_known)
+                    } else {
+                        known.iter().position(|r| *r == row)
+                    };
+                    if let Some(i) = at {
+                        next_known = i + 1;
+                    }
+                    let key = at
                         .and_then(|i| keys.get(i).cloned())
                         .unwrap_or_else(|| page_key(&self.namespace, &self.geometry, b.addr, page));
                     debug_assert_eq!(key, page_key(&self.namespace, &self.geometry, b.addr, page));

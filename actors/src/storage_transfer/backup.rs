@@ -7,7 +7,6 @@
 
 use super::HostRef;
 use messages::StorageKey;
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
@@ -42,15 +41,15 @@ impl BuildHasher for BuildKeyHasher {
 /// A lookup-only table keyed by storage key (never iterated).
 pub type KeyTable<V> = HashMap<StorageKey, V, BuildKeyHasher>;
 
-/// Takes one count of `key` off a counting table, removing the entry at zero: one lookup
-/// (a key is hashed once, not once to find and again to remove).
+/// Takes one count of `key` off a counting table, removing the entry at zero (no key is
+/// cloned: `entry` would need an owned key, one string allocation per call).
 pub(super) fn uncount(table: &mut KeyTable<u32>, key: &StorageKey) {
-    if let Entry::Occupied(mut e) = table.entry(key.clone()) {
-        if *e.get() <= 1 {
-            e.remove();
-        } else {
-            *e.get_mut() -= 1;
+    match table.get_mut(key) {
+        Some(n) if *n > 1 => *n -= 1,
+        Some(_) => {
+            table.remove(key);
         }
+        None => {}
     }
 }
 
