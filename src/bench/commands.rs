@@ -38,8 +38,9 @@ pub enum BenchCommand {
     /// DFS -> MEMORY promotion throughput (refills of a tier whose memory was used before; the first fill of fresh memory printed apart) beside a plain file read + memcpy of the same bytes.
     Promotion(PromotionArgs),
     /// Round cost (apply + plan + d2h_done) of the real Scheduler with waiting requests and
-    /// outstanding storage operations, beside the same round with storage disabled: µs and
-    /// allocations per round, the ratio last.
+    /// outstanding storage operations, beside the same round with storage disabled, and
+    /// storage enabled with nothing to do beside its disabled twin: µs and allocations per
+    /// round (median of alternating trials), the idle ratio, then the loaded ratio last.
     Scheduler(SchedulerArgs),
     /// StorageTransferManager::apply_round alone with outstanding operations and waiting
     /// requests.
@@ -211,6 +212,10 @@ pub struct SchedulerArgs {
     /// storage path has little to do.
     #[arg(long, default_value_t = 2)]
     max_tokens: u32,
+    /// Trials of each pair of scenarios (storage enabled and disabled, alternating which
+    /// runs first); each side reports its median trial.
+    #[arg(long, default_value_t = 5)]
+    trials: usize,
 }
 
 impl BenchRun for SchedulerArgs {
@@ -223,6 +228,7 @@ impl BenchRun for SchedulerArgs {
             device_blocks: self.device_blocks,
             max_running: self.max_running,
             max_tokens: self.max_tokens,
+            trials: self.trials,
         };
         let allocations = env.allocations.map(|a| {
             (a.enable)();

@@ -1,7 +1,12 @@
 //! Benchmark body of `engine-host bench scheduler`: the round cost of the real Scheduler
 //! (`apply` + `plan` + `d2h_done`) with about 10k waiting requests and about 1k outstanding
 //! storage operations, beside the same scenario with storage disabled, measured side by
-//! side in one run (µs and, when the binary counts them, allocations per round).
+//! side in one run (µs and, when the binary counts them, allocations per round). A second
+//! pair measures storage enabled with nothing to do: every arrival repeats one prompt the
+//! Device already holds (no QUERY, no GET, no new block to back up), beside the same
+//! workload with storage disabled. Each pair runs `trials` times, alternating which side
+//! goes first, and reports the trial with the median mean of each side, so a noisy VM's
+//! drift falls on both sides alike.
 //!
 //! It drives a Scheduler directly with synthetic agreed inputs: new requests topping the
 //! live set up to the target, StorageDone completions for the operations the Scheduler
@@ -37,6 +42,8 @@ pub struct SchedulerBenchConfig {
     pub device_blocks: u32,
     /// Requests running at once.
     pub max_running: usize,
+    /// Times each pair of scenarios runs (alternating order); the median trial is reported.
+    pub trials: usize,
 }
 
 impl Default for SchedulerBenchConfig {
@@ -49,6 +56,7 @@ impl Default for SchedulerBenchConfig {
             max_tokens: 2,
             device_blocks: 256,
             max_running: 16,
+            trials: 5,
         }
     }
 }
@@ -77,19 +85,51 @@ pub struct RoundFigures {
     pub finished_per_round: f64,
 }
 
-/// Both scenarios of one run; `Display` prints the storage-disabled ratio last.
+/// Both pairs of one run; `Display` prints the idle ratio, then the loaded ratio last.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchedulerBenchReport {
     pub config: SchedulerBenchConfig,
+    /// The median trial of storage enabled, with outstanding reads.
     pub storage: RoundFigures,
+    /// The median trial of the same workload, storage disabled.
     pub disabled: RoundFigures,
+    /// The median trial of storage enabled with nothing to do (one Device-held prompt).
+    pub idle_storage: RoundFigures,
+    /// The median trial of that workload, storage disabled.
+    pub idle_disabled: RoundFigures,
+    /// Storage ÷ disabled mean µs of each loaded trial, in trial order.
+    pub trial_ratios: Vec<f64>,
+    /// The same for the idle pair.
+    pub idle_trial_ratios: Vec<f64>,
+}
+
+fn ratio(a: &RoundFigures, b: &RoundFigures) -> f64 {
+    a.mean_us / b.mean_us.max(f64::MIN_POSITIVE)
 }
 
 impl SchedulerBenchReport {
-    /// Round cost with storage over round cost without (mean µs).
+    /// Round cost with storage over round cost without (median trials' mean µs).
     pub fn time_ratio(&self) -> f64 {
-        self.storage.mean_us / self.disabled.mean_us.max(f64::MIN_POSITIVE)
+        ratio(&self.storage, &self.disabled)
     }
+
+    /// The same for storage enabled with nothing to do.
+    pub fn idle_time_ratio(&self) -> f64 {
+        ratio(&self.idle_storage, &self.idle_disabled)
+    }
+}
+
+fn alloc_ratio(a: &RoundFigures, b: &RoundFigures) -> String {
+    match (a.allocations_per_round, b.allocations_per_round) {
+        (Some(a), Some(b)) => format!(", {:.2}x allocations", a / b.max(1.0)),
+        _ => String::new(),
+    }
+}
+
+fn range(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{lo:.2}x-{hi:.2}x over {} trials", v.len())
 }
 
 impl fmt::Display for RoundFigures {
@@ -122,23 +162,26 @@ impl fmt::Display for SchedulerBenchReport {
         let c = &self.config;
         writeln!(
             f,
-            "scheduler bench: profile tiny, {} live requests, {} outstanding GETs held, {}-token prompts, {} device blocks, max_running {}",
-            c.waiting, c.outstanding, c.prompt_tokens, c.device_blocks, c.max_running
+            "scheduler bench: profile tiny, {} live requests, {} outstanding GETs held, {}-token prompts, {} device blocks, max_running {}; median of {} trials per side",
+            c.waiting, c.outstanding, c.prompt_tokens, c.device_blocks, c.max_running, c.trials
         )?;
+        write!(f, "{}", self.idle_storage)?;
+        write!(f, "{}", self.idle_disabled)?;
         write!(f, "{}", self.storage)?;
         write!(f, "{}", self.disabled)?;
-        let alloc_ratio = match (
-            self.storage.allocations_per_round,
-            self.disabled.allocations_per_round,
-        ) {
-            (Some(a), Some(b)) => format!(", {:.2}x allocations", a / b.max(1.0)),
-            _ => String::new(),
-        };
         writeln!(
             f,
-            "ratio storage/disabled: {:.2}x us/round{}",
+            "ratio storage/disabled, nothing to do: {:.2}x us/round{} (trials {})",
+            self.idle_time_ratio(),
+            alloc_ratio(&self.idle_storage, &self.idle_disabled),
+            range(&self.idle_trial_ratios)
+        )?;
+        writeln!(
+            f,
+            "ratio storage/disabled: {:.2}x us/round{} (trials {})",
             self.time_ratio(),
-            alloc_ratio
+            alloc_ratio(&self.storage, &self.disabled),
+            range(&self.trial_ratios)
         )
     }
 }
@@ -151,6 +194,16 @@ fn storage_config(outstanding: usize) -> StorageConfig {
         ops.saturating_mul(16).saturating_add(1024),
         8,
     )
+}
+
+/// The workload of a scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    /// A distinct prompt per request; GETs withheld to hold `outstanding` reads.
+    Loaded,
+    /// Every request repeats one prompt (held by the Device after the first): storage has
+    /// nothing to prepare or back up.
+    NothingToDo,
 }
 
 /// A distinct prompt per request (no shared prefixes).
@@ -247,6 +300,7 @@ impl Owed {
 
 struct Driver {
     cfg: SchedulerBenchConfig,
+    workload: Workload,
     pipeline: RoundPipeline,
     owed: Owed,
     digests: Vec<(RequestId, Vec<RankDigest>)>,
@@ -256,7 +310,7 @@ struct Driver {
 }
 
 impl Driver {
-    fn new(cfg: &SchedulerBenchConfig, storage: bool) -> Result<Self, String> {
+    fn new(cfg: &SchedulerBenchConfig, storage: bool, workload: Workload) -> Result<Self, String> {
         let model = SyntheticModel::by_name("tiny").map_err(|e| e.to_string())?;
         let groups = model.profile().groups.len() as u32;
         let max_running = cfg.max_running.max(1);
@@ -286,6 +340,7 @@ impl Driver {
         .map_err(|e| e.to_string())?;
         Ok(Self {
             cfg: cfg.clone(),
+            workload,
             pipeline: RoundPipeline::new(scheduler),
             owed: Owed::default(),
             digests: vec![],
@@ -303,10 +358,14 @@ impl Driver {
         for _ in live..self.cfg.waiting {
             self.next_request += 1;
             let id = self.next_request;
+            let seed = match self.workload {
+                Workload::Loaded => id,
+                Workload::NothingToDo => 0,
+            };
             new_requests.push(
                 (
                     RequestId(id),
-                    prompt(id, self.cfg.prompt_tokens, self.vocab),
+                    prompt(seed, self.cfg.prompt_tokens, self.vocab),
                     self.cfg.max_tokens,
                 )
                     .into(),
@@ -400,15 +459,23 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn run_scenario(
     cfg: &SchedulerBenchConfig,
     storage: bool,
+    workload: Workload,
     allocations: Option<fn() -> u64>,
 ) -> Result<RoundFigures, String> {
-    let mut d = Driver::new(cfg, storage)?;
-    // Untimed warm-up: fill the live set and the withheld GETs (bounded).
-    for _ in 0..2_000 {
+    let mut d = Driver::new(cfg, storage, workload)?;
+    // Untimed warm-up: fill the live set and the withheld GETs; with nothing to do, also
+    // until the first arrivals' storage work (the prompt's first QUERY and GET, whose Ready
+    // hold waits its turn in the queue) has settled (bounded).
+    for _ in 0..20_000 {
         d.round(None)?;
         let held = d.owed.gets.len();
+        let settled = d
+            .pipeline
+            .stm()
+            .is_none_or(|s| s.outstanding_tickets() == 0);
         if d.pipeline.scheduler().live_requests() >= cfg.waiting
             && (!storage || held >= cfg.outstanding)
+            && (workload == Workload::Loaded || settled)
         {
             break;
         }
@@ -431,10 +498,11 @@ fn run_scenario(
         .collect::<Option<Vec<u64>>>()
         .map(|v| v.iter().sum::<u64>() as f64 / n);
     Ok(RoundFigures {
-        label: if storage {
-            "storage enabled"
-        } else {
-            "storage disabled"
+        label: match (storage, workload) {
+            (true, Workload::Loaded) => "storage enabled",
+            (false, Workload::Loaded) => "storage disabled",
+            (true, Workload::NothingToDo) => "storage enabled, nothing to do",
+            (false, Workload::NothingToDo) => "storage disabled, same workload",
         },
         rounds,
         mean_us: mean(&|s| s.us),
@@ -464,12 +532,63 @@ pub fn bench_scheduler(
             cfg.outstanding.saturating_mul(2)
         ));
     }
-    let storage = run_scenario(cfg, true, allocations)?;
-    let disabled = run_scenario(cfg, false, allocations)?;
+    let loaded = run_pair(cfg, Workload::Loaded, allocations)?;
+    let idle_cfg = SchedulerBenchConfig {
+        outstanding: 0,
+        ..cfg.clone()
+    };
+    let idle = run_pair(&idle_cfg, Workload::NothingToDo, allocations)?;
     Ok(SchedulerBenchReport {
         config: cfg.clone(),
-        storage,
-        disabled,
+        storage: loaded.storage,
+        disabled: loaded.disabled,
+        idle_storage: idle.storage,
+        idle_disabled: idle.disabled,
+        trial_ratios: loaded.ratios,
+        idle_trial_ratios: idle.ratios,
+    })
+}
+
+/// The median trials of one workload, storage enabled and disabled.
+struct Pair {
+    storage: RoundFigures,
+    disabled: RoundFigures,
+    ratios: Vec<f64>,
+}
+
+/// The figures of the trial with the median mean (the upper one of an even count).
+fn median_trial(mut trials: Vec<RoundFigures>) -> Option<RoundFigures> {
+    trials.sort_by(|a, b| a.mean_us.total_cmp(&b.mean_us));
+    let mid = trials.len() / 2;
+    trials.into_iter().nth(mid)
+}
+
+/// Runs `cfg.trials` trials of the workload, each with storage enabled and disabled; even
+/// trials run the enabled side first, odd ones the disabled side.
+fn run_pair(
+    cfg: &SchedulerBenchConfig,
+    workload: Workload,
+    allocations: Option<fn() -> u64>,
+) -> Result<Pair, String> {
+    let trials = cfg.trials.max(1);
+    let (mut on, mut off, mut ratios) = (vec![], vec![], vec![]);
+    for t in 0..trials {
+        let (s, d) = if t % 2 == 0 {
+            let s = run_scenario(cfg, true, workload, allocations)?;
+            (s, run_scenario(cfg, false, workload, allocations)?)
+        } else {
+            let d = run_scenario(cfg, false, workload, allocations)?;
+            (run_scenario(cfg, true, workload, allocations)?, d)
+        };
+        ratios.push(ratio(&s, &d));
+        on.push(s);
+        off.push(d);
+    }
+    let none = || "no trial ran".to_string();
+    Ok(Pair {
+        storage: median_trial(on).ok_or_else(none)?,
+        disabled: median_trial(off).ok_or_else(none)?,
+        ratios,
     })
 }
 
@@ -484,6 +603,7 @@ mod tests {
             rounds: 5,
             device_blocks: 32,
             max_running: 2,
+            trials: 2,
             ..SchedulerBenchConfig::default()
         }
     }
@@ -504,6 +624,35 @@ mod tests {
             .last()
             .unwrap()
             .starts_with("ratio storage/disabled"));
+    }
+
+    #[test]
+    fn the_nothing_to_do_pair_issues_no_storage_work_and_still_serves() {
+        let r = bench_scheduler(&small(), None).unwrap();
+        assert_eq!(r.idle_storage.storage_ops_per_round, 0.0, "{r}");
+        assert_eq!(r.idle_storage.outstanding_tickets, 0.0, "{r}");
+        assert_eq!(r.idle_storage.ready_holds, 0.0, "{r}");
+        assert!(r.idle_storage.finished_per_round > 0.0, "{r}");
+        assert!(r.idle_disabled.finished_per_round > 0.0, "{r}");
+        assert_eq!(r.trial_ratios.len(), 2);
+        assert_eq!(r.idle_trial_ratios.len(), 2);
+        let text = r.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[lines.len() - 2].starts_with("ratio storage/disabled, nothing to do"));
+    }
+
+    #[test]
+    fn the_median_trial_is_the_middle_mean() {
+        let mut f = bench_scheduler(&small(), None).unwrap().storage;
+        let trials: Vec<RoundFigures> = [3.0, 1.0, 2.0]
+            .iter()
+            .map(|m| {
+                f.mean_us = *m;
+                f.clone()
+            })
+            .collect();
+        assert_eq!(median_trial(trials).unwrap().mean_us, 2.0);
+        assert!(median_trial(vec![]).is_none());
     }
 
     #[test]
