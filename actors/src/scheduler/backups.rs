@@ -8,7 +8,9 @@
 
 use super::{RefUse, Scheduler};
 use crate::cache::keys::page_key;
-use crate::storage_transfer::{BackupCandidate, HostRef, StorageTransferManager};
+use crate::storage_transfer::{
+    BackupCandidate, BackupKey, BlockPage, HostRef, StorageTransferManager,
+};
 
 impl Scheduler {
     /// The engine executed this round's copies and forwards: the D2H copies completed on
@@ -32,9 +34,15 @@ impl Scheduler {
                     .geometry()
                     .group(a.group as usize)
                     .pages_per_block;
+                // The object key is made only at PUT dispatch (a dropped or coalesced
+                // candidate never costs one).
                 for page in 0..pages {
-                    let key = page_key(self.cache.namespace(), self.cache.geometry(), a, page);
                     let host = self.new_ref(RefUse::PutSource(a, page));
+                    let key = BackupKey::Page(BlockPage {
+                        hash: a.hash.as_u128(),
+                        group: a.group,
+                        page,
+                    });
                     candidates.push(BackupCandidate { key, host });
                 }
             }
@@ -47,7 +55,7 @@ impl Scheduler {
     pub(super) fn dispatch_backups(&mut self, stm: &mut StorageTransferManager) {
         let cache = &mut self.cache;
         let refs = &mut self.refs;
-        let mut residency = |_key: &messages::StorageKey, h: HostRef| {
+        let mut residency = |_key: &BackupKey, h: HostRef| {
             let Some(RefUse::PutSource(addr, page)) = refs.get(&h).copied() else {
                 return None;
             };
@@ -55,7 +63,8 @@ impl Scheduler {
                 let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
                 let range = cache.host().page_range(addr, page, page_bytes).ok()?;
                 cache.host_mut().acquire(addr).ok()?;
-                Some(range)
+                let key = page_key(cache.namespace(), cache.geometry(), addr, page);
+                Some((key, range))
             });
             let range = taken.flatten();
             if range.is_none() {
@@ -71,7 +80,7 @@ impl Scheduler {
 mod tests {
     use super::super::tests::*;
     use super::super::{Plan, RefUse};
-    use crate::cache::keys::page_key;
+    use crate::storage_transfer::{BackupKey, BlockPage};
     use messages::{StorageDone, StorageOp};
 
     /// A storage rig's request admitted after its QUERY missed everywhere.
@@ -102,7 +111,14 @@ mod tests {
         assert_eq!(candidates.len(), 8, "one page per tiny block");
         let c = rig.s.cache();
         for (cand, a) in candidates.iter().zip(&blocks) {
-            assert_eq!(cand.key, page_key(c.namespace(), c.geometry(), *a, 0));
+            assert_eq!(
+                cand.key,
+                BackupKey::Page(BlockPage {
+                    hash: a.hash.as_u128(),
+                    group: a.group,
+                    page: 0
+                })
+            );
             assert!(matches!(
                 rig.s.refs.get(&cand.host),
                 Some(RefUse::PutSource(b, 0)) if b == a

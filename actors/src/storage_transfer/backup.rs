@@ -1,9 +1,11 @@
-//! The backup candidate queue: bounded and nonowning. A candidate is (key, HostRef) with no
-//! reference taken; residency is rechecked at PUT dispatch, where residents take source
-//! references and evicted candidates are dropped as unavailable. Overflow drops the oldest
-//! candidate. A candidate already queued or covered by a pending PUT coalesces (not a
-//! loss). Dropped candidate occurrences are counted by a fixed reason. The queue never pins
-//! Host memory and never decides retirement.
+//! The backup candidate queue: bounded and nonowning. A candidate is (BackupKey, HostRef)
+//! with no reference taken; residency is rechecked at PUT dispatch, where residents take
+//! source references and evicted candidates are dropped as unavailable. A candidate's key
+//! is compact (the Host page it names) until that dispatch makes its object key, so a
+//! candidate that is dropped or coalesced never costs a key string. Overflow drops the
+//! oldest candidate. A candidate already queued or covered by a pending PUT coalesces (not
+//! a loss). Dropped candidate occurrences are counted by a fixed reason. The queue never
+//! pins Host memory and never decides retirement.
 
 use super::HostRef;
 use messages::StorageKey;
@@ -25,6 +27,24 @@ impl Hasher for KeyHasher {
     fn write_u8(&mut self, v: u8) {
         self.0 = self.0.rotate_left(7) ^ v as u64;
     }
+    // Integers (a BlockPage's fields, an enum's discriminant) mix in with one multiply
+    // instead of an xxh3 call each: a page's content hash is already uniform.
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn write_isize(&mut self, v: isize) {
+        self.write_u64(v as u64);
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.write_u64(v as u64);
+        self.write_u64((v >> 64) as u64);
+    }
 }
 
 /// Builds `KeyHasher`s.
@@ -41,9 +61,45 @@ impl BuildHasher for BuildKeyHasher {
 /// A lookup-only table keyed by storage key (never iterated).
 pub type KeyTable<V> = HashMap<StorageKey, V, BuildKeyHasher>;
 
+/// A lookup-only table keyed by backup key (never iterated).
+pub type BackupKeyTable<K, V> = HashMap<K, V, BuildKeyHasher>;
+
+/// A Host page of the cache owner: a block's content hash, its group and the page within
+/// it. Within one namespace and rank it names exactly one object key (the cache owner
+/// makes that key at PUT dispatch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockPage {
+    pub hash: u128,
+    pub group: u32,
+    pub page: u32,
+}
+
+/// What a backup candidate backs up: a Host page (the cache owner's candidates), or an
+/// object key made already (callers that hold one, e.g. tests).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackupKey {
+    Page(BlockPage),
+    Key(StorageKey),
+}
+
+impl From<StorageKey> for BackupKey {
+    fn from(k: StorageKey) -> Self {
+        BackupKey::Key(k)
+    }
+}
+
+impl From<BlockPage> for BackupKey {
+    fn from(p: BlockPage) -> Self {
+        BackupKey::Page(p)
+    }
+}
+
 /// Takes one count of `key` off a counting table, removing the entry at zero (no key is
 /// cloned: `entry` would need an owned key, one string allocation per call).
-pub(super) fn uncount(table: &mut KeyTable<u32>, key: &StorageKey) {
+pub(super) fn uncount<K: std::hash::Hash + Eq>(
+    table: &mut HashMap<K, u32, BuildKeyHasher>,
+    key: &K,
+) {
     match table.get_mut(key) {
         Some(n) if *n > 1 => *n -= 1,
         Some(_) => {
@@ -93,7 +149,7 @@ impl DropReason {
 /// A nonowning backup candidate.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BackupCandidate {
-    pub key: StorageKey,
+    pub key: BackupKey,
     pub host: HostRef,
 }
 
@@ -114,7 +170,7 @@ pub struct BackupQueue {
     capacity: usize,
     queue: VecDeque<BackupCandidate>,
     /// Queued occurrences per key (lookups only; the queue keeps the order).
-    queued_keys: KeyTable<u32>,
+    queued_keys: BackupKeyTable<BackupKey, u32>,
     dropped: [u64; 5],
     coalesced: u64,
     /// References of candidates that left the queue without a PUT (dropped or coalesced):
@@ -128,7 +184,7 @@ impl BackupQueue {
         Self {
             capacity: capacity.max(1) as usize,
             queue: VecDeque::new(),
-            queued_keys: KeyTable::default(),
+            queued_keys: BackupKeyTable::default(),
             dropped: [0; 5],
             coalesced: 0,
             forgotten: Vec::new(),
@@ -217,7 +273,7 @@ impl BackupQueue {
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
-    pub fn contains_key(&self, key: &StorageKey) -> bool {
+    pub fn contains_key(&self, key: &BackupKey) -> bool {
         self.queued_keys.contains_key(key)
     }
 }
@@ -228,7 +284,7 @@ mod tests {
 
     fn cand(k: &str, h: u64) -> BackupCandidate {
         BackupCandidate {
-            key: StorageKey(k.into()),
+            key: StorageKey(k.into()).into(),
             host: HostRef(h),
         }
     }
@@ -243,10 +299,35 @@ mod tests {
             OfferOutcome::QueuedDroppedOldest
         );
         assert_eq!(q.dropped(DropReason::Overflow), 1);
-        assert!(!q.contains_key(&StorageKey("a".into())));
+        assert!(!q.contains_key(&StorageKey("a".into()).into()));
         assert_eq!(q.pop_front(), Some(cand("b", 2)));
         assert_eq!(q.pop_front(), Some(cand("c", 3)));
         assert_eq!(q.pop_front(), None);
+    }
+
+    #[test]
+    fn page_keys_hash_apart_and_equal_pages_hash_alike() {
+        use std::hash::BuildHasher;
+        let h = |k: &BackupKey| BuildKeyHasher.hash_one(k);
+        let p =
+            |hash: u128, group: u32, page: u32| BackupKey::Page(BlockPage { hash, group, page });
+        assert_eq!(h(&p(7, 1, 2)), h(&p(7, 1, 2)));
+        let distinct = [
+            p(7, 1, 2),
+            p(7, 2, 1),
+            p(7, 1, 3),
+            p(8, 1, 2),
+            p(7 << 64, 1, 2),
+        ];
+        for (i, a) in distinct.iter().enumerate() {
+            for b in &distinct[i + 1..] {
+                assert_ne!(h(a), h(b), "{a:?} {b:?}");
+            }
+        }
+        assert_ne!(
+            h(&StorageKey("a".into()).into()),
+            h(&StorageKey("b".into()).into())
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! never frees a reference of an Issued or Quarantined ticket.
 
 use super::admission::{admit_get, admit_query, Gates};
-use super::backup::{BackupCandidate, BackupQueue, DropReason, OfferOutcome};
+use super::backup::{BackupCandidate, BackupKey, BackupQueue, DropReason, OfferOutcome};
 use super::credits::{CreditClass, Credits};
 use super::deadline::{ready_expiry_us, soft_deadline_us, DeadlineQueue};
 use super::effects::{PublishRow, QueryResult, RoundEffects};
@@ -76,7 +76,12 @@ pub struct StorageTransferManager {
     pub(super) backups: BackupQueue,
     negative: NegativeMetadata,
     /// Pending PUTs per key (lookups only, never iterated).
-    pub(super) pending_put_keys: super::backup::KeyTable<u32>,
+    /// Backup keys of in-flight PUTs: (epoch of the newest PUT, PUTs of that epoch). An
+    /// entry of an older epoch covers nothing (a clear bumped the epoch; a page names
+    /// another object in the new namespace).
+    pub(super) pending_put_keys: super::backup::BackupKeyTable<BackupKey, (u64, u32)>,
+    /// Each in-flight PUT's backup keys, row by row (for its settlement and re-offers).
+    put_rows: BTreeMap<OperationId, Vec<BackupKey>>,
     /// Payload bytes of the backup PUTs issued and not yet settled
     /// (`StorageConfig::backup_bytes_in_flight` bounds new ones).
     pub(super) backup_bytes_outstanding: u64,
@@ -124,6 +129,7 @@ impl StorageTransferManager {
             deadlines: DeadlineQueue::new(),
             ready_expiry: DeadlineQueue::new(),
             pending_put_keys: Default::default(),
+            put_rows: BTreeMap::new(),
             backup_bytes_outstanding: 0,
             now_us: 0,
             lease_serial: 0,
@@ -474,9 +480,11 @@ impl StorageTransferManager {
         // Only a QUERY's result and a PUT's outcome need the ticket's keys (and a PUT its
         // references) after settlement: they move out of the settled ticket; a GET reads
         // them from the ticket in place.
-        if kind == StorageOpKind::Put {
-            self.unpend_put_keys(op);
-        }
+        let backup_keys = if kind == StorageOpKind::Put {
+            self.unpend_put_keys(op, epoch)
+        } else {
+            Vec::new()
+        };
         // QUERY touches no supplied Host payload: its failure retains no buffer, so an
         // unretired QUERY quarantines nothing.
         if !done.retired && kind != StorageOpKind::Query {
@@ -565,7 +573,13 @@ impl StorageTransferManager {
                         fx.backed_up.push(key);
                     } else if done.capacity.get(i).copied().unwrap_or(false) && epoch == self.epoch
                     {
-                        let candidate = BackupCandidate { key, host: refs[i] };
+                        let (Some(backup), Some(&host)) = (backup_keys.get(i), refs.get(i)) else {
+                            continue;
+                        };
+                        let candidate = BackupCandidate {
+                            key: backup.clone(),
+                            host,
+                        };
                         if !matches!(
                             self.offer_candidate(candidate.clone()),
                             OfferOutcome::Dropped(_)
@@ -603,13 +617,27 @@ impl StorageTransferManager {
         }
     }
 
-    fn unpend_put_keys(&mut self, op: OperationId) {
-        let Some(t) = self.tickets.get(&op) else {
-            return;
-        };
-        for key in &t.keys {
-            super::backup::uncount(&mut self.pending_put_keys, key);
+    /// Takes PUT `op`'s backup keys off the pending table (those of its epoch) and returns
+    /// them, row by row.
+    fn unpend_put_keys(&mut self, op: OperationId, epoch: u64) -> Vec<BackupKey> {
+        let keys = self.put_rows.remove(&op).unwrap_or_default();
+        for key in &keys {
+            match self.pending_put_keys.get_mut(key) {
+                Some((e, n)) if *e == epoch && *n > 1 => *n -= 1,
+                Some((e, _)) if *e == epoch => {
+                    self.pending_put_keys.remove(key);
+                }
+                _ => {} // superseded by a PUT of a newer epoch
+            }
         }
+        keys
+    }
+
+    /// A PUT of this epoch in flight covers `key`.
+    pub(super) fn put_pending(&self, key: &BackupKey) -> bool {
+        self.pending_put_keys
+            .get(key)
+            .is_some_and(|(e, _)| *e == self.epoch)
     }
 
     // ----- planning -------------------------------------------------------------------
@@ -746,11 +774,14 @@ impl StorageTransferManager {
     }
 
     /// Offer a nonowning backup candidate (after a D2H completion published Host L2).
-    pub fn offer_backup(&mut self, key: StorageKey, host: HostRef) -> OfferOutcome {
-        self.offer_candidate(BackupCandidate { key, host })
+    pub fn offer_backup(&mut self, key: impl Into<BackupKey>, host: HostRef) -> OfferOutcome {
+        self.offer_candidate(BackupCandidate {
+            key: key.into(),
+            host,
+        })
     }
 
-    fn offer_candidate(&mut self, candidate: BackupCandidate) -> OfferOutcome {
+    pub(super) fn offer_candidate(&mut self, candidate: BackupCandidate) -> OfferOutcome {
         if self.quarantined || self.credits.write_budget_zero() {
             self.backups.count_drop(DropReason::Disabled, 1);
             self.backups.forget(candidate.host);
@@ -761,7 +792,7 @@ impl StorageTransferManager {
             self.backups.forget(candidate.host);
             return OfferOutcome::Dropped(DropReason::Pressure);
         }
-        let pending = self.pending_put_keys.contains_key(&candidate.key);
+        let pending = self.put_pending(&candidate.key);
         self.backups.offer(candidate, pending)
     }
 
@@ -771,18 +802,28 @@ impl StorageTransferManager {
     pub(super) fn put_ticket(
         &mut self,
         keys: Vec<StorageKey>,
+        backup: Vec<BackupKey>,
         refs: Vec<HostRef>,
         ranges: Vec<HostRange>,
     ) -> StoragePutOp {
         debug_assert!(!keys.is_empty() && keys.len() == refs.len() && keys.len() == ranges.len());
+        debug_assert_eq!(keys.len(), backup.len());
         let charged = self
             .credits
             .charge(CreditClass::Backup, 1, keys.len() as u32);
         debug_assert!(charged, "room was computed from the backup credits");
         let op = self.ids.next_id();
-        for k in &keys {
-            *self.pending_put_keys.entry(k.clone()).or_insert(0) += 1;
+        let epoch = self.epoch;
+        for k in &backup {
+            match self.pending_put_keys.get_mut(k) {
+                Some((e, n)) if *e == epoch => *n += 1,
+                Some(entry) => *entry = (epoch, 1),
+                None => {
+                    self.pending_put_keys.insert(k.clone(), (epoch, 1));
+                }
+            }
         }
+        self.put_rows.insert(op, backup);
         self.backup_bytes_outstanding += ranges.iter().map(|r| r.len).sum::<u64>();
         self.tickets.insert(
             op,

@@ -36,7 +36,7 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-pub use backup::{BackupCandidate, BackupQueue, DropReason, OfferOutcome};
+pub use backup::{BackupCandidate, BackupKey, BackupQueue, BlockPage, DropReason, OfferOutcome};
 pub use clear::{ClearKind, ClearRefused};
 pub use credits::{CreditClass, Credits};
 pub use effects::{PublishRow, QueryResult, RoundEffects};

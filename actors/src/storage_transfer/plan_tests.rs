@@ -33,7 +33,7 @@ fn input(tick_us: u64, jobs: u64, done: Vec<StorageDone>) -> RoundInput {
 }
 fn cand(k: &str, h: u64) -> BackupCandidate {
     BackupCandidate {
-        key: key(k),
+        key: key(k).into(),
         host: HostRef(h),
     }
 }
@@ -253,7 +253,7 @@ fn the_manager_decides_what_a_tampered_intent_could_only_claim() {
     m.offer_backups(vec![cand("k0", 1)]);
     assert!(m.end_plan(vec![]).is_empty());
     begin(&mut m, input(MS, 0, vec![]));
-    let puts = m.plan_backups(&mut |_: &StorageKey, _: HostRef| Some(HostRange::new(0, 16)));
+    let puts = m.plan_backups_keyed(&mut |_: &StorageKey, _: HostRef| Some(HostRange::new(0, 16)));
     assert_eq!(puts, vec![OperationId(1)]);
     let ops = m.end_plan(vec![]);
     assert_eq!(op_ids(&ops), vec![OperationId(1)]);
@@ -478,7 +478,7 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
         .plan_get(RequestId(1), keys("r", 7), dests(100, 7), None)
         .unwrap();
     let mut asked = vec![];
-    let puts = m.plan_backups(&mut |k: &StorageKey, h: HostRef| {
+    let puts = m.plan_backups_keyed(&mut |k: &StorageKey, h: HostRef| {
         asked.push(k.clone());
         (h != HostRef(12)).then(|| HostRange::new(h.0 * 64, 64))
     });
@@ -549,7 +549,8 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
         vec![cand("c4", 14), cand("c5", 15), cand("c6", 16)],
         "requeued candidates first, in their order"
     );
-    let puts = m.plan_backups(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
+    let puts =
+        m.plan_backups_keyed(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
     assert_eq!(puts, vec![OperationId(4)]);
     let ops = m.end_plan(vec![]);
     assert_eq!(op_ids(&ops), vec![OperationId(4)]);
@@ -572,7 +573,7 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
     m.offer_backups((0..16).map(|i| cand(&format!("c{i}"), 10 + i)).collect());
     begin(&mut m, input(0, 0, vec![]));
     let page = |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64));
-    let puts = m.plan_backups(&mut { page });
+    let puts = m.plan_backups_keyed(&mut { page });
     assert_eq!(puts.len(), 3);
     let ops = m.end_plan(vec![]);
     let sizes: Vec<usize> = ops
@@ -591,7 +592,7 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
     );
     // A later round with nothing settled admits nothing more.
     begin(&mut m, input(MS, 0, vec![]));
-    assert!(m.plan_backups(&mut { page }).is_empty());
+    assert!(m.plan_backups_keyed(&mut { page }).is_empty());
     m.end_plan(vec![]);
     // One PUT settles: room for exactly one more, the next candidates in order.
     begin(
@@ -608,7 +609,7 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
             )],
         ),
     );
-    let more = m.plan_backups(&mut { page });
+    let more = m.plan_backups_keyed(&mut { page });
     assert_eq!(more.len(), 1);
     let ops = m.end_plan(vec![]);
     assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("c6"), key("c7")]));
@@ -630,7 +631,8 @@ fn one_backup_page_larger_than_the_bound_still_goes_alone() {
     let mut m = StorageTransferManager::new(cfg);
     m.offer_backups(vec![cand("a", 1), cand("b", 2)]);
     begin(&mut m, input(0, 0, vec![]));
-    let puts = m.plan_backups(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
+    let puts =
+        m.plan_backups_keyed(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
     assert_eq!(puts.len(), 1);
     let ops = m.end_plan(vec![]);
     assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("a")]));
@@ -644,7 +646,7 @@ fn closed_gate_offers_no_candidates_and_dispatches_nothing() {
     let report = begin(&mut m, input(0, 10, vec![]));
     assert!(m.put_candidates().is_empty());
     assert_eq!(report.effects.forgotten, vec![HostRef(1), HostRef(2)]);
-    let puts = m.plan_backups(&mut |_: &StorageKey, _: HostRef| -> Option<HostRange> {
+    let puts = m.plan_backups_keyed(&mut |_: &StorageKey, _: HostRef| -> Option<HostRange> {
         panic!("no residency check with the gate closed")
     });
     assert!(puts.is_empty());
@@ -818,7 +820,7 @@ impl Sim {
                         i += 1;
                         ((evict >> (i % 8)) & 1 == 0).then(|| HostRange::new(h.0 * 16, 16))
                     };
-                    planned.extend(self.m.plan_backups(&mut residency));
+                    planned.extend(self.m.plan_backups_keyed(&mut residency));
                 }
                 Step::Handback { pick, cancel } => {
                     if self.leases.is_empty() {

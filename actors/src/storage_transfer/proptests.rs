@@ -248,7 +248,7 @@ impl Harness {
                     })
                     .expect("no completions");
                 self.absorb(report.effects);
-                let planned = self.m.plan_backups(&mut res);
+                let planned = self.m.plan_backups_keyed(&mut res);
                 let puts: Vec<_> = self
                     .m
                     .end_plan(vec![])

@@ -11,7 +11,7 @@
 //! and keeps no second copy of the credits to compare against.
 
 use super::admission::backup_room;
-use super::backup::{BackupCandidate, DropReason};
+use super::backup::{BackupCandidate, BackupKey, DropReason};
 use super::effects::RoundEffects;
 use super::lease::StorageLease;
 use super::manager::{Refusal, RoundInput, StorageTransferManager};
@@ -113,7 +113,7 @@ impl StorageTransferManager {
             let Some(c) = self.backups.pop_front() else {
                 break;
             };
-            if self.pending_put_keys.contains_key(&c.key) {
+            if self.put_pending(&c.key) {
                 self.backups.note_coalesced(c.host); // covered by a pending PUT: not a loss
                 continue;
             }
@@ -172,15 +172,16 @@ impl StorageTransferManager {
 
     /// Dispatches create-only PUTs of the plan from this round's candidates, within the
     /// backup credits and `backup_bytes_in_flight` (a PUT only while less is outstanding,
-    /// each up to a quarter of it). `residency(key, host)` rechecks the Host entry: `Some(range)` means
-    /// it is resident and the caller took a source reference (which the ticket then owns
-    /// until retirement); `None` drops the candidate as unavailable (the caller forgets
-    /// it). Candidates that find no credits or bytes go back to the queue front when the
+    /// each up to a quarter of it). `residency(key, host)` rechecks the Host entry:
+    /// `Some((object key, range))` means it is resident and the caller took a source
+    /// reference (which the ticket then owns until retirement) and made the object key (a
+    /// page's key is made only here); `None` drops the candidate as unavailable (the caller
+    /// forgets it). Candidates that find no credits or bytes go back to the queue front when the
     /// plan ends.
     /// Returns the PUTs' operation IDs.
     pub fn plan_backups(
         &mut self,
-        residency: &mut dyn FnMut(&StorageKey, HostRef) -> Option<HostRange>,
+        residency: &mut dyn FnMut(&BackupKey, HostRef) -> Option<(StorageKey, HostRange)>,
     ) -> Vec<OperationId> {
         let mut issued = vec![];
         let gates = self.gates();
@@ -194,7 +195,7 @@ impl StorageTransferManager {
         let in_flight = self.cfg.backup_bytes_in_flight;
         let per_op = (in_flight / 4).max(1);
         // The keys of the PUT being filled (lookups only; emptied for each PUT).
-        let mut batch: super::backup::KeyTable<()> = Default::default();
+        let mut batch: super::backup::BackupKeyTable<BackupKey, ()> = Default::default();
         loop {
             let room = backup_room(&self.credits, &self.cfg);
             if room == 0
@@ -204,7 +205,8 @@ impl StorageTransferManager {
                 break;
             }
             let cap = room.min(self.planning.candidates.len());
-            let (mut keys, mut refs, mut ranges) = (
+            let (mut keys, mut backup, mut refs, mut ranges) = (
+                Vec::with_capacity(cap),
                 Vec::with_capacity(cap),
                 Vec::with_capacity(cap),
                 Vec::with_capacity(cap),
@@ -220,10 +222,11 @@ impl StorageTransferManager {
                     continue;
                 }
                 match residency(&c.key, c.host) {
-                    Some(range) => {
+                    Some((key, range)) => {
                         bytes += range.len;
                         batch.insert(c.key.clone(), ());
-                        keys.push(c.key);
+                        keys.push(key);
+                        backup.push(c.key);
                         refs.push(c.host);
                         ranges.push(range);
                     }
@@ -233,7 +236,7 @@ impl StorageTransferManager {
             if keys.is_empty() {
                 break;
             }
-            let put = self.put_ticket(keys, refs, ranges);
+            let put = self.put_ticket(keys, backup, refs, ranges);
             issued.push(put.op);
             self.planning.record(StorageOp::Put(put), None);
         }
@@ -245,6 +248,19 @@ impl StorageTransferManager {
             self.backups.note_coalesced(h);
         }
         issued
+    }
+
+    /// `plan_backups` for candidates offered with their object keys made (tests): the
+    /// residency check sees the key; a page candidate is unavailable.
+    #[cfg(test)]
+    pub(crate) fn plan_backups_keyed(
+        &mut self,
+        residency: &mut dyn FnMut(&StorageKey, HostRef) -> Option<HostRange>,
+    ) -> Vec<OperationId> {
+        self.plan_backups(&mut |k: &BackupKey, h: HostRef| match k {
+            BackupKey::Key(key) => residency(key, h).map(|r| (key.clone(), r)),
+            BackupKey::Page(_) => None,
+        })
     }
 
     /// Ends the plan: candidates not dispatched go back to the queue front, the hand-backs
@@ -279,7 +295,7 @@ impl StorageTransferManager {
     /// (nonowning). Drops and coalescing reach the scheduler with the next report.
     pub fn offer_backups(&mut self, candidates: Vec<BackupCandidate>) {
         for c in candidates {
-            let _ = self.offer_backup(c.key, c.host);
+            let _ = self.offer_candidate(c);
         }
     }
 

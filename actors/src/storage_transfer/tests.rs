@@ -45,7 +45,7 @@ fn dispatch(
         ..Default::default()
     })
     .unwrap();
-    let planned = m.plan_backups(residency);
+    let planned = m.plan_backups_keyed(residency);
     let puts: Vec<StoragePutOp> = m
         .end_plan(vec![])
         .into_iter()
@@ -659,7 +659,7 @@ fn backup_dispatch_skips_evicted_and_coalesces_pending() {
     assert_eq!(
         fx.reoffer,
         vec![BackupCandidate {
-            key: key("a"),
+            key: key("a").into(),
             host: HostRef(1)
         }]
     );
@@ -912,4 +912,85 @@ fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff(
     m.apply_round(with_done(t + 5, vec![rejected(put.op)]))
         .unwrap();
     assert_eq!(m.capacity_retry_at_us(), t + 5 + CAPACITY_BACKOFF_MIN_US);
+}
+
+#[test]
+fn a_page_candidate_gets_its_object_key_at_dispatch_and_a_clear_ends_its_coverage() {
+    use super::backup::{BackupKey, BlockPage};
+    let page = |n: u32| BlockPage {
+        hash: 0xabc,
+        group: 0,
+        page: n,
+    };
+    let mut m = StorageTransferManager::new(config());
+    m.offer_backup(page(0), HostRef(1));
+    m.offer_backup(page(1), HostRef(2));
+    assert_eq!(
+        m.offer_backup(page(0), HostRef(3)),
+        OfferOutcome::Coalesced,
+        "the same page queued twice"
+    );
+    m.begin_round(RoundInput {
+        tick_us: m.now_us(),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut made = vec![];
+    let planned = m.plan_backups(&mut |k: &BackupKey, h: HostRef| {
+        let BackupKey::Page(p) = k else {
+            panic!("{k:?}");
+        };
+        made.push(p.page);
+        Some((
+            key(&format!("obj-{}", p.page)),
+            HostRange::new(h.0 * 16, 16),
+        ))
+    });
+    assert_eq!(planned.len(), 1);
+    assert_eq!(made, vec![0, 1], "one key made per dispatched page");
+    let put = match &m.end_plan(vec![])[..] {
+        [StorageOp::Put(p)] => p.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(put.keys, vec![key("obj-0"), key("obj-1")]);
+    assert_eq!(
+        m.offer_backup(page(0), HostRef(4)),
+        OfferOutcome::Coalesced,
+        "covered by the pending PUT"
+    );
+    // A namespace rotation: the page names another object now; the old PUT covers nothing.
+    m.clear(ClearKind::NamespaceRotation, None).unwrap();
+    assert_eq!(m.offer_backup(page(0), HostRef(5)), OfferOutcome::Queued);
+    m.begin_round(RoundInput {
+        tick_us: m.now_us(),
+        ..Default::default()
+    })
+    .unwrap();
+    let planned = m.plan_backups(&mut |_: &BackupKey, h: HostRef| {
+        Some((key("new-obj-0"), HostRange::new(h.0 * 16, 16)))
+    });
+    assert_eq!(planned.len(), 1);
+    assert!(m
+        .end_plan(vec![])
+        .iter()
+        .any(|o| matches!(o, StorageOp::Put(p) if p.keys == vec![key("new-obj-0")])));
+    // The old PUT's completion leaves the new PUT's coverage in place.
+    let fx = m
+        .apply_round(with_done(
+            MS,
+            vec![StorageDone::put(
+                put.op,
+                vec![true, true],
+                vec![16, 16],
+                vec![false, false],
+                true,
+            )],
+        ))
+        .unwrap();
+    assert_eq!(fx.backed_up, vec![key("obj-0"), key("obj-1")]);
+    assert_eq!(
+        m.offer_backup(page(0), HostRef(6)),
+        OfferOutcome::Coalesced,
+        "still covered by the new epoch's PUT"
+    );
 }
