@@ -486,6 +486,8 @@ fn admission_fallback(
         f
     } else if m.boundary >= aligned(m.reusable) {
         FallbackReason::None
+    } else if let Some(f) = res.storage_refused {
+        f
     } else if l3 > 0 && m.boundary < aligned(res.planned_boundary) {
         FallbackReason::Partial
     } else if l3 == 0 {

@@ -54,6 +54,14 @@ impl Scheduler {
                 continue;
             };
             r.resources.storage_prepared = true;
+            // Credits exhausted: every QUERY would be refused, so none is planned (a
+            // credit-starved round costs no matching per arrival). The reason counts only
+            // if admission then falls short of the reusable bound.
+            if let Some(e) = stm.query_credits_refusal() {
+                r.resources.storage_refused = Some(refusal_reason(&e));
+                r.state = RequestState::Admissible;
+                continue;
+            }
             // The page keys are made only for a QUERY the manager admits (most refusals,
             // e.g. exhausted credits, then cost no key strings).
             let whole = r.whole_index(&self.cfg.layout.geometry);
@@ -320,6 +328,62 @@ mod tests {
         assert_eq!(
             refusal_reason(&Refusal::OperationCredits),
             FallbackReason::Miss
+        );
+    }
+
+    #[test]
+    fn with_the_credits_exhausted_an_arrival_plans_no_query_and_reports_a_miss_only_if_it_computes()
+    {
+        let mut rig = rig(true);
+        // A prompt computed once (its QUERY missed everywhere), then held by the Device.
+        let held = prompt(32, 40);
+        let plan = rig.arrive(&[(100, &held, 1)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let plan = rig.round(query_done(q.op, vec![false; q.keys.len()]));
+        assert_eq!(plan.forwards.len(), 1);
+        rig.d2h_done();
+        rig.apply(super::super::AgreedInputs {
+            digests: digests_of(&plan),
+            ..Default::default()
+        });
+        // Eight distinct arrivals take the eight operation credits with their QUERYs.
+        let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(32, 50 + i)).collect();
+        let arriving: Vec<(u64, &[u32], u32)> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as u64 + 1, &p[..], 2))
+            .collect();
+        let plan = rig.arrive(&arriving);
+        let queries = plan
+            .storage
+            .iter()
+            .filter(|o| matches!(o, StorageOp::Query(_)))
+            .count();
+        assert_eq!(queries, 8);
+        assert_eq!(
+            rig.stm.as_ref().unwrap().query_credits_refusal(),
+            Some(Refusal::OperationCredits)
+        );
+        // A new prompt and the held one arrive: neither is queried.
+        let fresh = prompt(32, 90);
+        let plan = rig.arrive(&[(20, &fresh, 2), (21, &held, 2)]);
+        assert!(plan.storage.is_empty(), "{:?}", plan.storage);
+        assert_eq!(plan.forwards.len(), 2, "both admitted at once");
+        let r = &rig.s.requests[&RequestId(20)];
+        assert!(r.resources.storage_prepared, "considered once");
+        assert_eq!(r.resources.storage_refused, Some(FallbackReason::Miss));
+        assert_eq!(
+            r.fallback,
+            FallbackReason::Miss,
+            "computed: L3 was not asked"
+        );
+        let r = &rig.s.requests[&RequestId(21)];
+        assert_eq!(
+            r.fallback,
+            FallbackReason::None,
+            "the Device held its prefix"
         );
     }
 

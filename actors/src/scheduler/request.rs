@@ -78,6 +78,10 @@ pub struct AdmissionResources {
     pub local_at_plan: u32,
     /// Why L3 did not supply the whole planned prefix, when known.
     pub fallback: Option<FallbackReason>,
+    /// Why L3 was not asked at all, when the credits were exhausted before the request's
+    /// QUERY was planned: the reason only if admission then falls short of the reusable
+    /// bound (a local hit that covers it needed no L3).
+    pub storage_refused: Option<FallbackReason>,
 }
 
 /// Where a request's prefix came from and what was computed (reported to the client).

@@ -237,6 +237,22 @@ impl StorageTransferManager {
         &self.credits
     }
     /// Host credits not in use (what a reservation may take).
+    /// The refusal any QUERY would get now for want of credits (operation or Host), with
+    /// the gates open: the planner skips planning such a QUERY. None when the credits
+    /// admit one, or when a gate decides instead (quarantine, pressure: those refusals are
+    /// counted where a planned QUERY meets them).
+    pub fn query_credits_refusal(&self) -> Option<Refusal> {
+        if self.quarantined || self.gate.is_closed() {
+            None
+        } else if self.credits.host_exhausted() {
+            Some(Refusal::HostCredits)
+        } else if !self.credits.fits(CreditClass::Read, 1, 0) {
+            Some(Refusal::OperationCredits)
+        } else {
+            None
+        }
+    }
+
     pub fn host_credits_left(&self) -> u32 {
         self.credits
             .host_total()
