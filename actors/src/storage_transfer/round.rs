@@ -24,6 +24,10 @@ use messages::{
 use std::collections::{BTreeMap, VecDeque};
 use tracing::Span;
 
+/// The cache owner's residency recheck of a backup candidate at PUT dispatch: the object
+/// key and Host range of a resident page whose source reference it took, or None.
+pub type Residency<'a> = dyn FnMut(&BackupKey, HostRef) -> Option<(StorageKey, HostRange)> + 'a;
+
 /// The round's planning in progress, between `begin_round` and `end_plan`.
 #[derive(Debug, Default)]
 pub(super) struct Planning {
@@ -179,10 +183,7 @@ impl StorageTransferManager {
     /// forgets it). Candidates that find no credits or bytes go back to the queue front when the
     /// plan ends.
     /// Returns the PUTs' operation IDs.
-    pub fn plan_backups(
-        &mut self,
-        residency: &mut dyn FnMut(&BackupKey, HostRef) -> Option<(StorageKey, HostRange)>,
-    ) -> Vec<OperationId> {
+    pub fn plan_backups(&mut self, residency: &mut Residency<'_>) -> Vec<OperationId> {
         let mut issued = vec![];
         let gates = self.gates();
         if gates.quarantined || gates.gate_closed || gates.backups_paused {
