@@ -85,51 +85,54 @@ pub struct RoundFigures {
     pub finished_per_round: f64,
 }
 
-/// Both pairs of one run; `Display` prints the idle ratio, then the loaded ratio last.
+/// One workload's median trials, storage enabled and disabled.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SchedulerBenchReport {
-    pub config: SchedulerBenchConfig,
-    /// The median trial of storage enabled, with outstanding reads.
+pub struct PairFigures {
     pub storage: RoundFigures,
-    /// The median trial of the same workload, storage disabled.
     pub disabled: RoundFigures,
-    /// The median trial of storage enabled with nothing to do (one Device-held prompt).
-    pub idle_storage: RoundFigures,
-    /// The median trial of that workload, storage disabled.
-    pub idle_disabled: RoundFigures,
-    /// Storage ÷ disabled mean µs of each loaded trial, in trial order.
+    /// Storage ÷ disabled mean µs of each trial, in trial order.
     pub trial_ratios: Vec<f64>,
-    /// The same for the idle pair.
-    pub idle_trial_ratios: Vec<f64>,
 }
 
 fn ratio(a: &RoundFigures, b: &RoundFigures) -> f64 {
     a.mean_us / b.mean_us.max(f64::MIN_POSITIVE)
 }
 
-impl SchedulerBenchReport {
+impl PairFigures {
     /// Round cost with storage over round cost without (median trials' mean µs).
     pub fn time_ratio(&self) -> f64 {
         ratio(&self.storage, &self.disabled)
     }
 
-    /// The same for storage enabled with nothing to do.
-    pub fn idle_time_ratio(&self) -> f64 {
-        ratio(&self.idle_storage, &self.idle_disabled)
+    /// The pair's ratio line: `what` names the workload.
+    fn ratio_line(&self, f: &mut fmt::Formatter<'_>, what: &str) -> fmt::Result {
+        let allocs = match (
+            self.storage.allocations_per_round,
+            self.disabled.allocations_per_round,
+        ) {
+            (Some(a), Some(b)) => format!(", {:.2}x allocations", a / b.max(1.0)),
+            _ => String::new(),
+        };
+        let v = &self.trial_ratios;
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        writeln!(
+            f,
+            "ratio storage/disabled{what}: {:.2}x us/round{allocs} (trials {lo:.2}x-{hi:.2}x over {} trials)",
+            self.time_ratio(),
+            v.len()
+        )
     }
 }
 
-fn alloc_ratio(a: &RoundFigures, b: &RoundFigures) -> String {
-    match (a.allocations_per_round, b.allocations_per_round) {
-        (Some(a), Some(b)) => format!(", {:.2}x allocations", a / b.max(1.0)),
-        _ => String::new(),
-    }
-}
-
-fn range(v: &[f64]) -> String {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!("{lo:.2}x-{hi:.2}x over {} trials", v.len())
+/// Both pairs of one run; `Display` prints the idle ratio, then the loaded ratio last.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedulerBenchReport {
+    pub config: SchedulerBenchConfig,
+    /// Distinct prompts, with outstanding reads.
+    pub loaded: PairFigures,
+    /// Storage enabled with nothing to do (one Device-held prompt).
+    pub idle: PairFigures,
 }
 
 impl fmt::Display for RoundFigures {
@@ -165,24 +168,10 @@ impl fmt::Display for SchedulerBenchReport {
             "scheduler bench: profile tiny, {} live requests, {} outstanding GETs held, {}-token prompts, {} device blocks, max_running {}; median of {} trials per side",
             c.waiting, c.outstanding, c.prompt_tokens, c.device_blocks, c.max_running, c.trials
         )?;
-        write!(f, "{}", self.idle_storage)?;
-        write!(f, "{}", self.idle_disabled)?;
-        write!(f, "{}", self.storage)?;
-        write!(f, "{}", self.disabled)?;
-        writeln!(
-            f,
-            "ratio storage/disabled, nothing to do: {:.2}x us/round{} (trials {})",
-            self.idle_time_ratio(),
-            alloc_ratio(&self.idle_storage, &self.idle_disabled),
-            range(&self.idle_trial_ratios)
-        )?;
-        writeln!(
-            f,
-            "ratio storage/disabled: {:.2}x us/round{} (trials {})",
-            self.time_ratio(),
-            alloc_ratio(&self.storage, &self.disabled),
-            range(&self.trial_ratios)
-        )
+        write!(f, "{}{}", self.idle.storage, self.idle.disabled)?;
+        write!(f, "{}{}", self.loaded.storage, self.loaded.disabled)?;
+        self.idle.ratio_line(f, ", nothing to do")?;
+        self.loaded.ratio_line(f, "")
     }
 }
 
@@ -540,20 +529,9 @@ pub fn bench_scheduler(
     let idle = run_pair(&idle_cfg, Workload::NothingToDo, allocations)?;
     Ok(SchedulerBenchReport {
         config: cfg.clone(),
-        storage: loaded.storage,
-        disabled: loaded.disabled,
-        idle_storage: idle.storage,
-        idle_disabled: idle.disabled,
-        trial_ratios: loaded.ratios,
-        idle_trial_ratios: idle.ratios,
+        loaded,
+        idle,
     })
-}
-
-/// The median trials of one workload, storage enabled and disabled.
-struct Pair {
-    storage: RoundFigures,
-    disabled: RoundFigures,
-    ratios: Vec<f64>,
 }
 
 /// The figures of the trial with the median mean (the upper one of an even count).
@@ -569,7 +547,7 @@ fn run_pair(
     cfg: &SchedulerBenchConfig,
     workload: Workload,
     allocations: Option<fn() -> u64>,
-) -> Result<Pair, String> {
+) -> Result<PairFigures, String> {
     let trials = cfg.trials.max(1);
     let (mut on, mut off, mut ratios) = (vec![], vec![], vec![]);
     for t in 0..trials {
@@ -585,10 +563,10 @@ fn run_pair(
         off.push(d);
     }
     let none = || "no trial ran".to_string();
-    Ok(Pair {
+    Ok(PairFigures {
         storage: median_trial(on).ok_or_else(none)?,
         disabled: median_trial(off).ok_or_else(none)?,
-        ratios,
+        trial_ratios: ratios,
     })
 }
 
@@ -611,13 +589,13 @@ mod tests {
     #[test]
     fn storage_scenario_holds_outstanding_reads_and_waiting_requests() {
         let r = bench_scheduler(&small(), None).unwrap();
-        assert!(r.storage.outstanding_tickets >= 20.0, "{r}");
+        assert!(r.loaded.storage.outstanding_tickets >= 20.0, "{r}");
         // Live is read after `apply`, which may finish a request or two after the top-up.
-        assert!(r.storage.live_requests >= 190.0, "{r}");
-        assert_eq!(r.disabled.outstanding_tickets, 0.0);
-        assert_eq!(r.disabled.storage_ops_per_round, 0.0);
-        assert!(r.disabled.finished_per_round > 0.0, "{r}");
-        assert!(r.storage.allocations_per_round.is_none());
+        assert!(r.loaded.storage.live_requests >= 190.0, "{r}");
+        assert_eq!(r.loaded.disabled.outstanding_tickets, 0.0);
+        assert_eq!(r.loaded.disabled.storage_ops_per_round, 0.0);
+        assert!(r.loaded.disabled.finished_per_round > 0.0, "{r}");
+        assert!(r.loaded.storage.allocations_per_round.is_none());
         let text = r.to_string();
         assert!(text
             .lines()
@@ -629,13 +607,13 @@ mod tests {
     #[test]
     fn the_nothing_to_do_pair_issues_no_storage_work_and_still_serves() {
         let r = bench_scheduler(&small(), None).unwrap();
-        assert_eq!(r.idle_storage.storage_ops_per_round, 0.0, "{r}");
-        assert_eq!(r.idle_storage.outstanding_tickets, 0.0, "{r}");
-        assert_eq!(r.idle_storage.ready_holds, 0.0, "{r}");
-        assert!(r.idle_storage.finished_per_round > 0.0, "{r}");
-        assert!(r.idle_disabled.finished_per_round > 0.0, "{r}");
-        assert_eq!(r.trial_ratios.len(), 2);
-        assert_eq!(r.idle_trial_ratios.len(), 2);
+        assert_eq!(r.idle.storage.storage_ops_per_round, 0.0, "{r}");
+        assert_eq!(r.idle.storage.outstanding_tickets, 0.0, "{r}");
+        assert_eq!(r.idle.storage.ready_holds, 0.0, "{r}");
+        assert!(r.idle.storage.finished_per_round > 0.0, "{r}");
+        assert!(r.idle.disabled.finished_per_round > 0.0, "{r}");
+        assert_eq!(r.loaded.trial_ratios.len(), 2);
+        assert_eq!(r.idle.trial_ratios.len(), 2);
         let text = r.to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[lines.len() - 2].starts_with("ratio storage/disabled, nothing to do"));
@@ -643,7 +621,7 @@ mod tests {
 
     #[test]
     fn the_median_trial_is_the_middle_mean() {
-        let mut f = bench_scheduler(&small(), None).unwrap().storage;
+        let mut f = bench_scheduler(&small(), None).unwrap().loaded.storage;
         let trials: Vec<RoundFigures> = [3.0, 1.0, 2.0]
             .iter()
             .map(|m| {

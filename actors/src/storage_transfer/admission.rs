@@ -32,6 +32,18 @@ fn check_keys(cfg: &StorageConfig, n: usize) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// The credit refusal every QUERY would get now, whatever its keys: Host credits
+/// exhausted, or no read operation credit left.
+pub fn query_credit_refusal(credits: &Credits) -> Option<Refusal> {
+    if credits.host_exhausted() {
+        Some(Refusal::HostCredits)
+    } else if !credits.fits(CreditClass::Read, 1, 0) {
+        Some(Refusal::OperationCredits)
+    } else {
+        None
+    }
+}
+
 /// A new QUERY of `keys` keys: charges one read operation credit when admitted. Host credit
 /// exhaustion rejects it before any backend work.
 pub fn admit_query(
@@ -47,8 +59,8 @@ pub fn admit_query(
     if gates.gate_closed {
         return Err(Refusal::PressureClosed);
     }
-    if credits.host_exhausted() {
-        return Err(Refusal::HostCredits);
+    if let Some(e) = query_credit_refusal(credits) {
+        return Err(e);
     }
     if !credits.charge(CreditClass::Read, 1, 0) {
         return Err(Refusal::OperationCredits);

@@ -58,11 +58,8 @@ impl BuildHasher for BuildKeyHasher {
     }
 }
 
-/// A lookup-only table keyed by storage key (never iterated).
-pub type KeyTable<V> = HashMap<StorageKey, V, BuildKeyHasher>;
-
 /// A lookup-only table keyed by backup key (never iterated).
-pub type BackupKeyTable<K, V> = HashMap<K, V, BuildKeyHasher>;
+pub type KeyTable<V> = HashMap<BackupKey, V, BuildKeyHasher>;
 
 /// A Host page of the cache owner: a block's content hash, its group and the page within
 /// it. Within one namespace and rank it names exactly one object key (the cache owner
@@ -96,10 +93,7 @@ impl From<BlockPage> for BackupKey {
 
 /// Takes one count of `key` off a counting table, removing the entry at zero (no key is
 /// cloned: `entry` would need an owned key, one string allocation per call).
-pub(super) fn uncount<K: std::hash::Hash + Eq>(
-    table: &mut HashMap<K, u32, BuildKeyHasher>,
-    key: &K,
-) {
+fn uncount(table: &mut KeyTable<u32>, key: &BackupKey) {
     match table.get_mut(key) {
         Some(n) if *n > 1 => *n -= 1,
         Some(_) => {
@@ -170,7 +164,7 @@ pub struct BackupQueue {
     capacity: usize,
     queue: VecDeque<BackupCandidate>,
     /// Queued occurrences per key (lookups only; the queue keeps the order).
-    queued_keys: BackupKeyTable<BackupKey, u32>,
+    queued_keys: KeyTable<u32>,
     dropped: [u64; 5],
     coalesced: u64,
     /// References of candidates that left the queue without a PUT (dropped or coalesced):
@@ -184,7 +178,7 @@ impl BackupQueue {
         Self {
             capacity: capacity.max(1) as usize,
             queue: VecDeque::new(),
-            queued_keys: BackupKeyTable::default(),
+            queued_keys: KeyTable::default(),
             dropped: [0; 5],
             coalesced: 0,
             forgotten: Vec::new(),

@@ -79,7 +79,7 @@ pub struct StorageTransferManager {
     /// Backup keys of in-flight PUTs: (epoch of the newest PUT, PUTs of that epoch). An
     /// entry of an older epoch covers nothing (a clear bumped the epoch; a page names
     /// another object in the new namespace).
-    pub(super) pending_put_keys: super::backup::BackupKeyTable<BackupKey, (u64, u32)>,
+    pub(super) pending_put_keys: super::backup::KeyTable<(u64, u32)>,
     /// Each in-flight PUT's backup keys, row by row (for its settlement and re-offers).
     put_rows: BTreeMap<OperationId, Vec<BackupKey>>,
     /// Payload bytes of the backup PUTs issued and not yet settled
@@ -244,12 +244,8 @@ impl StorageTransferManager {
     pub fn query_credits_refusal(&self) -> Option<Refusal> {
         if self.quarantined || self.gate.is_closed() {
             None
-        } else if self.credits.host_exhausted() {
-            Some(Refusal::HostCredits)
-        } else if !self.credits.fits(CreditClass::Read, 1, 0) {
-            Some(Refusal::OperationCredits)
         } else {
-            None
+            super::admission::query_credit_refusal(&self.credits)
         }
     }
 

@@ -196,7 +196,7 @@ impl StorageTransferManager {
         let in_flight = self.cfg.backup_bytes_in_flight;
         let per_op = (in_flight / 4).max(1);
         // The keys of the PUT being filled (lookups only; emptied for each PUT).
-        let mut batch: super::backup::BackupKeyTable<BackupKey, ()> = Default::default();
+        let mut batch: super::backup::KeyTable<()> = Default::default();
         loop {
             let room = backup_room(&self.credits, &self.cfg);
             if room == 0
