@@ -216,6 +216,31 @@ pub struct SchedulerArgs {
     /// runs first); each side reports its median trial.
     #[arg(long, default_value_t = 5)]
     trials: usize,
+    /// Run one side of one pair once and print its figures alone (no ratio): for a
+    /// profiler, e.g. `valgrind --tool=callgrind --toggle-collect='*timed_round*'`.
+    #[arg(long, value_enum)]
+    only: Option<SchedulerScenario>,
+}
+
+/// One side of one `bench scheduler` pair.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum SchedulerScenario {
+    LoadedStorage,
+    LoadedDisabled,
+    IdleStorage,
+    IdleDisabled,
+}
+
+impl From<SchedulerScenario> for actors::scheduler::bench::Scenario {
+    fn from(s: SchedulerScenario) -> Self {
+        use actors::scheduler::bench::Scenario as S;
+        match s {
+            SchedulerScenario::LoadedStorage => S::LoadedStorage,
+            SchedulerScenario::LoadedDisabled => S::LoadedDisabled,
+            SchedulerScenario::IdleStorage => S::IdleStorage,
+            SchedulerScenario::IdleDisabled => S::IdleDisabled,
+        }
+    }
 }
 
 impl BenchRun for SchedulerArgs {
@@ -234,6 +259,12 @@ impl BenchRun for SchedulerArgs {
             (a.enable)();
             a.count
         });
+        if let Some(only) = self.only {
+            let r =
+                actors::scheduler::bench::bench_scheduler_scenario(&cfg, only.into(), allocations)?;
+            print!("{r}");
+            return Ok(());
+        }
         let r = actors::scheduler::bench::bench_scheduler(&cfg, allocations)?;
         print!("{r}");
         Ok(())

@@ -11,7 +11,7 @@
 use super::credits::{pack, QueryCredits};
 use super::geometry::CacheGeometry;
 use super::keys::{page_key, BlockAddr, ContentHash, PromptIndex};
-use super::matcher::{BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
+use super::matcher::{requirement, BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
 use super::pool::{BlockPool, Device, EntryState, Host, PoolError};
 use super::tail::{TailCandidate, TailHint, TailTable};
 use messages::{HostRange, Namespace, StorageKey};
@@ -418,6 +418,42 @@ impl CacheCoordinator {
                 && self.geometry.group(b.addr.group as usize).kind
                     != super::geometry::GroupKind::State
         })
+    }
+
+    /// Whether the request bound itself is legal over real Device and published Host blocks
+    /// (every block it requires, its tail blocks included, is local): then local data covers
+    /// the bound and no QUERY can extend the hit (`plan_query_rows_in` would bypass with
+    /// `LocalCoversBound`). It looks up only the bound's own requirement, the tail and the
+    /// highest blocks first, and builds no match table: false at the first missing block.
+    /// A nonaligned bound with tails off is no candidate, so false.
+    pub fn local_covers_bound(&self, whole: &PromptIndex, tokens: &[u32], reusable: u32) -> bool {
+        let bound = Self::bound(tokens, reusable).min(whole.len());
+        if bound == 0 {
+            return true;
+        }
+        if !bound.is_multiple_of(self.geometry.parent_tokens()) && !self.tails_enabled() {
+            return false;
+        }
+        let local = |a: BlockAddr| {
+            self.device.contains(a) || self.host.state(a) == Some(EntryState::Published)
+        };
+        let mut scratch = Vec::new();
+        for (g, spec) in self.geometry.groups().iter().enumerate() {
+            let (start, end, tail) = requirement(spec.kind, spec.block_tokens, bound);
+            if tail {
+                let hash = whole.tail_block_hash(&mut scratch, tokens, g, bound);
+                if !local(BlockAddr::new(g, hash)) {
+                    return false;
+                }
+            }
+            if !(start..end)
+                .rev()
+                .all(|k| local(BlockAddr::new(g, whole.block_hash(g, k))))
+            {
+                return false;
+            }
+        }
+        true
     }
 
     /// Query planning: the keys of the Host suffix above the complete local hit, packed

@@ -93,19 +93,26 @@ impl GroupTable {
 
     /// The complete-block range [start, end) and whether a tail block is needed at `b`.
     fn requirement(&self, b: u32) -> (u32, u32, bool) {
-        let bt = self.block_tokens;
-        let partial = !b.is_multiple_of(bt);
-        match self.kind {
-            GroupKind::Full => (0, b / bt, partial),
-            GroupKind::SlidingWindow { window_tokens } => {
-                ((b - window_tokens.min(b)) / bt, b / bt, partial)
-            }
-            GroupKind::State => {
-                if b == 0 || partial {
-                    (0, 0, partial)
-                } else {
-                    (b / bt - 1, b / bt, false)
-                }
+        requirement(self.kind, self.block_tokens, b)
+    }
+}
+
+/// A group's requirement at boundary `b`: the complete-block range [start, end) it needs
+/// and whether it needs a tail block (Full history: every block below `b`; the sliding
+/// window: its lookback; State: the checkpoint exactly at `b`).
+pub fn requirement(kind: GroupKind, block_tokens: u32, b: u32) -> (u32, u32, bool) {
+    let bt = block_tokens.max(1);
+    let partial = !b.is_multiple_of(bt);
+    match kind {
+        GroupKind::Full => (0, b / bt, partial),
+        GroupKind::SlidingWindow { window_tokens } => {
+            ((b - window_tokens.min(b)) / bt, b / bt, partial)
+        }
+        GroupKind::State => {
+            if b == 0 || partial {
+                (0, 0, partial)
+            } else {
+                (b / bt - 1, b / bt, false)
             }
         }
     }

@@ -690,6 +690,50 @@ mod props {
         }
 
         #[test]
+        fn the_bound_check_agrees_with_query_planning_on_local_coverage(
+            preset in 0usize..5,
+            len in 1usize..80,
+            vocab in 1u32..4,
+            seeds in proptest::collection::vec(0u8..5, 200),
+            cover in any::<bool>(),
+        ) {
+            let mut c = coord(presets()[preset].clone(), 1000, 1000);
+            let p: Vec<u32> = (0..len as u32).map(|i| (i * 7 + i / 5) % vocab).collect();
+            let geo = c.geometry().clone();
+            let reusable = (len as u32).saturating_sub(1);
+            let mut every = BTreeSet::new();
+            for b in 1..=reusable {
+                every.extend(naive_required(&geo, &p, b));
+            }
+            // Mostly present (so that coverage happens), sometimes missing.
+            for (i, a) in every.iter().enumerate() {
+                match seeds[i % seeds.len()] {
+                    0 | 3 => { c.insert_device(&[*a]).unwrap(); }
+                    1 => { c.publish_d2h(&[*a]).unwrap(); }
+                    2 => { c.insert_device(&[*a]).unwrap(); c.publish_d2h(&[*a]).unwrap(); }
+                    _ => {}
+                }
+            }
+            if cover {
+                // The bound's own requirement held on the Device (the rest stays random).
+                for a in naive_required(&geo, &p, reusable) {
+                    if !c.device().contains(a) {
+                        c.insert_device(&[a]).unwrap();
+                    }
+                }
+            }
+            let whole = super::super::keys::PromptIndex::new(&geo, &p, len as u32);
+            let plan = c.plan_query_rows_in(Some(&whole), &p, reusable, ALL, NO_LIMITS);
+            let covers = c.local_covers_bound(&whole, &p, reusable);
+            prop_assert_eq!(covers, plan.bypass == Some(Bypass::LocalCoversBound));
+            // The oracle: every block the bound requires is local.
+            let local = |a: &BlockAddr| c.device().contains(*a) || c.host().contains(*a);
+            let naive = reusable == 0 || naive_required(&geo, &p, reusable).iter().all(local);
+            prop_assert_eq!(covers, naive);
+            prop_assert!(!cover || covers, "the held requirement covers the bound");
+        }
+
+        #[test]
         fn lcm_accounting_never_exceeds_max_host_blocks(
             preset in 0usize..5,
             len in 1usize..120,

@@ -374,13 +374,20 @@ impl Driver {
     /// One round: the timed pipeline (Scheduler apply and plan with the
     /// StorageTransferManager deciding storage, D2H completion and backup offers), then
     /// (untimed) the engine's part.
-    fn round(&mut self, allocations: Option<fn() -> u64>) -> Result<RoundSample, String> {
+    /// `timed`: a measured round (through `timed_round`); false for warm-up rounds.
+    fn round(
+        &mut self,
+        timed: bool,
+        allocations: Option<fn() -> u64>,
+    ) -> Result<RoundSample, String> {
         let input = self.inputs();
         let a0 = allocations.map(|f| f());
         let start = Instant::now();
-        let plan = self.pipeline.round(input).map_err(|e| e.to_string())?;
-        let live = self.pipeline.scheduler().live_requests();
-        self.pipeline.d2h_done();
+        let (plan, live) = if timed {
+            timed_round(&mut self.pipeline, input)?
+        } else {
+            warm_up_round(&mut self.pipeline, input)?
+        };
         let us = start.elapsed().as_secs_f64() * 1e6;
         let allocs = match (a0, allocations) {
             (Some(a0), Some(f)) => Some(f().saturating_sub(a0)),
@@ -425,6 +432,30 @@ impl Driver {
     }
 }
 
+/// The timed part of a round, in a function of its own so that a profiler can count it
+/// alone (`valgrind --tool=callgrind --toggle-collect='*timed_round*'`).
+#[inline(never)]
+fn timed_round(
+    pipeline: &mut RoundPipeline,
+    input: AgreedInputs,
+) -> Result<(crate::engine::pipeline::RoundPlan, usize), String> {
+    let plan = pipeline.round(input).map_err(|e| e.to_string())?;
+    let live = pipeline.scheduler().live_requests();
+    pipeline.d2h_done();
+    Ok((plan, live))
+}
+
+/// A warm-up round: the same work as `timed_round`, outside the profiled function.
+fn warm_up_round(
+    pipeline: &mut RoundPipeline,
+    input: AgreedInputs,
+) -> Result<(crate::engine::pipeline::RoundPlan, usize), String> {
+    let plan = pipeline.round(input).map_err(|e| e.to_string())?;
+    let live = pipeline.scheduler().live_requests();
+    pipeline.d2h_done();
+    Ok((plan, live))
+}
+
 struct RoundSample {
     us: f64,
     allocs: Option<u64>,
@@ -456,7 +487,7 @@ fn run_scenario(
     // until the first arrivals' storage work (the prompt's first QUERY and GET, whose Ready
     // hold waits its turn in the queue) has settled (bounded).
     for _ in 0..20_000 {
-        d.round(None)?;
+        d.round(false, None)?;
         let held = d.owed.gets.len();
         let settled = d
             .pipeline
@@ -470,12 +501,12 @@ fn run_scenario(
         }
     }
     for _ in 0..10 {
-        d.round(None)?;
+        d.round(false, None)?;
     }
     let rounds = cfg.rounds.max(1);
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {
-        samples.push(d.round(allocations)?);
+        samples.push(d.round(true, allocations)?);
     }
     let n = samples.len() as f64;
     let mut us: Vec<f64> = samples.iter().map(|s| s.us).collect();
@@ -514,13 +545,7 @@ pub fn bench_scheduler(
     cfg: &SchedulerBenchConfig,
     allocations: Option<fn() -> u64>,
 ) -> Result<SchedulerBenchReport, String> {
-    if cfg.outstanding.saturating_mul(2) > cfg.waiting {
-        return Err(format!(
-            "{} outstanding reads need at least {} waiting requests: otherwise every request waits on a withheld GET and no round admits anything",
-            cfg.outstanding,
-            cfg.outstanding.saturating_mul(2)
-        ));
-    }
+    check_outstanding(cfg)?;
     let loaded = run_pair(cfg, Workload::Loaded, allocations)?;
     let idle_cfg = SchedulerBenchConfig {
         outstanding: 0,
@@ -532,6 +557,55 @@ pub fn bench_scheduler(
         loaded,
         idle,
     })
+}
+
+/// One side of one pair, for a profiler to count alone (`bench scheduler --only`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Distinct prompts, outstanding reads, storage enabled.
+    LoadedStorage,
+    /// The same workload with storage disabled.
+    LoadedDisabled,
+    /// One Device-held prompt, storage enabled (nothing to do).
+    IdleStorage,
+    /// The same workload with storage disabled.
+    IdleDisabled,
+}
+
+/// Runs one scenario once (no trials, no pair): its figures alone.
+pub fn bench_scheduler_scenario(
+    cfg: &SchedulerBenchConfig,
+    scenario: Scenario,
+    allocations: Option<fn() -> u64>,
+) -> Result<RoundFigures, String> {
+    let (storage, workload) = match scenario {
+        Scenario::LoadedStorage => (true, Workload::Loaded),
+        Scenario::LoadedDisabled => (false, Workload::Loaded),
+        Scenario::IdleStorage => (true, Workload::NothingToDo),
+        Scenario::IdleDisabled => (false, Workload::NothingToDo),
+    };
+    let cfg = match workload {
+        Workload::Loaded => {
+            check_outstanding(cfg)?;
+            cfg.clone()
+        }
+        Workload::NothingToDo => SchedulerBenchConfig {
+            outstanding: 0,
+            ..cfg.clone()
+        },
+    };
+    run_scenario(&cfg, storage, workload, allocations)
+}
+
+fn check_outstanding(cfg: &SchedulerBenchConfig) -> Result<(), String> {
+    if cfg.outstanding.saturating_mul(2) > cfg.waiting {
+        return Err(format!(
+            "{} outstanding reads need at least {} waiting requests: otherwise every request waits on a withheld GET and no round admits anything",
+            cfg.outstanding,
+            cfg.outstanding.saturating_mul(2)
+        ));
+    }
+    Ok(())
 }
 
 /// The figures of the trial with the median mean (the upper one of an even count).
@@ -631,6 +705,21 @@ mod tests {
             .collect();
         assert_eq!(median_trial(trials).unwrap().mean_us, 2.0);
         assert!(median_trial(vec![]).is_none());
+    }
+
+    #[test]
+    fn one_scenario_alone_runs_its_own_side() {
+        let on = bench_scheduler_scenario(&small(), Scenario::LoadedStorage, None).unwrap();
+        assert_eq!(on.label, "storage enabled");
+        assert!(on.outstanding_tickets >= 20.0, "{on}");
+        let idle = bench_scheduler_scenario(&small(), Scenario::IdleDisabled, None).unwrap();
+        assert_eq!(idle.label, "storage disabled, same workload");
+        assert_eq!(idle.storage_ops_per_round, 0.0);
+        let cfg = SchedulerBenchConfig {
+            waiting: 30,
+            ..small()
+        };
+        assert!(bench_scheduler_scenario(&cfg, Scenario::LoadedDisabled, None).is_err());
     }
 
     #[test]

@@ -65,6 +65,15 @@ impl Scheduler {
             // The page keys are made only for a QUERY the manager admits (most refusals,
             // e.g. exhausted credits, then cost no key strings).
             let whole = r.whole_index(&self.cfg.layout.geometry);
+            // Local data already covers the bound (a repeated prompt): nothing to QUERY,
+            // decided from the bound's own blocks without a match table.
+            if self
+                .cache
+                .local_covers_bound(&whole, &r.prompt, r.reusable())
+            {
+                r.state = RequestState::Admissible;
+                continue;
+            }
             let qp =
                 self.cache
                     .plan_query_rows_in(Some(&whole), &r.prompt, r.reusable(), q, limits);
