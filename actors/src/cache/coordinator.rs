@@ -707,11 +707,10 @@ impl CacheCoordinator {
             .enumerate()
             .all(|(g, n)| self.host.available(g as u32) >= *n);
         let mut allocated = Vec::new();
-        let mut evicted = Vec::new();
         let mut ok = enough;
         if enough {
             for b in &dests {
-                if self.host.allocate(b.addr, &mut evicted).is_err() {
+                if self.host.allocate(b.addr).is_err() {
                     ok = false;
                     break;
                 }

@@ -205,13 +205,14 @@ impl GroupPool {
     }
 
     /// A free slot, evicting the least recently used unreferenced block when needed.
-    fn take_slot(&mut self, evicted: &mut Vec<ContentHash>) -> Option<u32> {
+    /// A free slot, or the least recently used unreferenced block's (evicted: its hash).
+    fn take_slot(&mut self) -> Option<(u32, Option<ContentHash>)> {
         if let Some(s) = self.free.pop() {
-            return Some(s);
+            return Some((s, None));
         }
         if (self.slots.len() as u64) < self.capacity as u64 {
             self.slots.push(Slot::EMPTY);
-            return Some(self.slots.len() as u32 - 1);
+            return Some((self.slots.len() as u32 - 1, None));
         }
         let victim = self.head;
         if victim == NIL {
@@ -219,10 +220,10 @@ impl GroupPool {
         }
         self.unlink(victim);
         self.freed(victim);
-        evicted.push(self.slots[victim as usize].hash);
-        self.index.remove(&self.slots[victim as usize].hash);
+        let hash = self.slots[victim as usize].hash;
+        self.index.remove(&hash);
         self.slots[victim as usize] = Slot::EMPTY;
-        Some(victim)
+        Some((victim, Some(hash)))
     }
 }
 
@@ -352,12 +353,8 @@ impl<T: Tier> BlockPool<T> {
     }
 
     /// Allocates an unpublished entry holding one reference (the caller's). May evict the
-    /// least recently used unreferenced block; evicted hashes are appended to `evicted`.
-    pub fn allocate(
-        &mut self,
-        addr: BlockAddr,
-        evicted: &mut Vec<ContentHash>,
-    ) -> Result<(), PoolError> {
+    /// least recently used unreferenced block (at most one): its hash is returned.
+    pub fn allocate(&mut self, addr: BlockAddr) -> Result<Option<ContentHash>, PoolError> {
         let g = self.group_mut(addr.group)?;
         if g.index.contains_key(&addr.hash) {
             return Err(PoolError::AlreadyPresent {
@@ -365,7 +362,7 @@ impl<T: Tier> BlockPool<T> {
                 group: addr.group,
             });
         }
-        let s = g.take_slot(evicted).ok_or(PoolError::Full {
+        let (s, evicted) = g.take_slot().ok_or(PoolError::Full {
             tier: T::NAME,
             group: addr.group,
         })?;
@@ -378,7 +375,7 @@ impl<T: Tier> BlockPool<T> {
             state: Some(EntryState::Unpublished),
         };
         g.index.insert(addr.hash, s);
-        Ok(())
+        Ok(evicted)
     }
 
     /// Publishes an unpublished entry: it becomes visible to probes. References stay.
@@ -417,7 +414,7 @@ impl<T: Tier> BlockPool<T> {
                 group: addr.group,
             }),
             None => {
-                self.allocate(addr, evicted)?;
+                evicted.extend(self.allocate(addr)?);
                 self.publish(addr)?;
                 self.release(addr)?;
                 Ok(true)
@@ -600,9 +597,8 @@ mod tests {
     #[test]
     fn a_clear_frees_the_unreferenced_and_hides_the_referenced_until_released() {
         let mut p = BlockPool::<Host>::new(&[4], &[64]);
-        let mut ev = vec![];
         for h in 1..=3 {
-            p.allocate(a(0, h), &mut ev).unwrap();
+            p.allocate(a(0, h)).unwrap();
             p.publish(a(0, h)).unwrap();
         }
         p.release(a(0, 1)).unwrap(); // evictable
@@ -624,7 +620,7 @@ mod tests {
         assert_eq!(p.state(a(0, 2)), None);
         assert_eq!(p.state(a(0, 3)), None);
         assert_eq!(p.available(0), 4);
-        p.allocate(a(0, 2), &mut ev).unwrap();
+        p.allocate(a(0, 2)).unwrap();
         p.publish(a(0, 2)).unwrap();
         assert!(p.contains(a(0, 2)), "the same block can be cached again");
     }
@@ -632,18 +628,17 @@ mod tests {
     #[test]
     fn unpublished_entries_are_invisible_and_freed_on_release() {
         let mut p = BlockPool::<Host>::new(&[2], &[64]);
-        let mut ev = vec![];
-        p.allocate(a(0, 1), &mut ev).unwrap();
+        p.allocate(a(0, 1)).unwrap();
         assert!(!p.contains(a(0, 1)), "unpublished is invisible to probes");
         assert_eq!(p.state(a(0, 1)), Some(EntryState::Unpublished));
         p.release(a(0, 1)).unwrap();
         assert_eq!(p.state(a(0, 1)), None, "failed destination freed");
-        p.allocate(a(0, 1), &mut ev).unwrap();
+        p.allocate(a(0, 1)).unwrap();
         p.publish(a(0, 1)).unwrap();
         assert!(p.contains(a(0, 1)));
         assert_eq!(p.refs(a(0, 1)), 1);
         assert!(matches!(
-            p.allocate(a(0, 1), &mut ev),
+            p.allocate(a(0, 1)),
             Err(PoolError::AlreadyPresent { .. })
         ));
     }
@@ -658,12 +653,12 @@ mod tests {
         p.acquire(a(0, 1)).unwrap(); // storage I/O / Ready hold
         p.pin(a(0, 2)).unwrap(); // warm pin during reservation
         assert_eq!(p.available(0), 1);
-        p.allocate(a(0, 4), &mut ev).unwrap();
-        assert_eq!(ev, vec![ContentHash::from_u128(3)]);
-        assert!(matches!(
-            p.allocate(a(0, 5), &mut ev),
-            Err(PoolError::Full { .. })
-        ));
+        assert_eq!(
+            p.allocate(a(0, 4)).unwrap(),
+            Some(ContentHash::from_u128(3)),
+            "the least recently used unreferenced block"
+        );
+        assert!(matches!(p.allocate(a(0, 5)), Err(PoolError::Full { .. })));
         assert!(p.contains(a(0, 1)) && p.contains(a(0, 2)));
         assert!(!p.evict(a(0, 1)), "held blocks are never evicted");
         p.unpin(a(0, 2)).unwrap();
@@ -694,11 +689,10 @@ mod tests {
     fn host_offsets_are_region_base_plus_slot_times_block_bytes() {
         let mut p = BlockPool::<Host>::new(&[2, 3], &[100, 40]);
         assert_eq!(p.region_bytes(), 200 + 120);
-        let mut ev = vec![];
-        p.allocate(a(0, 1), &mut ev).unwrap();
-        p.allocate(a(0, 2), &mut ev).unwrap();
-        p.allocate(a(1, 1), &mut ev).unwrap();
-        p.allocate(a(1, 2), &mut ev).unwrap();
+        p.allocate(a(0, 1)).unwrap();
+        p.allocate(a(0, 2)).unwrap();
+        p.allocate(a(1, 1)).unwrap();
+        p.allocate(a(1, 2)).unwrap();
         assert_eq!(p.host_range(a(0, 1)).unwrap(), HostRange::new(0, 100));
         assert_eq!(p.host_range(a(0, 2)).unwrap(), HostRange::new(100, 100));
         assert_eq!(p.host_range(a(1, 1)).unwrap(), HostRange::new(200, 40));
@@ -709,7 +703,7 @@ mod tests {
         );
         // A freed slot is reused: ranges never overlap among live entries.
         p.release(a(0, 1)).unwrap();
-        p.allocate(a(0, 9), &mut ev).unwrap();
+        p.allocate(a(0, 9)).unwrap();
         assert_eq!(p.host_range(a(0, 9)).unwrap(), HostRange::new(0, 100));
         assert!(p.host_range(a(7, 1)).is_err());
     }

@@ -251,8 +251,7 @@ impl Scheduler {
             .host()
             .host_range(a)
             .map_err(|e| format!("host block vanished: {e}"))?;
-        let mut evicted = vec![];
-        if self.cache.device_mut().allocate(a, &mut evicted).is_err() {
+        if self.cache.device_mut().allocate(a).is_err() {
             return Ok(None);
         }
         t.held.push(a);
@@ -274,8 +273,7 @@ impl Scheduler {
         if self.cache.device().contains(a) {
             let _ = self.cache.device_mut().acquire(a);
         } else {
-            let mut evicted = vec![];
-            if self.cache.device_mut().allocate(a, &mut evicted).is_err() {
+            if self.cache.device_mut().allocate(a).is_err() {
                 return Ok(None);
             }
             t.new_written.push(a);
@@ -323,8 +321,7 @@ impl Scheduler {
             if self.cache.host().state(*a).is_some() {
                 continue;
             }
-            let mut evicted = vec![];
-            if self.cache.host_mut().allocate(*a, &mut evicted).is_err() {
+            if self.cache.host_mut().allocate(*a).is_err() {
                 continue;
             }
             let Ok(range) = self.cache.host().host_range(*a) else {
