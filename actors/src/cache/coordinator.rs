@@ -147,7 +147,8 @@ impl QueryPlan {
 /// candidates the query covered. They never establish a hit by themselves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExistenceHints {
-    pub blocks: BTreeSet<BlockAddr>,
+    /// Sorted and distinct (made from sorted rows; looked up by binary search).
+    pub blocks: Vec<BlockAddr>,
     pub tails: Vec<TailCandidate>,
 }
 
@@ -321,7 +322,7 @@ impl CacheCoordinator {
         tokens: &[u32],
         bound: u32,
         tails: &[TailCandidate],
-        hints: Option<&BTreeSet<BlockAddr>>,
+        hints: Option<&[BlockAddr]>,
         clamp: Option<Have>,
     ) -> MatchTable {
         MatchTable::build(&self.geometry, index, tokens, bound, tails, clamp, |a| {
@@ -333,7 +334,7 @@ impl CacheCoordinator {
                 // In flight for another GET: neither visible nor reservable.
                 Some(EntryState::Unpublished) => Have::Missing,
                 None => match hints {
-                    Some(h) if h.contains(&a) => Have::Assumed,
+                    Some(h) if h.binary_search(&a).is_ok() => Have::Assumed,
                     _ => Have::Missing,
                 },
             }
@@ -618,7 +619,7 @@ impl CacheCoordinator {
             tokens,
             bound,
             &tails,
-            Some(&hints.blocks),
+            Some(&hints.blocks[..]),
             Some(Have::Assumed),
         );
         let device_tokens = table.longest(0, Have::Device).map_or(0, |c| c.boundary);

@@ -213,7 +213,6 @@ impl StorageTransferManager {
                 Vec::with_capacity(cap),
             );
             batch.clear();
-            batch.reserve(cap);
             let mut bytes = 0u64;
             while keys.len() < room && bytes < per_op {
                 let Some(c) = self.planning.candidates.pop_front() else {
