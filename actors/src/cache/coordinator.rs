@@ -305,6 +305,7 @@ impl CacheCoordinator {
             return Vec::new();
         }
         let mut v = self.tails.candidates(index, tokens, lo, bound);
+        v.reserve(1 + extra.len());
         v.extend(TailCandidate::at(index, tokens, bound));
         v.extend(
             extra

@@ -351,7 +351,15 @@ impl MatchTable {
 
     /// The blocks `c` requires, by group then position (tail last).
     pub fn required_blocks(&self, index: &PromptIndex, c: Candidate) -> Vec<RequiredBlock> {
-        let mut out = Vec::new();
+        let n: usize = self
+            .groups
+            .iter()
+            .map(|gt| {
+                let (s, e, tail) = gt.requirement(c.boundary);
+                (e - s) as usize + tail as usize
+            })
+            .sum();
+        let mut out = Vec::with_capacity(n);
         for (g, gt) in self.groups.iter().enumerate() {
             let (s, e, tail) = gt.requirement(c.boundary);
             for k in s..e {
