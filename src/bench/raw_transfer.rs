@@ -5,6 +5,9 @@
 //! pays); its raw transfer is the restored bytes times the hops they must cross (Host → Device
 //! for a Host hit; store → Host and Host → Device for an L3 hit), divided by the bandwidth.
 //!
+//! Beside it, the page-cache read bandwidth: positioned reads of files the kernel caches,
+//! the speed a DFS-warm GET's file reads can reach on this machine before their checksum.
+//!
 //! It owns only measurement and arithmetic; it must never be used as a test of timing.
 
 use std::time::Instant;
@@ -41,6 +44,75 @@ pub fn memcpy_bandwidth(bytes: usize, threads: usize, reps: usize) -> f64 {
         std::hint::black_box(&dst);
     }
     (share * threads) as f64 / best.max(1e-9)
+}
+
+/// Page-cache read bandwidth in bytes per second: `files` files of `file_bytes` each,
+/// written under `dir` and read once (so the kernel's page cache holds them), then read
+/// with positioned reads over `threads` threads, each file into its own region of its
+/// thread's destination (touched first: as a GET lands in Host memory, not in a buffer the
+/// CPU cache holds), the best of `reps` passes. What a DFS-warm GET's file reads can reach on this machine, before
+/// its checksum; the files are removed afterwards.
+pub fn page_cache_read_bandwidth(
+    dir: &std::path::Path,
+    files: usize,
+    file_bytes: usize,
+    threads: usize,
+    reps: usize,
+) -> Result<f64, String> {
+    use std::os::unix::fs::FileExt;
+    let err = |p: &std::path::Path, e: std::io::Error| format!("{}: {e}", p.display());
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    let paths: Vec<std::path::PathBuf> = (0..files.max(1))
+        .map(|i| dir.join(format!("read-bandwidth-{i}")))
+        .collect();
+    let fill: Vec<u8> = (0..file_bytes).map(|i| (i * 131 + 7) as u8).collect();
+    for p in &paths {
+        std::fs::write(p, &fill).map_err(|e| err(p, e))?;
+    }
+    let threads = threads.max(1);
+    let per_thread = paths.len().div_ceil(threads);
+    let mut dests: Vec<Vec<u8>> = (0..threads)
+        .map(|_| vec![1u8; per_thread * file_bytes.max(1)])
+        .collect();
+    let mut pass = || -> Result<f64, String> {
+        let t = Instant::now();
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = dests
+                .iter_mut()
+                .enumerate()
+                .map(|(th, dest)| {
+                    let paths = &paths;
+                    sc.spawn(move || -> Result<(), String> {
+                        let regions = dest.chunks_mut(file_bytes.max(1));
+                        for (p, region) in paths.iter().skip(th).step_by(threads).zip(regions) {
+                            let f = std::fs::File::open(p).map_err(|e| err(p, e))?;
+                            f.read_exact_at(region, 0).map_err(|e| err(p, e))?;
+                        }
+                        std::hint::black_box(&dest);
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join()
+                    .map_err(|_| "a read thread panicked".to_string())??;
+            }
+            Ok::<(), String>(())
+        })?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let result = (|| {
+        pass()?; // the first pass touches the buffers and settles the cache
+        let mut best = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            best = best.min(pass()?);
+        }
+        Ok((paths.len() * file_bytes) as f64 / best.max(1e-9))
+    })();
+    for p in &paths {
+        let _ = std::fs::remove_file(p);
+    }
+    result
 }
 
 /// One cohort's figure.
@@ -85,6 +157,21 @@ pub fn beyond_raw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_cache_reads_measure_their_files_and_remove_them() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("bw");
+        let bw = page_cache_read_bandwidth(&dir, 4, 64 << 10, 2, 2).unwrap();
+        assert!(bw.is_finite() && bw > 0.0, "{bw}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "files removed");
+        let file = d.path().join("a-file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(
+            page_cache_read_bandwidth(&file.join("below"), 1, 16, 1, 1).is_err(),
+            "an unusable directory is an error"
+        );
+    }
 
     #[test]
     fn an_l3_hit_crosses_two_hops_and_a_host_hit_one() {

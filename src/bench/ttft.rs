@@ -25,7 +25,7 @@
 use super::http::{self, Streamed};
 use super::plot::{Panel, Series, StackedBar};
 use super::process::{drop_page_cache, EngineProcess};
-use super::raw_transfer::{beyond_raw, memcpy_bandwidth, BeyondRaw};
+use super::raw_transfer::{beyond_raw, memcpy_bandwidth, page_cache_read_bandwidth, BeyondRaw};
 use super::stats::{percentile, tokens};
 use actors::model::{GroupKind, ModelProfile};
 use serde_json::json;
@@ -113,6 +113,42 @@ pub struct Sample {
     pub computed: u64,
     pub fallback_reason: String,
     pub output_matches_recompute: bool,
+    /// The L3 GET the request's restore made, read from the process's /metrics around the
+    /// request (None for a cohort that restores nothing from L3, or when none was exported).
+    pub l3_get: Option<L3Get>,
+}
+
+/// One request's L3 GET: the executor's backend time and payload bytes of GET operations,
+/// the difference of the cumulative counters around the request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct L3Get {
+    pub backend_ms: f64,
+    pub bytes: u64,
+}
+
+/// The cumulative GET counters of a Prometheus exposition, summed over label sets:
+/// (backend seconds, payload bytes, backend calls).
+fn get_counters(exposition: &str) -> (f64, f64, f64) {
+    let mut c = (0.0, 0.0, 0.0);
+    for line in exposition.lines() {
+        if line.starts_with('#') || !line.contains("kind=\"get\"") {
+            continue;
+        }
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(v) = value.parse::<f64>() else {
+            continue;
+        };
+        if name.starts_with("tsl3_l3_backend_seconds_total{") {
+            c.0 += v;
+        } else if name.starts_with("tsl3_l3_payload_bytes_total{") {
+            c.1 += v;
+        } else if name.starts_with("tsl3_l3_backend_calls_total{") {
+            c.2 += v;
+        }
+    }
+    c
 }
 
 struct Bench<'a> {
@@ -166,6 +202,8 @@ pub struct Summary {
     pub mean_computed: f64,
     pub fallbacks: BTreeMap<String, usize>,
     pub outputs_equal: usize,
+    /// Mean L3 GET of the runs that made one (None when none did).
+    pub mean_l3_get: Option<L3Get>,
 }
 
 /// The seeds of a length's prompts: P (the cohort prompt), Q (a fresh one for `miss`),
@@ -341,7 +379,52 @@ impl<'a> Bench<'a> {
             computed: n("computed"),
             fallback_reason: t["fallback_reason"].as_str().unwrap_or("?").to_string(),
             output_matches_recompute: ok,
+            l3_get: None,
         });
+    }
+
+    /// `complete` for a request that restores from L3, with the GET it made: the counters
+    /// are read before and after (the exporter publishes once storage turns idle, so the
+    /// second read waits a little for the GET's call to appear).
+    fn complete_l3(
+        &self,
+        p: &EngineProcess,
+        prompt: &[u32],
+        max_tokens: u32,
+    ) -> Result<(Streamed, Vec<u64>, Option<L3Get>), String> {
+        let before = get_counters(&p.metrics()?);
+        let (s, out) = self.complete(p, prompt, max_tokens)?;
+        let mut after = get_counters(&p.metrics()?);
+        for _ in 0..20 {
+            if after.2 > before.2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            after = get_counters(&p.metrics()?);
+        }
+        let get = (after.2 > before.2).then(|| L3Get {
+            backend_ms: (after.0 - before.0) * 1e3,
+            bytes: (after.1 - before.1).max(0.0) as u64,
+        });
+        Ok((s, out, get))
+    }
+
+    /// `record` of an L3 cohort's request with its GET.
+    #[allow(clippy::too_many_arguments)]
+    fn record_l3(
+        &mut self,
+        cohort: &'static str,
+        len: u64,
+        run: usize,
+        s: &Streamed,
+        out: &[u64],
+        reference: &[u64],
+        get: Option<L3Get>,
+    ) {
+        self.record(cohort, len, run, s, out, reference);
+        if let Some(last) = self.samples.last_mut() {
+            last.l3_get = get;
+        }
     }
 
     fn length(&mut self, len: u64, tpot: &mut Vec<serde_json::Value>) -> Result<(), String> {
@@ -437,8 +520,8 @@ impl<'a> Bench<'a> {
                 if cold {
                     drop_page_cache(&dfs)?;
                 }
-                let (s, out) = self.complete(&f, &p[i], mt)?;
-                self.record(cohort, len, i, &s, &out, &refs[&(1, i)]);
+                let (s, out, get) = self.complete_l3(&f, &p[i], mt)?;
+                self.record_l3(cohort, len, i, &s, &out, &refs[&(1, i)], get);
                 f.stop(Duration::from_secs(120))?;
             }
         }
@@ -460,11 +543,11 @@ impl<'a> Bench<'a> {
             let (_, out) = self.complete(&m, &p[i], mt)?;
             self.check_prime("l3-memory", len, i, &out, &refs[&(1, i)]);
             m.reset_local(true)?;
-            let (s, out) = self.complete(&m, &p[i], mt)?;
-            self.record("l3-memory", len, i, &s, &out, &refs[&(1, i)]);
+            let (s, out, get) = self.complete_l3(&m, &p[i], mt)?;
+            self.record_l3("l3-memory", len, i, &s, &out, &refs[&(1, i)], get);
             m.reset_local(true)?;
-            let (s, out) = self.complete(&m, &h[i], mt)?;
-            self.record("partial", len, i, &s, &out, &refs[&(3, i)]);
+            let (s, out, get) = self.complete_l3(&m, &h[i], mt)?;
+            self.record_l3("partial", len, i, &s, &out, &refs[&(3, i)], get);
             m.reset_local(true)?;
             let (s, out) = self.complete(&m, &q[i], mt)?;
             self.record("miss", len, i, &s, &out, &refs[&(2, i)]);
@@ -507,8 +590,8 @@ impl<'a> Bench<'a> {
             let (_, out) = self.complete(&mc, &k[i], mt)?;
             self.check_prime("l3-mooncake", len, i, &out, &kref[i]);
             mc.reset_local(true)?;
-            let (s, out) = self.complete(&mc, &k[i], mt)?;
-            self.record("l3-mooncake", len, i, &s, &out, &kref[i]);
+            let (s, out, get) = self.complete_l3(&mc, &k[i], mt)?;
+            self.record_l3("l3-mooncake", len, i, &s, &out, &kref[i], get);
         }
         mc.stop(Duration::from_secs(120))?;
         Ok(())
@@ -595,11 +678,44 @@ impl<'a> Bench<'a> {
                     mean_computed: mean(|x| x.computed),
                     fallbacks,
                     outputs_equal: s.iter().filter(|x| x.output_matches_recompute).count(),
+                    mean_l3_get: mean_get(s.iter().filter_map(|x| x.l3_get)),
                 });
             }
         }
         out
     }
+}
+
+/// The mean of some requests' L3 GETs (None for none).
+fn mean_get(gets: impl Iterator<Item = L3Get>) -> Option<L3Get> {
+    let (mut n, mut ms, mut bytes) = (0u64, 0.0, 0u128);
+    for g in gets {
+        n += 1;
+        ms += g.backend_ms;
+        bytes += g.bytes as u128;
+    }
+    (n > 0).then(|| L3Get {
+        backend_ms: ms / n as f64,
+        bytes: (bytes / n as u128) as u64,
+    })
+}
+
+/// The L3 GET line of a cohort: its backend time and rate, and what of the p50 TTFT lies
+/// beyond it.
+fn get_line(s: &Summary) -> Option<String> {
+    let g = s.mean_l3_get?;
+    let rate = g.bytes as f64 / (g.backend_ms / 1e3).max(f64::MIN_POSITIVE);
+    Some(format!(
+        "l3 GET: {} at {} tokens: backend {:.1} ms for {:.0} MiB ({:.2} GB/s), p50 TTFT {:.1} ms of which {:.1} ms beyond the GET (mean of {} runs)",
+        s.cohort,
+        s.tokens,
+        g.backend_ms,
+        g.bytes as f64 / (1u64 << 20) as f64,
+        rate / 1e9,
+        s.p50_ms,
+        s.p50_ms - g.backend_ms,
+        s.runs
+    ))
 }
 
 /// KV bytes per prompt token of one rank, when every cache group keeps full history (a
@@ -673,6 +789,14 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
         "memcpy bandwidth ({threads} threads, 512 MiB, best of 4): {:.2} GB/s",
         bandwidth / 1e9
     );
+    // The kernel's page-cache copy, what a DFS-warm GET's reads can reach (before its
+    // checksum), measured beside the memcpy figure.
+    let page_cache =
+        page_cache_read_bandwidth(&cfg.out.join("read-bandwidth"), 256, 2 << 20, threads, 4)?;
+    println!(
+        "page-cache read bandwidth ({threads} threads, 256 files of 2 MiB, best of 4): {:.2} GB/s",
+        page_cache / 1e9
+    );
     let model = cfg.model_name();
     println!(
         "bench ttft: model {} lengths {:?} runs {} soft deadline {} ms, device time {}, Device capacity {} blocks per group, output {}",
@@ -726,6 +850,9 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
             t["ratio"].as_f64().unwrap_or(f64::NAN)
         );
     }
+    for line in summaries.iter().filter_map(get_line) {
+        println!("{line}");
+    }
     let beyond = beyond_raw_figures(&summaries, &b.profile, bandwidth);
     for f in &beyond {
         println!(
@@ -757,6 +884,7 @@ pub fn run(cfg: &TtftConfig) -> Result<(), String> {
         "summaries": summaries,
         "ratios_to_recompute_at_longest": ratios,
         "memcpy_bytes_per_s": bandwidth,
+        "page_cache_read_bytes_per_s": page_cache,
         "restore_beyond_raw_transfer": beyond,
         "tpot": tpot,
         "samples": b.samples,
@@ -853,7 +981,47 @@ mod tests {
             mean_computed: 0.0,
             fallbacks: BTreeMap::new(),
             outputs_equal: 1,
+            mean_l3_get: None,
         }
+    }
+
+    #[test]
+    fn get_counters_sum_the_get_label_sets_only() {
+        let text = "# HELP tsl3_l3_backend_seconds_total x\n\
+            tsl3_l3_backend_seconds_total{kind=\"get\",tp_rank=\"0\"} 0.25\n\
+            tsl3_l3_backend_seconds_total{kind=\"get\",tp_rank=\"1\"} 0.5\n\
+            tsl3_l3_backend_seconds_total{kind=\"put\",tp_rank=\"0\"} 9\n\
+            tsl3_l3_payload_bytes_total{kind=\"get\",tp_rank=\"0\"} 1024\n\
+            tsl3_l3_backend_calls_total{kind=\"get\",tp_rank=\"0\"} 3\n\
+            tsl3_l3_backend_calls_total{kind=\"query\",tp_rank=\"0\"} 7\n";
+        assert_eq!(get_counters(text), (0.75, 1024.0, 3.0));
+        assert_eq!(get_counters(""), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn the_get_line_shows_the_rate_and_what_lies_beyond_the_get() {
+        let mut s = summary("l3-dfs-warm", 16384, 425.0, 0.0, 16368.0);
+        assert_eq!(get_line(&s), None, "no GET measured");
+        s.mean_l3_get = mean_get(
+            [
+                L3Get {
+                    backend_ms: 200.0,
+                    bytes: 2 << 30,
+                },
+                L3Get {
+                    backend_ms: 300.0,
+                    bytes: 2 << 30,
+                },
+            ]
+            .into_iter(),
+        );
+        let line = get_line(&s).unwrap();
+        assert!(
+            line.contains("backend 250.0 ms for 2048 MiB (8.59 GB/s)"),
+            "{line}"
+        );
+        assert!(line.contains("175.0 ms beyond the GET"), "{line}");
+        assert_eq!(mean_get(std::iter::empty()), None);
     }
 
     #[test]
