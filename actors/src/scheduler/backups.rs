@@ -38,11 +38,11 @@ impl Scheduler {
                 // candidate never costs one).
                 for page in 0..pages {
                     let host = self.new_ref(RefUse::PutSource(a, page));
-                    let key = BackupKey::Page(BlockPage {
+                    let key = BlockPage {
                         hash: a.hash.as_u128(),
                         group: a.group,
                         page,
-                    });
+                    };
                     candidates.push(BackupCandidate { key, host });
                 }
             }
@@ -80,7 +80,7 @@ impl Scheduler {
 mod tests {
     use super::super::tests::*;
     use super::super::{Plan, RefUse};
-    use crate::storage_transfer::{BackupKey, BlockPage};
+    use crate::storage_transfer::BlockPage;
     use messages::{StorageDone, StorageOp};
 
     /// A storage rig's request admitted after its QUERY missed everywhere.
@@ -113,11 +113,11 @@ mod tests {
         for (cand, a) in candidates.iter().zip(&blocks) {
             assert_eq!(
                 cand.key,
-                BackupKey::Page(BlockPage {
+                BlockPage {
                     hash: a.hash.as_u128(),
                     group: a.group,
                     page: 0
-                })
+                }
             );
             assert!(matches!(
                 rig.s.refs.get(&cand.host),

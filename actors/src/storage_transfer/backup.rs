@@ -8,12 +8,14 @@
 //! pins Host memory and never decides retirement.
 
 use super::HostRef;
+#[cfg(test)]
 use messages::StorageKey;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
-/// A fast hasher for `StorageKey` lookup tables (xxh3 over the key's bytes). Tables keyed
-/// with it are only looked up, never iterated, so no order comes from it.
+/// A fast hasher for the backup tables keyed by page (integer mixes; bytes, where a key
+/// has any, through xxh3). Tables keyed with it are only looked up, never iterated, so no
+/// order comes from it.
 #[derive(Clone, Copy, Default)]
 pub struct KeyHasher(u64);
 
@@ -71,28 +73,40 @@ pub struct BlockPage {
     pub page: u32,
 }
 
-/// What a backup candidate backs up: a Host page (the cache owner's candidates), or an
-/// object key made already (callers that hold one, e.g. tests).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum BackupKey {
-    Page(BlockPage),
-    Key(StorageKey),
-}
+/// What a backup candidate backs up: a Host page of the cache owner.
+pub type BackupKey = BlockPage;
 
-impl From<StorageKey> for BackupKey {
+/// Test naming: a test offers candidates under readable object keys. The key's page is its
+/// xxh3-128 (group 0, page 0), remembered on this thread so that `named_key` gives the key
+/// back at PUT dispatch (`plan_backups_keyed`).
+#[cfg(test)]
+impl From<StorageKey> for BlockPage {
     fn from(k: StorageKey) -> Self {
-        BackupKey::Key(k)
+        let hash = xxhash_rust::xxh3::xxh3_128(k.as_str().as_bytes());
+        NAMED.with(|n| n.borrow_mut().insert(hash, k));
+        BlockPage {
+            hash,
+            group: 0,
+            page: 0,
+        }
     }
 }
 
-impl From<BlockPage> for BackupKey {
-    fn from(p: BlockPage) -> Self {
-        BackupKey::Page(p)
-    }
+#[cfg(test)]
+thread_local! {
+    static NAMED: std::cell::RefCell<HashMap<u128, StorageKey>> = Default::default();
 }
 
-/// Takes one count of `key` off a counting table, removing the entry at zero (no key is
-/// cloned: `entry` would need an owned key, one string allocation per call).
+/// The object key a test named a page by (None for a page no test key named).
+#[cfg(test)]
+pub(crate) fn named_key(p: &BlockPage) -> Option<StorageKey> {
+    if p.group != 0 || p.page != 0 {
+        return None;
+    }
+    NAMED.with(|n| n.borrow().get(&p.hash).cloned())
+}
+
+/// Takes one count of `key` off a counting table, removing the entry at zero.
 fn uncount(table: &mut KeyTable<u32>, key: &BackupKey) {
     match table.get_mut(key) {
         Some(n) if *n > 1 => *n -= 1,
@@ -201,7 +215,7 @@ impl BackupQueue {
                 outcome = OfferOutcome::QueuedDroppedOldest;
             }
         }
-        *self.queued_keys.entry(candidate.key.clone()).or_insert(0) += 1;
+        *self.queued_keys.entry(candidate.key).or_insert(0) += 1;
         self.queue.push_back(candidate);
         outcome
     }
@@ -217,7 +231,7 @@ impl BackupQueue {
     /// for them). Requeued candidates are not new offers: no coalescing, no counters.
     pub fn requeue_front(&mut self, candidates: Vec<BackupCandidate>) {
         for c in candidates.into_iter().rev() {
-            *self.queued_keys.entry(c.key.clone()).or_insert(0) += 1;
+            *self.queued_keys.entry(c.key).or_insert(0) += 1;
             self.queue.push_front(c);
         }
     }
@@ -303,8 +317,7 @@ mod tests {
     fn page_keys_hash_apart_and_equal_pages_hash_alike() {
         use std::hash::BuildHasher;
         let h = |k: &BackupKey| BuildKeyHasher.hash_one(k);
-        let p =
-            |hash: u128, group: u32, page: u32| BackupKey::Page(BlockPage { hash, group, page });
+        let p = |hash: u128, group: u32, page: u32| BlockPage { hash, group, page };
         assert_eq!(h(&p(7, 1, 2)), h(&p(7, 1, 2)));
         let distinct = [
             p(7, 1, 2),

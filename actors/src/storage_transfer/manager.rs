@@ -588,10 +588,7 @@ impl StorageTransferManager {
                         let (Some(backup), Some(&host)) = (backup_keys.get(i), refs.get(i)) else {
                             continue;
                         };
-                        let candidate = BackupCandidate {
-                            key: backup.clone(),
-                            host,
-                        };
+                        let candidate = BackupCandidate { key: *backup, host };
                         if !matches!(
                             self.offer_candidate(candidate.clone()),
                             OfferOutcome::Dropped(_)
@@ -831,7 +828,7 @@ impl StorageTransferManager {
                 Some((e, n)) if *e == epoch => *n += 1,
                 Some(entry) => *entry = (epoch, 1),
                 None => {
-                    self.pending_put_keys.insert(k.clone(), (epoch, 1));
+                    self.pending_put_keys.insert(*k, (epoch, 1));
                 }
             }
         }

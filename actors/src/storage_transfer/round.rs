@@ -225,7 +225,7 @@ impl StorageTransferManager {
                 match residency(&c.key, c.host) {
                     Some((key, range)) => {
                         bytes += range.len;
-                        batch.insert(c.key.clone(), ());
+                        batch.insert(c.key, ());
                         keys.push(key);
                         backup.push(c.key);
                         refs.push(c.host);
@@ -251,16 +251,17 @@ impl StorageTransferManager {
         issued
     }
 
-    /// `plan_backups` for candidates offered with their object keys made (tests): the
-    /// residency check sees the key; a page candidate is unavailable.
+    /// `plan_backups` for candidates a test offered under object keys (`BlockPage::from`
+    /// a `StorageKey`): the residency check sees that key; a page no test key named is
+    /// unavailable.
     #[cfg(test)]
     pub(crate) fn plan_backups_keyed(
         &mut self,
         residency: &mut dyn FnMut(&StorageKey, HostRef) -> Option<HostRange>,
     ) -> Vec<OperationId> {
-        self.plan_backups(&mut |k: &BackupKey, h: HostRef| match k {
-            BackupKey::Key(key) => residency(key, h).map(|r| (key.clone(), r)),
-            BackupKey::Page(_) => None,
+        self.plan_backups(&mut |k: &BackupKey, h: HostRef| {
+            let key = super::backup::named_key(k)?;
+            residency(&key, h).map(|r| (key, r))
         })
     }
 

@@ -937,12 +937,9 @@ fn a_page_candidate_gets_its_object_key_at_dispatch_and_a_clear_ends_its_coverag
     .unwrap();
     let mut made = vec![];
     let planned = m.plan_backups(&mut |k: &BackupKey, h: HostRef| {
-        let BackupKey::Page(p) = k else {
-            panic!("{k:?}");
-        };
-        made.push(p.page);
+        made.push(k.page);
         Some((
-            key(&format!("obj-{}", p.page)),
+            key(&format!("obj-{}", k.page)),
             HostRange::new(h.0 * 16, 16),
         ))
     });
