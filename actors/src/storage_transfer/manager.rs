@@ -80,8 +80,6 @@ pub struct StorageTransferManager {
     /// entry of an older epoch covers nothing (a clear bumped the epoch; a page names
     /// another object in the new namespace).
     pub(super) pending_put_keys: super::backup::KeyTable<(u64, u32)>,
-    /// Each in-flight PUT's backup keys, row by row (for its settlement and re-offers).
-    put_rows: BTreeMap<OperationId, Vec<BackupKey>>,
     /// Payload bytes of the backup PUTs issued and not yet settled
     /// (`StorageConfig::backup_bytes_in_flight` bounds new ones).
     pub(super) backup_bytes_outstanding: u64,
@@ -129,7 +127,6 @@ impl StorageTransferManager {
             deadlines: DeadlineQueue::new(),
             ready_expiry: DeadlineQueue::new(),
             pending_put_keys: Default::default(),
-            put_rows: BTreeMap::new(),
             backup_bytes_outstanding: 0,
             now_us: 0,
             lease_serial: 0,
@@ -629,7 +626,11 @@ impl StorageTransferManager {
     /// Takes PUT `op`'s backup keys off the pending table (those of its epoch) and returns
     /// them, row by row.
     fn unpend_put_keys(&mut self, op: OperationId, epoch: u64) -> Vec<BackupKey> {
-        let keys = self.put_rows.remove(&op).unwrap_or_default();
+        let keys = self
+            .tickets
+            .get_mut(&op)
+            .map(|t| std::mem::take(&mut t.backup))
+            .unwrap_or_default();
         for key in &keys {
             match self.pending_put_keys.get_mut(key) {
                 Some((e, n)) if *e == epoch && *n > 1 => *n -= 1,
@@ -832,7 +833,6 @@ impl StorageTransferManager {
                 }
             }
         }
-        self.put_rows.insert(op, backup);
         self.backup_bytes_outstanding += ranges.iter().map(|r| r.len).sum::<u64>();
         self.tickets.insert(
             op,
@@ -846,7 +846,8 @@ impl StorageTransferManager {
                 None,
                 self.epoch,
                 self.now_us,
-            ),
+            )
+            .with_backup(backup),
         );
         StoragePutOp {
             op,

@@ -1,6 +1,7 @@
 //! Storage tickets: one per operation (QUERY, GET or PUT), named by a monotonic, never
 //! reused OperationId. A ticket records its keys, the Host references it holds (GET
-//! destinations, PUT sources), the credits charged to it, its attached waiter and its
+//! destinations, PUT sources), a PUT's backup keys, the credits charged to it, its attached
+//! waiter and its
 //! state: Issued -> Completed (agreed StorageDone applied) -> Settled, or Quarantined (an
 //! unretired result: every reference kept for the life of the process). A ticket settles
 //! exactly once; only settlement returns its credits. A ticket never releases a reference
@@ -46,6 +47,8 @@ pub struct Ticket {
     pub issued_us: u64,
     /// A StorageCancelOp was already emitted for it.
     pub cancel_sent: bool,
+    /// A PUT's backup keys, row by row (for its settlement and re-offers); empty otherwise.
+    pub backup: Vec<super::backup::BackupKey>,
 }
 
 impl Ticket {
@@ -78,7 +81,15 @@ impl Ticket {
             epoch,
             issued_us,
             cancel_sent: false,
+            backup: Vec::new(),
         }
+    }
+
+    /// The same ticket carrying a PUT's backup keys (one per row).
+    pub fn with_backup(mut self, backup: Vec<super::backup::BackupKey>) -> Self {
+        debug_assert_eq!(backup.len(), self.keys.len(), "one backup key per row");
+        self.backup = backup;
+        self
     }
 
     /// References the ticket still holds, in key order.
