@@ -351,6 +351,8 @@ impl<'a> Bench<'a> {
         self.complete(p, &w, self.cfg.max_tokens).map(|_| ())
     }
 
+    /// One timed request's sample, with the L3 GET it made (`complete_l3`) or None.
+    #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
         cohort: &'static str,
@@ -359,6 +361,7 @@ impl<'a> Bench<'a> {
         s: &Streamed,
         out: &[u64],
         reference: &[u64],
+        l3_get: Option<L3Get>,
     ) {
         let t = &s.last["tsl3"];
         let n = |k: &str| t[k].as_u64().unwrap_or(0);
@@ -379,7 +382,7 @@ impl<'a> Bench<'a> {
             computed: n("computed"),
             fallback_reason: t["fallback_reason"].as_str().unwrap_or("?").to_string(),
             output_matches_recompute: ok,
-            l3_get: None,
+            l3_get,
         });
     }
 
@@ -409,24 +412,6 @@ impl<'a> Bench<'a> {
         Ok((s, out, get))
     }
 
-    /// `record` of an L3 cohort's request with its GET.
-    #[allow(clippy::too_many_arguments)]
-    fn record_l3(
-        &mut self,
-        cohort: &'static str,
-        len: u64,
-        run: usize,
-        s: &Streamed,
-        out: &[u64],
-        reference: &[u64],
-        get: Option<L3Get>,
-    ) {
-        self.record(cohort, len, run, s, out, reference);
-        if let Some(last) = self.samples.last_mut() {
-            last.l3_get = get;
-        }
-    }
-
     fn length(&mut self, len: u64, tpot: &mut Vec<serde_json::Value>) -> Result<(), String> {
         let runs = self.cfg.runs.max(1);
         let v = self.vocab();
@@ -447,7 +432,7 @@ impl<'a> Bench<'a> {
         for i in 0..runs {
             r.reset_local(true)?;
             let (s, out) = self.complete(&r, &p[i], mt)?;
-            self.record("recompute", len, i, &s, &out, &out.clone());
+            self.record("recompute", len, i, &s, &out, &out.clone(), None);
             refs.insert((1, i), out);
             for (kind, prompt) in [(2, &q[i]), (3, &h[i])] {
                 r.reset_local(true)?;
@@ -483,10 +468,10 @@ impl<'a> Bench<'a> {
             let (_, out) = self.complete(&d, &p[i], mt)?;
             self.check_prime("device", len, i, &out, &refs[&(1, i)]);
             let (s, out) = self.complete(&d, &p[i], mt)?;
-            self.record("device", len, i, &s, &out, &refs[&(1, i)]);
+            self.record("device", len, i, &s, &out, &refs[&(1, i)], None);
             d.reset_local(false)?;
             let (s, out) = self.complete(&d, &p[i], mt)?;
-            self.record("host", len, i, &s, &out, &refs[&(1, i)]);
+            self.record("host", len, i, &s, &out, &refs[&(1, i)], None);
         }
         d.stop(Duration::from_secs(60))?;
         Ok(())
@@ -521,7 +506,7 @@ impl<'a> Bench<'a> {
                     drop_page_cache(&dfs)?;
                 }
                 let (s, out, get) = self.complete_l3(&f, &p[i], mt)?;
-                self.record_l3(cohort, len, i, &s, &out, &refs[&(1, i)], get);
+                self.record(cohort, len, i, &s, &out, &refs[&(1, i)], get);
                 f.stop(Duration::from_secs(120))?;
             }
         }
@@ -544,13 +529,13 @@ impl<'a> Bench<'a> {
             self.check_prime("l3-memory", len, i, &out, &refs[&(1, i)]);
             m.reset_local(true)?;
             let (s, out, get) = self.complete_l3(&m, &p[i], mt)?;
-            self.record_l3("l3-memory", len, i, &s, &out, &refs[&(1, i)], get);
+            self.record("l3-memory", len, i, &s, &out, &refs[&(1, i)], get);
             m.reset_local(true)?;
             let (s, out, get) = self.complete_l3(&m, &h[i], mt)?;
-            self.record_l3("partial", len, i, &s, &out, &refs[&(3, i)], get);
+            self.record("partial", len, i, &s, &out, &refs[&(3, i)], get);
             m.reset_local(true)?;
             let (s, out) = self.complete(&m, &q[i], mt)?;
-            self.record("miss", len, i, &s, &out, &refs[&(2, i)]);
+            self.record("miss", len, i, &s, &out, &refs[&(2, i)], None);
         }
         if self.cfg.tpot_tokens > 0 {
             tpot.push(self.tpot(&m, len, &p[0])?);
@@ -591,7 +576,7 @@ impl<'a> Bench<'a> {
             self.check_prime("l3-mooncake", len, i, &out, &kref[i]);
             mc.reset_local(true)?;
             let (s, out, get) = self.complete_l3(&mc, &k[i], mt)?;
-            self.record_l3("l3-mooncake", len, i, &s, &out, &kref[i], get);
+            self.record("l3-mooncake", len, i, &s, &out, &kref[i], get);
         }
         mc.stop(Duration::from_secs(120))?;
         Ok(())
