@@ -190,7 +190,7 @@ pub const ENTRIES: &[Entry] = &[
         ..r("tp.secret_file", "A file whose first line is the mesh secret, instead of `tp.secret` (not both).", "a readable file whose first line is not empty", "/nonexistent/tsl3-secret")
     },
     r("tp.connect_deadline_ms", "A rank whose mesh has not formed within this long exits non-zero, naming the ranks that did not join.", "greater than 0", "0"),
-    r("tp.round_deadline_ms", "A round not agreed within this long, or a device fence not completed within this long, fails the replica (every request gets a JSON 503, the ranks exit).", "at least 625 (a quiet leader rounds every 250 ms)", "0"),
+    r("tp.round_deadline_ms", "A round not agreed within this long, or a device fence not completed within this long, fails the replica (every request gets a JSON 503, the ranks exit).", "at least 1250 (a quiet leader rounds every 500 ms)", "0"),
     // [telemetry]
     e("telemetry.otlp_endpoint", "OTLP endpoint of the span export; empty: `OTEL_EXPORTER_OTLP_ENDPOINT`, else tracing export off."),
     Entry {
@@ -371,6 +371,26 @@ pub fn render(bench: &[(String, String)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_round_deadline_rule_names_the_current_minimum_and_quiet_tick() {
+        let entry = ENTRIES
+            .iter()
+            .find(|e| e.key == "tp.round_deadline_ms")
+            .unwrap();
+        let min = crate::settings::MIN_ROUND_DEADLINE_MS;
+        let tick = actors::engine::event_loop::QUIET_TICK.as_millis();
+        assert!(
+            entry.rule.contains(&format!("at least {min} ")),
+            "{}",
+            entry.rule
+        );
+        assert!(
+            entry.rule.contains(&format!("every {tick} ms")),
+            "{}",
+            entry.rule
+        );
+    }
 
     #[test]
     fn every_setting_has_exactly_one_entry_in_a_listed_section() {

@@ -467,7 +467,7 @@ fn a_killed_or_stalled_rank_fails_the_replica_promptly_and_launch_exits_non_zero
         let log = dir.path().join("launch.log");
         let mut h = Host::start_logged(
             &["launch", "--tp", "2", "--store", "none"],
-            &[("TSL3_TP__ROUND_DEADLINE_MS", "1000"), ("RUST_LOG", "warn")],
+            &[("TSL3_TP__ROUND_DEADLINE_MS", "1500"), ("RUST_LOG", "warn")],
             &log,
         );
         assert_eq!(tokens(&h.complete(&prompt(16, 1), 2)).len(), 2);

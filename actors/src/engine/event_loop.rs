@@ -30,7 +30,7 @@ const STOPPED_ALONE_GRACE: Duration = Duration::from_secs(30);
 /// hold or backoff can come due; the leader then waits for its inbox (a request or an admin
 /// command wakes it at once) or this tick, and the followers wait inside the exchange for
 /// the leader's report. The agreed tick is still delivered with every round.
-pub const QUIET_TICK: Duration = Duration::from_millis(250);
+pub const QUIET_TICK: Duration = Duration::from_millis(500);
 
 /// The longest pause of a rank that waits on storage (or is idle with storage work pending)
 /// before it rounds again without a completion: the lateness bound of a soft deadline,
