@@ -50,8 +50,7 @@ pub fn memcpy_bandwidth(bytes: usize, threads: usize, reps: usize) -> f64 {
 /// written under `dir` and read once (so the kernel's page cache holds them), then read
 /// with positioned reads over `threads` threads, each file into its own region of its
 /// thread's destination (touched first: as a GET lands in Host memory, not in a buffer the
-/// CPU cache holds), the best of `reps` passes. What a DFS-warm GET's file reads can reach on this machine, before
-/// its checksum; the files are removed afterwards.
+/// CPU cache holds), the best of `reps` passes. The files are removed afterwards.
 pub fn page_cache_read_bandwidth(
     dir: &std::path::Path,
     files: usize,

@@ -24,7 +24,7 @@
 
 use super::http::{self, Streamed};
 use super::plot::{Panel, Series, StackedBar};
-use super::process::{drop_page_cache, EngineProcess};
+use super::process::{drop_page_cache, metric_sum, EngineProcess};
 use super::raw_transfer::{beyond_raw, memcpy_bandwidth, page_cache_read_bandwidth, BeyondRaw};
 use super::stats::{percentile, tokens};
 use actors::model::{GroupKind, ModelProfile};
@@ -129,26 +129,12 @@ pub struct L3Get {
 /// The cumulative GET counters of a Prometheus exposition, summed over label sets:
 /// (backend seconds, payload bytes, backend calls).
 fn get_counters(exposition: &str) -> (f64, f64, f64) {
-    let mut c = (0.0, 0.0, 0.0);
-    for line in exposition.lines() {
-        if line.starts_with('#') || !line.contains("kind=\"get\"") {
-            continue;
-        }
-        let Some((name, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(v) = value.parse::<f64>() else {
-            continue;
-        };
-        if name.starts_with("tsl3_l3_backend_seconds_total{") {
-            c.0 += v;
-        } else if name.starts_with("tsl3_l3_payload_bytes_total{") {
-            c.1 += v;
-        } else if name.starts_with("tsl3_l3_backend_calls_total{") {
-            c.2 += v;
-        }
-    }
-    c
+    let get = |name| metric_sum(exposition, name, &["kind=\"get\""]);
+    (
+        get("tsl3_l3_backend_seconds_total"),
+        get("tsl3_l3_payload_bytes_total"),
+        get("tsl3_l3_backend_calls_total"),
+    )
 }
 
 struct Bench<'a> {

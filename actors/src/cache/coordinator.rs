@@ -436,9 +436,7 @@ impl CacheCoordinator {
         if !bound.is_multiple_of(self.geometry.parent_tokens()) && !self.tails_enabled() {
             return false;
         }
-        let local = |a: BlockAddr| {
-            self.device.contains(a) || self.host.state(a) == Some(EntryState::Published)
-        };
+        let local = |a: BlockAddr| self.device.contains(a) || self.host.contains(a);
         let mut scratch = Vec::new();
         for (g, spec) in self.geometry.groups().iter().enumerate() {
             let (start, end, tail) = requirement(spec.kind, spec.block_tokens, bound);

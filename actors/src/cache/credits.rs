@@ -88,16 +88,14 @@ pub fn pack(
         .map(|(i, c)| (i, fits(*c)))
         .find(|(_, f)| f.0)?;
     let mut inc = Included::new(table);
-    // The primary's missing blocks are most of what a packing holds.
-    let primary = table.tally(candidates[pi]);
     let mut packing = Packing {
         boundaries: Vec::with_capacity(candidates.len() - pi),
-        blocks: Vec::with_capacity(primary.blocks_at(Have::Missing) as usize),
+        blocks: Vec::new(),
         keys: 0,
         host_blocks: charge,
     };
     // One scratch list for every candidate's extra blocks.
-    let mut extra = Vec::with_capacity(packing.blocks.capacity());
+    let mut extra = Vec::new();
     for &c in &candidates[pi..] {
         // A fallback is reserved alone: its own Host charge must fit.
         if !packing.boundaries.is_empty() && fits(c).2 > credits.host_blocks {

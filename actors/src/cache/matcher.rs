@@ -351,15 +351,7 @@ impl MatchTable {
 
     /// The blocks `c` requires, by group then position (tail last).
     pub fn required_blocks(&self, index: &PromptIndex, c: Candidate) -> Vec<RequiredBlock> {
-        let n: usize = self
-            .groups
-            .iter()
-            .map(|gt| {
-                let (s, e, tail) = gt.requirement(c.boundary);
-                (e - s) as usize + tail as usize
-            })
-            .sum();
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::new();
         for (g, gt) in self.groups.iter().enumerate() {
             let (s, e, tail) = gt.requirement(c.boundary);
             for k in s..e {
