@@ -386,7 +386,7 @@ impl Driver {
         let (plan, live) = if timed {
             timed_round(&mut self.pipeline, input)?
         } else {
-            warm_up_round(&mut self.pipeline, input)?
+            round_work(&mut self.pipeline, input)?
         };
         let us = start.elapsed().as_secs_f64() * 1e6;
         let allocs = match (a0, allocations) {
@@ -442,15 +442,8 @@ fn timed_round(
     round_work(pipeline, input)
 }
 
-/// A warm-up round: the same work as `timed_round`, outside the profiled function.
-fn warm_up_round(
-    pipeline: &mut RoundPipeline,
-    input: AgreedInputs,
-) -> Result<(crate::engine::pipeline::RoundPlan, usize), String> {
-    round_work(pipeline, input)
-}
-
-/// One round's work (inlined into each caller, so a profiler attributes it to the caller):
+/// One round's work (inlined into each caller, so a profiler attributes it to the caller:
+/// `timed_round`, or the warm-up's `Driver::round`):
 /// the pipeline's round, the live count after it, then the D2H completion.
 #[inline(always)]
 fn round_work(
@@ -552,12 +545,9 @@ pub fn bench_scheduler(
     cfg: &SchedulerBenchConfig,
     allocations: Option<fn() -> u64>,
 ) -> Result<SchedulerBenchReport, String> {
-    check_outstanding(cfg)?;
-    let loaded = run_pair(cfg, Workload::Loaded, allocations)?;
-    let idle_cfg = SchedulerBenchConfig {
-        outstanding: 0,
-        ..cfg.clone()
-    };
+    let loaded_cfg = workload_config(cfg, Workload::Loaded)?;
+    let loaded = run_pair(&loaded_cfg, Workload::Loaded, allocations)?;
+    let idle_cfg = workload_config(cfg, Workload::NothingToDo)?;
     let idle = run_pair(&idle_cfg, Workload::NothingToDo, allocations)?;
     Ok(SchedulerBenchReport {
         config: cfg.clone(),
@@ -591,20 +581,22 @@ pub fn bench_scheduler_scenario(
         Scenario::IdleStorage => (true, Workload::NothingToDo),
         Scenario::IdleDisabled => (false, Workload::NothingToDo),
     };
-    let cfg = match workload {
-        Workload::Loaded => {
-            check_outstanding(cfg)?;
-            cfg.clone()
-        }
-        Workload::NothingToDo => SchedulerBenchConfig {
-            outstanding: 0,
-            ..cfg.clone()
-        },
-    };
+    let cfg = workload_config(cfg, workload)?;
     run_scenario(&cfg, storage, workload, allocations)
 }
 
-fn check_outstanding(cfg: &SchedulerBenchConfig) -> Result<(), String> {
+/// The sizes a workload runs with: the loaded one holds `outstanding` reads (and needs the
+/// waiting requests for them); nothing to do holds none.
+fn workload_config(
+    cfg: &SchedulerBenchConfig,
+    workload: Workload,
+) -> Result<SchedulerBenchConfig, String> {
+    if workload == Workload::NothingToDo {
+        return Ok(SchedulerBenchConfig {
+            outstanding: 0,
+            ..cfg.clone()
+        });
+    }
     if cfg.outstanding.saturating_mul(2) > cfg.waiting {
         return Err(format!(
             "{} outstanding reads need at least {} waiting requests: otherwise every request waits on a withheld GET and no round admits anything",
@@ -612,7 +604,7 @@ fn check_outstanding(cfg: &SchedulerBenchConfig) -> Result<(), String> {
             cfg.outstanding.saturating_mul(2)
         ));
     }
-    Ok(())
+    Ok(cfg.clone())
 }
 
 /// The figures of the trial with the median mean (the upper one of an even count).
