@@ -120,6 +120,11 @@ struct Instance {
 }
 
 impl Instance {
+    /// `base` .. `base + 3` become the rpc, metadata-http, metrics (the master's admin
+    /// server) and owner ports. Keep them below Linux's ephemeral range (32768-60999 by
+    /// default) and away from the 12000-17000 band the transfer engine draws its own
+    /// ports from: a CI run once lost the tenants master to "Address already in use" on
+    /// 50112, a port any outgoing connection could have been holding.
     fn new(name: &str, base: u16, segment: &str) -> Self {
         Self {
             name: name.into(),
@@ -399,7 +404,7 @@ fn tenant_isolation() {
     };
 
     // 1. A master started with --enable_multi_tenants and a quota policy isolates tenants.
-    let mut inst = Instance::new("tenants", 50110, "64MB");
+    let mut inst = Instance::new("tenants", 27110, "64MB");
     let policy =
         std::env::temp_dir().join(format!("tsl3-mooncake-tenants-{}.yaml", std::process::id()));
     std::fs::write(
@@ -481,7 +486,7 @@ fn recovery_after_a_master_restart() {
     let Some(s) = shared("recovery_after_a_master_restart") else {
         return;
     };
-    let inst = Instance::new("restart", 50130, "64MB");
+    let inst = Instance::new("restart", 27130, "64MB");
     inst.start("all");
     let store = connect(&inst.settings(&s));
     let ns = fresh_namespace("restart");
@@ -540,7 +545,7 @@ fn storage_owner_killed_mid_run() {
     let Some(s) = shared("storage_owner_killed_mid_run") else {
         return;
     };
-    let inst = Instance::new("ownerkill", 50140, "64MB");
+    let inst = Instance::new("ownerkill", 27140, "64MB");
     inst.start("all");
     let store = connect(&inst.settings(&s));
     let ns = fresh_namespace("ownerkill");
@@ -613,7 +618,7 @@ fn full_segment_is_capacity_not_failure() {
     let Some(s) = shared("full_segment_is_capacity_not_failure") else {
         return;
     };
-    let inst = Instance::new("capacity", 50150, "16MB");
+    let inst = Instance::new("capacity", 27150, "16MB");
     inst.start("all");
     let store = connect(&inst.settings(&s));
     let ns = fresh_namespace("capacity");
