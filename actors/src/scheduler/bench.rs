@@ -3,7 +3,8 @@
 //! storage operations, beside the same scenario with storage disabled, measured side by
 //! side in one run (µs and, when the binary counts them, allocations per round). A second
 //! pair measures storage enabled with nothing to do: every arrival repeats one prompt the
-//! Device already holds (no QUERY, no GET, no new block to back up), beside the same
+//! Device already holds, its reusable bound block-aligned (no QUERY, no GET, no new block
+//! to back up), beside the same
 //! workload with storage disabled. Each pair runs `trials` times, alternating which side
 //! goes first, and reports the trial with the median mean of each side, so a noisy VM's
 //! drift falls on both sides alike.
@@ -13,7 +14,8 @@
 //! issued (QUERYs answered at once with all-missing or partially-present existence, PUTs
 //! answered at once, GETs withheld so about `outstanding` reads stay in flight), and rank
 //! digests for every forward it planned. There is no executor, no device, no Host memory
-//! and no clock. It owns only measurement and must never be used as a test of timing.
+//! and no clock. Timed rounds start once the first round's arrivals have all finished, so
+//! that what they admit arrived into a running scheduler (steady state). It owns only measurement and must never be used as a test of timing.
 
 use super::geometry::RankLayout;
 use super::{AgreedInputs, Scheduler, SchedulerConfig};
@@ -83,6 +85,11 @@ pub struct RoundFigures {
     pub storage_ops_per_round: f64,
     pub admitted_per_round: f64,
     pub finished_per_round: f64,
+    /// Prefill forwards in the timed rounds of requests that arrived in the first round
+    /// (0 once the warm-up has reached steady state).
+    pub first_round_forwards: usize,
+    /// Prompt length of the scenario's arrivals.
+    pub prompt_tokens: u32,
 }
 
 /// One workload's median trials, storage enabled and disabled.
@@ -148,7 +155,8 @@ impl fmt::Display for RoundFigures {
         )?;
         writeln!(
             f,
-            "  live requests {:.0}, outstanding storage tickets {:.0} ({:.0} requests waiting on QUERY/GET, {:.0} Ready holds), storage ops {:.1}/round, admitted {:.1}/round, finished {:.1}/round",
+            "  {}-token prompts, live requests {:.0}, outstanding storage tickets {:.0} ({:.0} requests waiting on QUERY/GET, {:.0} Ready holds), storage ops {:.1}/round, admitted {:.1}/round, finished {:.1}/round",
+            self.prompt_tokens,
             self.live_requests,
             self.outstanding_tickets,
             self.storage_waiting_requests,
@@ -165,7 +173,7 @@ impl fmt::Display for SchedulerBenchReport {
         let c = &self.config;
         writeln!(
             f,
-            "scheduler bench: profile tiny, {} live requests, {} outstanding GETs held, {}-token prompts, {} device blocks, max_running {}; median of {} trials per side",
+            "scheduler bench: profile tiny, {} live requests, {} outstanding GETs held, {}-token prompts, {} device blocks, max_running {}; warm-up until the first round's arrivals have finished; median of {} trials per side",
             c.waiting, c.outstanding, c.prompt_tokens, c.device_blocks, c.max_running, c.trials
         )?;
         write!(f, "{}{}", self.idle.storage, self.idle.disabled)?;
@@ -205,6 +213,19 @@ fn prompt(id: u64, len: u32, vocab: u32) -> Vec<u32> {
             ((x >> 17) % vocab.max(1) as u64) as u32
         })
         .collect()
+}
+
+/// The repeated prompt's length for nothing to do: the shortest at least `tokens` whose
+/// reusable bound (every token but the last) ends on a parent-block boundary, so the
+/// Device's full blocks cover the bound after the first arrival. A bound inside a block
+/// needs a tail the Device never keeps: the storage side's first arrival would QUERY and GET
+/// it (work to do, once) and leave a Host tail that its later admissions find and the
+/// disabled side never has, which measures a different cache state, not storage overhead.
+fn block_aligned_bound(tokens: u32, parent_tokens: u32) -> u32 {
+    tokens
+        .saturating_sub(1)
+        .next_multiple_of(parent_tokens.max(1))
+        .saturating_add(1)
 }
 
 /// What the synthetic executor owes the Scheduler.
@@ -296,6 +317,10 @@ struct Driver {
     next_request: u64,
     tick_us: u64,
     vocab: u32,
+    /// Prompt length of this workload's arrivals (see `block_aligned_bound`).
+    prompt_tokens: u32,
+    /// The last request ID of the first round's arrivals (0 before the first round).
+    first_round_last: u64,
 }
 
 impl Driver {
@@ -316,6 +341,12 @@ impl Driver {
             (max_running as u32).saturating_mul(groups).max(1),
         )?;
         let vocab = model.profile().vocab;
+        let prompt_tokens = match workload {
+            Workload::Loaded => cfg.prompt_tokens,
+            Workload::NothingToDo => {
+                block_aligned_bound(cfg.prompt_tokens, layout.geometry.parent_tokens())
+            }
+        };
         let scheduler = Scheduler::new(
             SchedulerConfig {
                 layout,
@@ -336,6 +367,8 @@ impl Driver {
             next_request: 0,
             tick_us: 0,
             vocab,
+            prompt_tokens,
+            first_round_last: 0,
         })
     }
 
@@ -354,11 +387,14 @@ impl Driver {
             new_requests.push(
                 (
                     RequestId(id),
-                    prompt(seed, self.cfg.prompt_tokens, self.vocab),
+                    prompt(seed, self.prompt_tokens, self.vocab),
                     self.cfg.max_tokens,
                 )
                     .into(),
             );
+        }
+        if self.first_round_last == 0 {
+            self.first_round_last = self.next_request;
         }
         AgreedInputs {
             tick_us: self.tick_us,
@@ -396,6 +432,12 @@ impl Driver {
         // Untimed: the engine's part (digests of the forwards, the executor's owed work).
         let ops = plan.storage.len();
         let forwards = plan.forwards.len();
+        let first_round = self.first_round_last;
+        let first_round_forwards = plan
+            .forwards
+            .iter()
+            .filter(|(id, _)| id.0 <= first_round)
+            .count();
         for (id, step) in &plan.forwards {
             self.digests.push((
                 *id,
@@ -428,6 +470,7 @@ impl Driver {
             ops,
             forwards,
             finished,
+            first_round_forwards,
         })
     }
 }
@@ -466,6 +509,7 @@ struct RoundSample {
     ops: usize,
     forwards: usize,
     finished: usize,
+    first_round_forwards: usize,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -483,17 +527,24 @@ fn run_scenario(
     allocations: Option<fn() -> u64>,
 ) -> Result<RoundFigures, String> {
     let mut d = Driver::new(cfg, storage, workload)?;
-    // Untimed warm-up: fill the live set and the withheld GETs; with nothing to do, also
-    // until the first arrivals' storage work (the prompt's first QUERY and GET, whose Ready
-    // hold waits its turn in the queue) has settled (bounded).
+    // Untimed warm-up (bounded): fill the live set and the withheld GETs, then run until
+    // the first round's arrivals have all finished, so that every request the timed rounds
+    // admit arrived into a running scheduler, as in steady state. (The first round's
+    // arrivals come all at once: the storage side cannot prepare most of them, its credits
+    // being spent, so admitting them would measure a start-up mix; and with them still
+    // queued, the storage side would hash each timed arrival's prompt at arrival and each
+    // admitted request's at admission, twice a round's prompts.) With nothing to do, also
+    // until the storage work has settled.
+    let mut finished = 0usize;
     for _ in 0..20_000 {
-        d.round(false, None)?;
+        finished += d.round(false, None)?.finished;
         let held = d.owed.gets.len();
         let settled = d
             .pipeline
             .stm()
             .is_none_or(|s| s.outstanding_tickets() == 0);
         if d.pipeline.scheduler().live_requests() >= cfg.waiting
+            && finished >= cfg.waiting
             && (!storage || held >= cfg.outstanding)
             && (workload == Workload::Loaded || settled)
         {
@@ -536,6 +587,8 @@ fn run_scenario(
         storage_ops_per_round: mean(&|s| s.ops as f64),
         admitted_per_round: mean(&|s| s.forwards as f64),
         finished_per_round: mean(&|s| s.finished as f64),
+        first_round_forwards: samples.iter().map(|s| s.first_round_forwards).sum(),
+        prompt_tokens: d.prompt_tokens,
     })
 }
 
@@ -719,6 +772,31 @@ mod tests {
             ..small()
         };
         assert!(bench_scheduler_scenario(&cfg, Scenario::LoadedDisabled, None).is_err());
+    }
+
+    #[test]
+    fn the_timed_rounds_admit_only_requests_that_arrived_into_a_running_scheduler() {
+        for scenario in [
+            Scenario::LoadedStorage,
+            Scenario::LoadedDisabled,
+            Scenario::IdleStorage,
+            Scenario::IdleDisabled,
+        ] {
+            let f = bench_scheduler_scenario(&small(), scenario, None).unwrap();
+            assert!(f.admitted_per_round > 0.0, "{scenario:?}: {f}");
+            assert_eq!(f.first_round_forwards, 0, "{scenario:?}: {f}");
+        }
+    }
+
+    #[test]
+    fn the_repeated_prompt_puts_its_bound_on_a_block_boundary() {
+        // Every token but the last is reusable: 33 tokens reuse 32, eight 4-token blocks.
+        assert_eq!(block_aligned_bound(32, 4), 33);
+        assert_eq!(block_aligned_bound(33, 4), 33);
+        assert_eq!(block_aligned_bound(34, 4), 37);
+        assert_eq!(block_aligned_bound(1, 4), 1);
+        assert_eq!(block_aligned_bound(0, 4), 1);
+        assert_eq!(block_aligned_bound(10, 0), 10);
     }
 
     #[test]

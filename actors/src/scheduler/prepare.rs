@@ -26,19 +26,22 @@ fn refusal_reason(e: &Refusal) -> FallbackReason {
 
 impl Scheduler {
     pub(super) fn storage_eligible(&self, r: &Request) -> bool {
-        !r.resources.storage_prepared
-            && self.l3_enabled
-            && matches!(r.state, RequestState::Submitted)
+        Self::eligible(self.l3_enabled, r)
+    }
+
+    fn eligible(l3_enabled: bool, r: &Request) -> bool {
+        !r.resources.storage_prepared && l3_enabled && matches!(r.state, RequestState::Submitted)
     }
 
     pub(super) fn prepare_storage(&mut self, stm: &mut StorageTransferManager) {
         let ids: Vec<RequestId> = std::mem::take(&mut self.unprepared).into();
         for id in ids {
-            let eligible = self
-                .requests
-                .get(&id)
-                .is_some_and(|r| self.storage_eligible(r));
-            if !eligible {
+            // One lookup per arrival: eligibility is read through the same entry.
+            let l3_enabled = self.l3_enabled;
+            let Some(r) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            if !Self::eligible(l3_enabled, r) {
                 continue;
             }
             let cfg = stm.config();
@@ -49,9 +52,6 @@ impl Scheduler {
             let limits = QueryLimits {
                 lookahead_tokens: cfg.lookahead_tokens,
                 min_extension_tokens: cfg.min_extension_tokens,
-            };
-            let Some(r) = self.requests.get_mut(&id) else {
-                continue;
             };
             r.resources.storage_prepared = true;
             // Credits exhausted: every QUERY would be refused, so none is planned (a
