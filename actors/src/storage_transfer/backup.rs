@@ -227,15 +227,6 @@ impl BackupQueue {
         Some(c)
     }
 
-    /// Put candidates back at the front, in their order (a dispatch that found no credits
-    /// for them). Requeued candidates are not new offers: no coalescing, no counters.
-    pub fn requeue_front(&mut self, candidates: Vec<BackupCandidate>) {
-        for c in candidates.into_iter().rev() {
-            *self.queued_keys.entry(c.key).or_insert(0) += 1;
-            self.queue.push_front(c);
-        }
-    }
-
     /// Drop every queued candidate for `reason`; returns how many.
     pub fn drop_all(&mut self, reason: DropReason) -> u64 {
         let n = self.queue.len() as u64;
@@ -283,6 +274,11 @@ impl BackupQueue {
     }
     pub fn contains_key(&self, key: &BackupKey) -> bool {
         self.queued_keys.contains_key(key)
+    }
+    /// The queued candidates, oldest first (tests).
+    #[cfg(test)]
+    pub fn candidates(&self) -> Vec<BackupCandidate> {
+        self.queue.iter().cloned().collect()
     }
 }
 

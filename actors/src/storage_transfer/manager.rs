@@ -255,6 +255,12 @@ impl StorageTransferManager {
         self.backups.len()
     }
 
+    /// The queued backup candidates, oldest first (tests).
+    #[cfg(test)]
+    pub(crate) fn queued_candidate_list(&self) -> Vec<BackupCandidate> {
+        self.backups.candidates()
+    }
+
     pub fn stats(&self) -> StmStats {
         StmStats {
             operation_credits_in_use: self.credits.operations_used(),

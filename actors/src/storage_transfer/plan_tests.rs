@@ -2,7 +2,7 @@
 //! `begin_round` and `end_plan` every QUERY/GET/PUT is decided on the manager's own credits
 //! and gates (operation IDs continue, refusals take none), the plan's operations come back
 //! in plan order, hand-backs apply after the plan's new operations, and the backup
-//! candidates travel round → dispatch → requeue in order. Time is explicit ticks; no
+//! candidates leave the queue in order, only as PUTs carry them. Time is explicit ticks; no
 //! sleeps.
 
 use super::tests_support::config;
@@ -436,7 +436,7 @@ fn handbacks_apply_after_new_operations_and_report_next_round() {
 }
 
 #[test]
-fn backup_candidates_flow_through_report_dispatch_and_requeue() {
+fn backup_candidates_leave_the_queue_in_order_only_as_puts_carry_them() {
     // Backups may use half the Host credits: 4 of 8.
     let cfg = StorageConfig {
         operation_credits: 8,
@@ -446,7 +446,7 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
     };
     let mut m = StorageTransferManager::new(cfg);
     begin(&mut m, input(0, 0, vec![]));
-    assert!(m.put_candidates().is_empty());
+    assert!(m.queued_candidate_list().is_empty());
     let (q1, _l1) = m.plan_query(RequestId(1), keys("r", 7), None).unwrap();
     m.end_plan(vec![]);
     // Six offers into a queue of four: c0 and c1 overflow; a second c3 coalesces.
@@ -463,16 +463,15 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
         vec![HostRef(10), HostRef(11), HostRef(99)]
     );
     assert_eq!(
-        m.put_candidates(),
+        m.queued_candidate_list(),
         vec![
             cand("c2", 12),
             cand("c3", 13),
             cand("c4", 14),
             cand("c5", 15)
         ],
-        "oldest first, as many as the backup Host credits (4 of 8)"
+        "oldest first; the round takes none before its PUTs do"
     );
-    assert_eq!(m.queued_candidates(), 0);
     // A GET into 7 destinations leaves one Host credit: one PUT key fits this round.
     let g = m
         .plan_get(RequestId(1), keys("r", 7), dests(100, 7), None)
@@ -491,9 +490,9 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
         "unavailable 1"
     );
     assert_eq!(
-        m.put_candidates(),
+        m.queued_candidate_list(),
         vec![cand("c4", 14), cand("c5", 15)],
-        "left for the requeue"
+        "no credit carried c4 and c5: never taken, still queued"
     );
     let ops = m.end_plan(vec![]);
     let kinds: Vec<String> = ops
@@ -527,7 +526,7 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
     assert_eq!(s.dropped_backup_keys[DropReason::Unavailable.index()], 1);
     assert_eq!(s.dropped_backup_keys[DropReason::Overflow.index()], 2);
     assert_eq!(s.coalesced_backup_keys, 1);
-    assert_eq!(m.queued_candidates(), 2, "c4 and c5 back in the queue");
+    assert_eq!(m.queued_candidates(), 2, "c4 and c5 still in the queue");
 
     // After the plan: a new candidate, and one for c3 (its PUT is pending: coalesced).
     m.offer_backups(vec![cand("c6", 16), cand("c3", 98)]);
@@ -545,9 +544,9 @@ fn backup_candidates_flow_through_report_dispatch_and_requeue() {
     assert_eq!(report.effects.backed_up, vec![key("c3")]);
     assert_eq!(report.effects.forgotten, vec![HostRef(98)]);
     assert_eq!(
-        m.put_candidates(),
+        m.queued_candidate_list(),
         vec![cand("c4", 14), cand("c5", 15), cand("c6", 16)],
-        "requeued candidates first, in their order"
+        "the older candidates first, in their order"
     );
     let puts =
         m.plan_backups_keyed(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
@@ -644,7 +643,7 @@ fn closed_gate_offers_no_candidates_and_dispatches_nothing() {
     let mut m = StorageTransferManager::new(config());
     m.offer_backups(vec![cand("a", 1), cand("b", 2)]);
     let report = begin(&mut m, input(0, 10, vec![]));
-    assert!(m.put_candidates().is_empty());
+    assert!(m.queued_candidate_list().is_empty());
     assert_eq!(report.effects.forgotten, vec![HostRef(1), HostRef(2)]);
     let puts = m.plan_backups_keyed(&mut |_: &StorageKey, _: HostRef| -> Option<HostRange> {
         panic!("no residency check with the gate closed")

@@ -233,8 +233,8 @@ impl Harness {
                         Some(HostRange::new(h.0, 16))
                     }
                 };
-                // The scheduler's path: the round takes the candidates, the plan decides
-                // the PUTs, its end returns them (and requeues the rest).
+                // The scheduler's path: the round begins, the plan decides the PUTs
+                // (taking candidates only as they carry them), its end returns them.
                 let report = self
                     .m
                     .begin_round(RoundInput {

@@ -1,9 +1,10 @@
 //! The StorageTransferManager's round, the one place where storage admission is decided:
-//! `begin_round` applies the agreed round, reports its effects to the Scheduler and takes
-//! this round's backup candidates; while the Scheduler plans it asks the manager directly —
-//! `plan_query`, `plan_get` and `plan_backups` decide each new operation on the manager's
-//! own credits and gates (with the rules of `admission.rs`) and record it in plan order;
-//! `end_plan` requeues the candidates not dispatched, applies the plan's hand-backs after
+//! `begin_round` applies the agreed round and reports its effects to the Scheduler; while
+//! the Scheduler plans it asks the manager directly — `plan_query`, `plan_get` and
+//! `plan_backups` decide each new operation on the manager's own credits and gates (with
+//! the rules of `admission.rs`) and record it in plan order; `plan_backups` takes backup
+//! candidates off the queue front only as its PUTs carry them (a candidate no credit could
+//! carry this round stays queued, untouched); `end_plan` applies the plan's hand-backs after
 //! its new operations (so every new operation is decided on the credits as of the start of
 //! the plan; their effects reach the scheduler with the next report) and returns the
 //! operations for the L3 executor, cancellations of detached reads first. `offer_backups`
@@ -21,7 +22,7 @@ use messages::{
     HostRange, OperationId, ProtocolError, Rejection, RequestId, StorageCancelOp, StorageKey,
     StorageOp,
 };
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use tracing::Span;
 
 /// The cache owner's residency recheck of a backup candidate at PUT dispatch: the object
@@ -31,8 +32,6 @@ pub type Residency<'a> = dyn FnMut(&BackupKey, HostRef) -> Option<(StorageKey, H
 /// The round's planning in progress, between `begin_round` and `end_plan`.
 #[derive(Debug, Default)]
 pub(super) struct Planning {
-    /// Backup candidates taken for this round's PUT dispatch, oldest first.
-    candidates: VecDeque<BackupCandidate>,
     /// The plan's new operations, in plan order.
     ops: Vec<StorageOp>,
     /// The request spans of the plan's traced operations.
@@ -50,8 +49,7 @@ impl Planning {
 
 impl StorageTransferManager {
     /// Applies the agreed round (tick, cancellations, completions) and reports to the
-    /// scheduler: this round's effects with those deferred from the last plan. The backup
-    /// candidates up for this round's dispatch are taken for `plan_backups`.
+    /// scheduler: this round's effects with those deferred from the last plan.
     pub fn begin_round(&mut self, input: RoundInput) -> Result<StorageReport, ProtocolError> {
         let attached: Vec<_> = input
             .completions
@@ -87,49 +85,10 @@ impl StorageTransferManager {
         let mut effects = std::mem::take(&mut self.deferred);
         effects.extend(fx);
         self.outbox.append(&mut effects.cancels);
-        // A plan that never ended keeps its operations for the next `end_plan`; its
-        // candidates go back to the queue front before this round takes its own.
+        // A plan that never ended keeps its operations for the next `end_plan`.
         debug_assert!(self.planning.ops.is_empty(), "the last plan did not end");
-        let stale: Vec<BackupCandidate> = self.planning.candidates.drain(..).collect();
-        if !stale.is_empty() {
-            self.backups.requeue_front(stale);
-        }
         effects.forgotten.extend(self.backups.take_forgotten());
-        self.planning.candidates = self.take_put_candidates().into();
         Ok(StorageReport { effects, trouble })
-    }
-
-    /// Candidates for this round's PUT dispatch, oldest first, up to what the backup
-    /// credits could carry now; those covered by a pending PUT coalesce here.
-    fn take_put_candidates(&mut self) -> Vec<BackupCandidate> {
-        let mut out = vec![];
-        if self.quarantined || self.gate_closed() || backup_room(&self.credits, &self.cfg) == 0 {
-            return out;
-        }
-        let c = &self.credits;
-        let ops = (c
-            .backup_operation_max()
-            .saturating_sub(c.backup_operations_used()))
-        .min(c.operation_total().saturating_sub(c.operations_used())) as usize;
-        let budget = (c.backup_hosts_available() as usize)
-            .min(ops.saturating_mul(self.cfg.max_keys_per_operation as usize));
-        while out.len() < budget {
-            let Some(c) = self.backups.pop_front() else {
-                break;
-            };
-            if self.put_pending(&c.key) {
-                self.backups.note_coalesced(c.host); // covered by a pending PUT: not a loss
-                continue;
-            }
-            out.push(c);
-        }
-        out
-    }
-
-    /// The backup candidates this round took for PUT dispatch and has not dispatched yet.
-    #[cfg(test)]
-    pub(crate) fn put_candidates(&self) -> Vec<BackupCandidate> {
-        self.planning.candidates.iter().cloned().collect()
     }
 
     /// Decides a QUERY of the plan (its soft deadline starts at the applied tick): the
@@ -174,14 +133,14 @@ impl StorageTransferManager {
         Ok(op)
     }
 
-    /// Dispatches create-only PUTs of the plan from this round's candidates, within the
-    /// backup credits and `backup_bytes_in_flight` (a PUT only while less is outstanding,
-    /// each up to a quarter of it). `residency(key, host)` rechecks the Host entry:
+    /// Dispatches create-only PUTs of the plan from the queued candidates, oldest first,
+    /// within the backup credits and `backup_bytes_in_flight` (a PUT only while less is
+    /// outstanding, each up to a quarter of it). `residency(key, host)` rechecks the Host entry:
     /// `Some((object key, range))` means it is resident and the caller took a source
     /// reference (which the ticket then owns until retirement) and made the object key (a
     /// page's key is made only here); `None` drops the candidate as unavailable (the caller
-    /// forgets it). Candidates that find no credits or bytes go back to the queue front when the
-    /// plan ends.
+    /// forgets it). A candidate covered by a pending PUT coalesces (not a loss). Candidates
+    /// that find no credits or bytes are never taken: they stay queued, in order.
     /// Returns the PUTs' operation IDs.
     pub fn plan_backups(&mut self, residency: &mut Residency<'_>) -> Vec<OperationId> {
         let mut issued = vec![];
@@ -199,13 +158,10 @@ impl StorageTransferManager {
         let mut batch: super::backup::KeyTable<()> = Default::default();
         loop {
             let room = backup_room(&self.credits, &self.cfg);
-            if room == 0
-                || self.planning.candidates.is_empty()
-                || self.backup_bytes_outstanding >= in_flight
-            {
+            if room == 0 || self.backups.is_empty() || self.backup_bytes_outstanding >= in_flight {
                 break;
             }
-            let cap = room.min(self.planning.candidates.len());
+            let cap = room.min(self.backups.len());
             let (mut keys, mut backup, mut refs, mut ranges) = (
                 Vec::with_capacity(cap),
                 Vec::with_capacity(cap),
@@ -215,11 +171,13 @@ impl StorageTransferManager {
             batch.clear();
             let mut bytes = 0u64;
             while keys.len() < room && bytes < per_op {
-                let Some(c) = self.planning.candidates.pop_front() else {
+                let Some(c) = self.backups.pop_front() else {
                     break;
                 };
-                if batch.contains_key(&c.key) {
-                    coalesced.push(c.host); // the queue coalesces keys; kept for safety
+                // Covered by a pending PUT (or, for safety, by this one: the queue coalesces
+                // keys): not a loss.
+                if self.put_pending(&c.key) || batch.contains_key(&c.key) {
+                    coalesced.push(c.host);
                     continue;
                 }
                 match residency(&c.key, c.host) {
@@ -265,8 +223,7 @@ impl StorageTransferManager {
         })
     }
 
-    /// Ends the plan: candidates not dispatched go back to the queue front, the hand-backs
-    /// apply (after every new operation), and the operations to submit come back in plan
+    /// Ends the plan: the hand-backs apply (after every new operation), and the operations to submit come back in plan
     /// order — cancellations of detached reads first, then the new operations, then the
     /// cancellations the hand-backs caused.
     pub fn end_plan(&mut self, handbacks: Vec<HandBack>) -> Vec<StorageOp> {
@@ -276,9 +233,6 @@ impl StorageTransferManager {
             .map(StorageOp::Cancel)
             .collect();
         ops.extend(planning.ops);
-        if !planning.candidates.is_empty() {
-            self.backups.requeue_front(planning.candidates.into());
-        }
         let mut fx = RoundEffects::default();
         for h in handbacks {
             match h {

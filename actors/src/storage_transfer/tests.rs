@@ -33,7 +33,7 @@ fn pressure(jobs: u64) -> PressureObservation {
 }
 /// PUT dispatch the way the Scheduler drives it, as one round at the applied tick:
 /// `begin_round` takes the candidates, `plan_backups` rechecks residency and decides the
-/// PUTs, `end_plan` returns them (and requeues the candidates left over).
+/// PUTs, `end_plan` returns them (the candidates no PUT carried stay queued).
 fn dispatch(
     m: &mut StorageTransferManager,
     jobs: u64,
