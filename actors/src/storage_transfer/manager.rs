@@ -25,6 +25,7 @@ use messages::{
     StorageCancelOp, StorageDone, StorageGetOp, StorageKey, StorageOpKind, StoragePutOp,
     StorageQueryOp,
 };
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashSet};
 
 /// The agreed inputs of one round, as the control plane delivers them.
@@ -444,18 +445,20 @@ impl StorageTransferManager {
     /// Settles a ticket: its credits return and its held references are released. Returns
     /// the settled ticket (removed), so a caller may move its keys out instead of copying.
     fn settle(&mut self, op: OperationId, fx: &mut RoundEffects) -> Option<Ticket> {
-        let t = self.tickets.get_mut(&op)?;
-        let (refs, ops, hosts) = t.settle()?;
-        let class = t.class;
+        // One search of the ticket table: the entry found is the one removed.
+        let Entry::Occupied(mut e) = self.tickets.entry(op) else {
+            return None;
+        };
+        let (refs, ops, hosts) = e.get_mut().settle()?;
+        let t = e.remove();
         if t.kind == StorageOpKind::Put {
             let bytes: u64 = t.ranges.iter().map(|r| r.len).sum();
             self.backup_bytes_outstanding = self.backup_bytes_outstanding.saturating_sub(bytes);
         }
-        let settled = self.tickets.remove(&op);
-        self.credits.release(class, ops, hosts);
+        self.credits.release(t.class, ops, hosts);
         fx.release.extend(refs);
         fx.settled.push(op);
-        settled
+        Some(t)
     }
 
     /// The keys and references of ticket `op` after `settle` returned `settled` (moved out of
