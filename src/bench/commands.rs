@@ -198,7 +198,9 @@ pub struct SchedulerArgs {
     /// Timed rounds per scenario (after an untimed warm-up).
     #[arg(long, default_value_t = 200)]
     rounds: usize,
-    /// Prompt length in tokens (the tiny profile has 4-token blocks).
+    /// Prompt length in tokens (the tiny profile has 4-token blocks); the nothing-to-do
+    /// pair's repeated prompt is the shortest at least this long whose reusable bound is
+    /// block-aligned.
     #[arg(long, default_value_t = 32)]
     prompt_tokens: u32,
     /// Device blocks of the cache group (small: most requests wait).
