@@ -119,21 +119,28 @@ pub struct Sample {
 }
 
 /// One request's L3 GET: the executor's backend time and payload bytes of GET operations,
-/// the difference of the cumulative counters around the request.
+/// and the backend time of the QUERY before it, the differences of the cumulative counters
+/// around the request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct L3Get {
     pub backend_ms: f64,
     pub bytes: u64,
+    pub query_ms: f64,
 }
 
-/// The cumulative GET counters of a Prometheus exposition, summed over label sets:
-/// (backend seconds, payload bytes, backend calls).
-fn get_counters(exposition: &str) -> (f64, f64, f64) {
+/// The cumulative L3 counters of a Prometheus exposition, summed over label sets: (GET
+/// backend seconds, GET payload bytes, GET backend calls, QUERY backend seconds).
+fn get_counters(exposition: &str) -> (f64, f64, f64, f64) {
     let get = |name| metric_sum(exposition, name, &["kind=\"get\""]);
     (
         get("tsl3_l3_backend_seconds_total"),
         get("tsl3_l3_payload_bytes_total"),
         get("tsl3_l3_backend_calls_total"),
+        metric_sum(
+            exposition,
+            "tsl3_l3_backend_seconds_total",
+            &["kind=\"query\""],
+        ),
     )
 }
 
@@ -394,6 +401,7 @@ impl<'a> Bench<'a> {
         let get = (after.2 > before.2).then(|| L3Get {
             backend_ms: (after.0 - before.0) * 1e3,
             bytes: (after.1 - before.1).max(0.0) as u64,
+            query_ms: (after.3 - before.3).max(0.0) * 1e3,
         });
         Ok((s, out, get))
     }
@@ -659,30 +667,33 @@ impl<'a> Bench<'a> {
 
 /// The mean of some requests' L3 GETs (None for none).
 fn mean_get(gets: impl Iterator<Item = L3Get>) -> Option<L3Get> {
-    let (mut n, mut ms, mut bytes) = (0u64, 0.0, 0u128);
+    let (mut n, mut ms, mut bytes, mut query) = (0u64, 0.0, 0u128, 0.0);
     for g in gets {
         n += 1;
         ms += g.backend_ms;
         bytes += g.bytes as u128;
+        query += g.query_ms;
     }
     (n > 0).then(|| L3Get {
         backend_ms: ms / n as f64,
         bytes: (bytes / n as u128) as u64,
+        query_ms: query / n as f64,
     })
 }
 
-/// The L3 GET line of a cohort: its backend time and rate, and what of the p50 TTFT lies
-/// beyond it.
+/// The L3 GET line of a cohort: its backend time and rate, the QUERY's backend time, and
+/// what of the p50 TTFT lies beyond the GET.
 fn get_line(s: &Summary) -> Option<String> {
     let g = s.mean_l3_get?;
     let rate = g.bytes as f64 / (g.backend_ms / 1e3).max(f64::MIN_POSITIVE);
     Some(format!(
-        "l3 GET: {} at {} tokens: backend {:.1} ms for {:.0} MiB ({:.2} GB/s), p50 TTFT {:.1} ms of which {:.1} ms beyond the GET (mean of {} runs)",
+        "l3 GET: {} at {} tokens: backend {:.1} ms for {:.0} MiB ({:.2} GB/s), QUERY backend {:.1} ms, p50 TTFT {:.1} ms of which {:.1} ms beyond the GET (mean of {} runs)",
         s.cohort,
         s.tokens,
         g.backend_ms,
         g.bytes as f64 / (1u64 << 20) as f64,
         rate / 1e9,
+        g.query_ms,
         s.p50_ms,
         s.p50_ms - g.backend_ms,
         s.runs
@@ -957,16 +968,17 @@ mod tests {
     }
 
     #[test]
-    fn get_counters_sum_the_get_label_sets_only() {
+    fn l3_counters_sum_their_own_kind_label_sets_only() {
         let text = "# HELP tsl3_l3_backend_seconds_total x\n\
             tsl3_l3_backend_seconds_total{kind=\"get\",tp_rank=\"0\"} 0.25\n\
             tsl3_l3_backend_seconds_total{kind=\"get\",tp_rank=\"1\"} 0.5\n\
             tsl3_l3_backend_seconds_total{kind=\"put\",tp_rank=\"0\"} 9\n\
             tsl3_l3_payload_bytes_total{kind=\"get\",tp_rank=\"0\"} 1024\n\
             tsl3_l3_backend_calls_total{kind=\"get\",tp_rank=\"0\"} 3\n\
-            tsl3_l3_backend_calls_total{kind=\"query\",tp_rank=\"0\"} 7\n";
-        assert_eq!(get_counters(text), (0.75, 1024.0, 3.0));
-        assert_eq!(get_counters(""), (0.0, 0.0, 0.0));
+            tsl3_l3_backend_calls_total{kind=\"query\",tp_rank=\"0\"} 7\n\
+            tsl3_l3_backend_seconds_total{kind=\"query\",tp_rank=\"0\"} 0.125\n";
+        assert_eq!(get_counters(text), (0.75, 1024.0, 3.0, 0.125));
+        assert_eq!(get_counters(""), (0.0, 0.0, 0.0, 0.0));
     }
 
     #[test]
@@ -978,10 +990,12 @@ mod tests {
                 L3Get {
                     backend_ms: 200.0,
                     bytes: 2 << 30,
+                    query_ms: 10.0,
                 },
                 L3Get {
                     backend_ms: 300.0,
                     bytes: 2 << 30,
+                    query_ms: 20.0,
                 },
             ]
             .into_iter(),
@@ -991,6 +1005,7 @@ mod tests {
             line.contains("backend 250.0 ms for 2048 MiB (8.59 GB/s)"),
             "{line}"
         );
+        assert!(line.contains("QUERY backend 15.0 ms"), "{line}");
         assert!(line.contains("175.0 ms beyond the GET"), "{line}");
         assert_eq!(mean_get(std::iter::empty()), None);
     }
