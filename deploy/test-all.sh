@@ -18,6 +18,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 # tests (actors/tests/mooncake_live.rs). Installed idempotently (cached in deploy/.mooncake/),
 # stopped by PID on exit; MOONCAKE_REQUIRE_MASTER=1 makes a missing master a test failure.
 echo "== mooncake: install and start"
+# The default instance's rpc and owner ports sit below Linux's ephemeral range
+# (32768-60999): Mooncake's usual 50051/50052 lie inside it, where any outgoing connection
+# may hold one (a live test's master once lost its admin port there). The tests reach the
+# instance through env.sh; a user's own start.sh keeps the usual ports.
+export MOONCAKE_RPC_PORT="${MOONCAKE_RPC_PORT:-27051}"
+export MOONCAKE_OWNER_PORT="${MOONCAKE_OWNER_PORT:-27052}"
 bash deploy/mooncake/install.sh
 bash deploy/mooncake/start.sh
 trap 'bash deploy/mooncake/stop.sh || true' EXIT
