@@ -128,20 +128,24 @@ pub struct L3Get {
     pub query_ms: f64,
 }
 
-/// The cumulative L3 counters of a Prometheus exposition, summed over label sets: (GET
-/// backend seconds, GET payload bytes, GET backend calls, QUERY backend seconds).
-fn get_counters(exposition: &str) -> (f64, f64, f64, f64) {
-    let get = |name| metric_sum(exposition, name, &["kind=\"get\""]);
-    (
-        get("tsl3_l3_backend_seconds_total"),
-        get("tsl3_l3_payload_bytes_total"),
-        get("tsl3_l3_backend_calls_total"),
-        metric_sum(
-            exposition,
-            "tsl3_l3_backend_seconds_total",
-            &["kind=\"query\""],
-        ),
-    )
+/// The cumulative L3 counters of a Prometheus exposition, each summed over its label sets.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct L3Counters {
+    get_seconds: f64,
+    get_bytes: f64,
+    get_calls: f64,
+    query_seconds: f64,
+}
+
+fn get_counters(exposition: &str) -> L3Counters {
+    let sum = |name, kind| metric_sum(exposition, name, &[kind]);
+    const GET: &str = "kind=\"get\"";
+    L3Counters {
+        get_seconds: sum("tsl3_l3_backend_seconds_total", GET),
+        get_bytes: sum("tsl3_l3_payload_bytes_total", GET),
+        get_calls: sum("tsl3_l3_backend_calls_total", GET),
+        query_seconds: sum("tsl3_l3_backend_seconds_total", "kind=\"query\""),
+    }
 }
 
 struct Bench<'a> {
@@ -395,16 +399,16 @@ impl<'a> Bench<'a> {
         let (s, out) = self.complete(p, prompt, max_tokens)?;
         let mut after = get_counters(&p.metrics()?);
         for _ in 0..20 {
-            if after.2 > before.2 {
+            if after.get_calls > before.get_calls {
                 break;
             }
             std::thread::sleep(Duration::from_millis(100));
             after = get_counters(&p.metrics()?);
         }
-        let get = (after.2 > before.2).then(|| L3Get {
-            backend_ms: (after.0 - before.0) * 1e3,
-            bytes: (after.1 - before.1).max(0.0) as u64,
-            query_ms: (after.3 - before.3).max(0.0) * 1e3,
+        let get = (after.get_calls > before.get_calls).then(|| L3Get {
+            backend_ms: (after.get_seconds - before.get_seconds) * 1e3,
+            bytes: (after.get_bytes - before.get_bytes).max(0.0) as u64,
+            query_ms: (after.query_seconds - before.query_seconds).max(0.0) * 1e3,
         });
         Ok((s, out, get))
     }
@@ -1024,8 +1028,16 @@ mod tests {
             tsl3_l3_backend_calls_total{kind=\"get\",tp_rank=\"0\"} 3\n\
             tsl3_l3_backend_calls_total{kind=\"query\",tp_rank=\"0\"} 7\n\
             tsl3_l3_backend_seconds_total{kind=\"query\",tp_rank=\"0\"} 0.125\n";
-        assert_eq!(get_counters(text), (0.75, 1024.0, 3.0, 0.125));
-        assert_eq!(get_counters(""), (0.0, 0.0, 0.0, 0.0));
+        assert_eq!(
+            get_counters(text),
+            L3Counters {
+                get_seconds: 0.75,
+                get_bytes: 1024.0,
+                get_calls: 3.0,
+                query_seconds: 0.125,
+            }
+        );
+        assert_eq!(get_counters(""), L3Counters::default());
     }
 
     #[test]

@@ -4,10 +4,9 @@
 //! side in one run (µs and, when the binary counts them, allocations per round). A second
 //! pair measures storage enabled with nothing to do: every arrival repeats one prompt the
 //! Device already holds, its reusable bound block-aligned (no QUERY, no GET, no new block
-//! to back up), beside the same
-//! workload with storage disabled. Each pair runs `trials` times, alternating which side
-//! goes first, and reports the trial with the median mean of each side, so a noisy VM's
-//! drift falls on both sides alike.
+//! to back up), beside the same workload with storage disabled. Each pair runs `trials`
+//! times, alternating which side goes first, and reports the trial with the median mean of
+//! each side, so a noisy VM's drift falls on both sides alike.
 //!
 //! It drives a Scheduler directly with synthetic agreed inputs: new requests topping the
 //! live set up to the target, StorageDone completions for the operations the Scheduler
@@ -15,7 +14,8 @@
 //! answered at once, GETs withheld so about `outstanding` reads stay in flight), and rank
 //! digests for every forward it planned. There is no executor, no device, no Host memory
 //! and no clock. Timed rounds start once the first round's arrivals have all finished, so
-//! that what they admit arrived into a running scheduler (steady state). It owns only measurement and must never be used as a test of timing.
+//! that what they admit arrived into a running scheduler (steady state). It owns only
+//! measurement and must never be used as a test of timing.
 
 use super::geometry::RankLayout;
 use super::{AgreedInputs, Scheduler, SchedulerConfig};
@@ -221,7 +221,7 @@ fn prompt(id: u64, len: u32, vocab: u32) -> Vec<u32> {
 /// needs a tail the Device never keeps: the storage side's first arrival would QUERY and GET
 /// it (work to do, once) and leave a Host tail that its later admissions find and the
 /// disabled side never has, which measures a different cache state, not storage overhead.
-fn block_aligned_bound(tokens: u32, parent_tokens: u32) -> u32 {
+fn prompt_with_aligned_bound(tokens: u32, parent_tokens: u32) -> u32 {
     tokens
         .saturating_sub(1)
         .next_multiple_of(parent_tokens.max(1))
@@ -317,7 +317,7 @@ struct Driver {
     next_request: u64,
     tick_us: u64,
     vocab: u32,
-    /// Prompt length of this workload's arrivals (see `block_aligned_bound`).
+    /// Prompt length of this workload's arrivals (see `prompt_with_aligned_bound`).
     prompt_tokens: u32,
     /// The last request ID of the first round's arrivals (0 before the first round).
     first_round_last: u64,
@@ -344,7 +344,7 @@ impl Driver {
         let prompt_tokens = match workload {
             Workload::Loaded => cfg.prompt_tokens,
             Workload::NothingToDo => {
-                block_aligned_bound(cfg.prompt_tokens, layout.geometry.parent_tokens())
+                prompt_with_aligned_bound(cfg.prompt_tokens, layout.geometry.parent_tokens())
             }
         };
         let scheduler = Scheduler::new(
@@ -791,12 +791,12 @@ mod tests {
     #[test]
     fn the_repeated_prompt_puts_its_bound_on_a_block_boundary() {
         // Every token but the last is reusable: 33 tokens reuse 32, eight 4-token blocks.
-        assert_eq!(block_aligned_bound(32, 4), 33);
-        assert_eq!(block_aligned_bound(33, 4), 33);
-        assert_eq!(block_aligned_bound(34, 4), 37);
-        assert_eq!(block_aligned_bound(1, 4), 1);
-        assert_eq!(block_aligned_bound(0, 4), 1);
-        assert_eq!(block_aligned_bound(10, 0), 10);
+        assert_eq!(prompt_with_aligned_bound(32, 4), 33);
+        assert_eq!(prompt_with_aligned_bound(33, 4), 33);
+        assert_eq!(prompt_with_aligned_bound(34, 4), 37);
+        assert_eq!(prompt_with_aligned_bound(1, 4), 1);
+        assert_eq!(prompt_with_aligned_bound(0, 4), 1);
+        assert_eq!(prompt_with_aligned_bound(10, 0), 10);
     }
 
     #[test]

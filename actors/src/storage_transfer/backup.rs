@@ -106,17 +106,6 @@ pub(crate) fn named_key(p: &BlockPage) -> Option<StorageKey> {
     NAMED.with(|n| n.borrow().get(&p.hash).cloned())
 }
 
-/// Takes one count of `key` off a counting table, removing the entry at zero.
-fn uncount(table: &mut KeyTable<u32>, key: &BackupKey) {
-    match table.get_mut(key) {
-        Some(n) if *n > 1 => *n -= 1,
-        Some(_) => {
-            table.remove(key);
-        }
-        None => {}
-    }
-}
-
 /// Why a backup candidate was dropped (the fixed `reason` label of the dropped-keys counter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DropReason {
@@ -177,8 +166,9 @@ pub enum OfferOutcome {
 pub struct BackupQueue {
     capacity: usize,
     queue: VecDeque<BackupCandidate>,
-    /// Queued occurrences per key (lookups only; the queue keeps the order).
-    queued_keys: KeyTable<u32>,
+    /// The queued keys, each once: an offer of a queued key coalesces (lookups only; the
+    /// queue keeps the order).
+    queued_keys: KeyTable<()>,
     dropped: [u64; 5],
     coalesced: u64,
     /// References of candidates that left the queue without a PUT (dropped or coalesced):
@@ -215,7 +205,7 @@ impl BackupQueue {
                 outcome = OfferOutcome::QueuedDroppedOldest;
             }
         }
-        *self.queued_keys.entry(candidate.key).or_insert(0) += 1;
+        self.queued_keys.insert(candidate.key, ());
         self.queue.push_back(candidate);
         outcome
     }
@@ -223,7 +213,7 @@ impl BackupQueue {
     /// Take the oldest candidate.
     pub fn pop_front(&mut self) -> Option<BackupCandidate> {
         let c = self.queue.pop_front()?;
-        uncount(&mut self.queued_keys, &c.key);
+        self.queued_keys.remove(&c.key);
         Some(c)
     }
 
@@ -235,12 +225,6 @@ impl BackupQueue {
         self.queued_keys.clear();
         self.count_drop(reason, n);
         n
-    }
-
-    /// A candidate found covered by a pending PUT at dispatch.
-    pub fn note_coalesced(&mut self, host: HostRef) {
-        self.coalesced += 1;
-        self.forgotten.push(host);
     }
 
     /// A candidate that left without a PUT for a reason counted elsewhere.

@@ -139,8 +139,8 @@ impl StorageTransferManager {
     /// `Some((object key, range))` means it is resident and the caller took a source
     /// reference (which the ticket then owns until retirement) and made the object key (a
     /// page's key is made only here); `None` drops the candidate as unavailable (the caller
-    /// forgets it). A candidate covered by a pending PUT coalesces (not a loss). Candidates
-    /// that find no credits or bytes are never taken: they stay queued, in order.
+    /// forgets it). Candidates that find no credits or bytes are never taken: they stay
+    /// queued, in order.
     /// Returns the PUTs' operation IDs.
     pub fn plan_backups(&mut self, residency: &mut Residency<'_>) -> Vec<OperationId> {
         let mut issued = vec![];
@@ -149,13 +149,10 @@ impl StorageTransferManager {
             return issued;
         }
         let mut unavailable = 0u64;
-        let mut coalesced = vec![];
         // The bytes bound: a new PUT only while less than the bound is outstanding, each
         // taking keys until it carries a quarter of it (the rest wait in the queue).
         let in_flight = self.cfg.backup_bytes_in_flight;
         let per_op = (in_flight / 4).max(1);
-        // The keys of the PUT being filled (lookups only; emptied for each PUT).
-        let mut batch: super::backup::KeyTable<()> = Default::default();
         loop {
             let room = backup_room(&self.credits, &self.cfg);
             if room == 0 || self.backups.is_empty() || self.backup_bytes_outstanding >= in_flight {
@@ -168,22 +165,17 @@ impl StorageTransferManager {
                 Vec::with_capacity(cap),
                 Vec::with_capacity(cap),
             );
-            batch.clear();
             let mut bytes = 0u64;
             while keys.len() < room && bytes < per_op {
                 let Some(c) = self.backups.pop_front() else {
                     break;
                 };
-                // Covered by a pending PUT (or, for safety, by this one: the queue coalesces
-                // keys): not a loss.
-                if self.put_pending(&c.key) || batch.contains_key(&c.key) {
-                    coalesced.push(c.host);
-                    continue;
-                }
+                // The queue holds each key once and none a pending PUT covers (an offer of
+                // either coalesces), so no PUT carries a key twice or one already in flight.
+                debug_assert!(!self.put_pending(&c.key) && !backup.contains(&c.key));
                 match residency(&c.key, c.host) {
                     Some((key, range)) => {
                         bytes += range.len;
-                        batch.insert(c.key, ());
                         keys.push(key);
                         backup.push(c.key);
                         refs.push(c.host);
@@ -202,9 +194,6 @@ impl StorageTransferManager {
         if unavailable > 0 {
             self.backups
                 .count_drop(DropReason::Unavailable, unavailable);
-        }
-        for h in coalesced {
-            self.backups.note_coalesced(h);
         }
         issued
     }

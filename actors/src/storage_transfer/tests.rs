@@ -32,8 +32,9 @@ fn pressure(jobs: u64) -> PressureObservation {
     }
 }
 /// PUT dispatch the way the Scheduler drives it, as one round at the applied tick:
-/// `begin_round` takes the candidates, `plan_backups` rechecks residency and decides the
-/// PUTs, `end_plan` returns them (the candidates no PUT carried stay queued).
+/// `begin_round` applies the round, `plan_backups` takes candidates off the queue, rechecks
+/// residency and decides the PUTs, `end_plan` returns them (the candidates no PUT carried
+/// stay queued).
 fn dispatch(
     m: &mut StorageTransferManager,
     jobs: u64,

@@ -1,9 +1,9 @@
 //! Storage tickets: one per operation (QUERY, GET or PUT), named by a monotonic, never
 //! reused OperationId. A ticket records its keys, the Host references it holds (GET
 //! destinations, PUT sources), a PUT's backup keys, the credits charged to it, its attached
-//! waiter and its
-//! state: Issued -> Completed (agreed StorageDone applied) -> Settled, or Quarantined (an
-//! unretired result: every reference kept for the life of the process). A ticket settles
+//! waiter and its state: Issued -> Completed (agreed StorageDone applied) -> Settled, or
+//! Quarantined (an unretired result: every reference kept for the life of the process).
+//! A ticket settles
 //! exactly once; only settlement returns its credits. A ticket never releases a reference
 //! before the agreed completion says the operation retired.
 
