@@ -436,20 +436,19 @@ impl CacheCoordinator {
         if !bound.is_multiple_of(self.geometry.parent_tokens()) && !self.tails_enabled() {
             return false;
         }
-        let local = |a: BlockAddr| self.device.contains(a) || self.host.contains(a);
         let mut scratch = Vec::new();
         for (g, spec) in self.geometry.groups().iter().enumerate() {
+            let (on_device, on_host) = (self.device.published_in(g), self.host.published_in(g));
+            let local = |h: ContentHash| on_device(h) || on_host(h);
             let (start, end, tail) = requirement(spec.kind, spec.block_tokens, bound);
-            if tail {
-                let hash = whole.tail_block_hash(&mut scratch, tokens, g, bound);
-                if !local(BlockAddr::new(g, hash)) {
-                    return false;
-                }
+            if tail && !local(whole.tail_block_hash(&mut scratch, tokens, g, bound)) {
+                return false;
             }
-            if !(start..end)
-                .rev()
-                .all(|k| local(BlockAddr::new(g, whole.block_hash(g, k))))
-            {
+            // The bound lies inside the index, so its blocks are all hashed.
+            let Some(blocks) = whole.block_hashes(g).get(start as usize..end as usize) else {
+                return false;
+            };
+            if !blocks.iter().rev().all(|&h| local(h)) {
                 return false;
             }
         }

@@ -231,6 +231,15 @@ impl PromptIndex {
         self.chains.chains[self.chains.group_chain[g]][k as usize + 1]
     }
 
+    /// The content hashes of group `g`'s complete blocks inside the index, block 0 first
+    /// (`block_hash(g, k)` is element k).
+    #[inline]
+    pub fn block_hashes(&self, g: usize) -> &[ContentHash] {
+        let chain = &self.chains.chains[self.chains.group_chain[g]];
+        let n = (self.full_blocks(g) as usize).min(chain.len().saturating_sub(1));
+        &chain[1..=n]
+    }
+
     /// The hash of the prefix after `k` complete blocks of group `g` (k = 0: ROOT).
     pub fn prefix_hash(&self, g: usize, k: u32) -> ContentHash {
         self.chains.chains[self.chains.group_chain[g]][k as usize]

@@ -320,6 +320,17 @@ impl<T: Tier> BlockPool<T> {
         self.state(addr) == Some(EntryState::Published)
     }
 
+    /// `contains` for many blocks of group `g`: the group is resolved once, and each call
+    /// of the returned test is one index probe (false for every hash of an unknown group).
+    pub fn published_in(&self, g: usize) -> impl Fn(ContentHash) -> bool + '_ {
+        let index = self.groups.get(g).map(|p| &p.index);
+        move |h| {
+            index
+                .and_then(|i| i.get(&h))
+                .is_some_and(|v| v & PUBLISHED != 0)
+        }
+    }
+
     /// The entry's state, published or not.
     pub fn state(&self, addr: BlockAddr) -> Option<EntryState> {
         let g = self.groups.get(addr.group as usize)?;

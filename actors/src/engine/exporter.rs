@@ -131,7 +131,7 @@ impl Exporter {
             m.tail_tokens_reused.with_label_values(&[t]).inc_by(d);
         }
         for f in FallbackReason::ALL {
-            let v = s.fallback.get(f.as_str()).copied().unwrap_or(0);
+            let v = s.fallback[f.index()];
             let d = self.advance(format!("fallback/{}", f.as_str()), v);
             m.requests.with_label_values(&[f.as_str()]).inc_by(d);
         }

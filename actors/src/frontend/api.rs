@@ -38,6 +38,10 @@ impl FallbackReason {
         FallbackReason::Quarantine,
         FallbackReason::Disabled,
     ];
+    /// The reason's position in `ALL` (a counter index).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
     pub fn as_str(&self) -> &'static str {
         match self {
             FallbackReason::None => "none",
@@ -71,4 +75,19 @@ impl PrefixUsage {
 /// Renders an output token as text (printable ASCII, deterministic).
 pub fn token_text(t: u32) -> char {
     char::from(b'!' + (t % 94) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FallbackReason;
+
+    #[test]
+    fn fallback_index_is_the_position_in_all() {
+        for (i, f) in FallbackReason::ALL.into_iter().enumerate() {
+            assert_eq!(f.index(), i, "{}", f.as_str());
+        }
+        let names: std::collections::BTreeSet<_> =
+            FallbackReason::ALL.iter().map(|f| f.as_str()).collect();
+        assert_eq!(names.len(), FallbackReason::ALL.len());
+    }
 }

@@ -96,7 +96,7 @@ impl Scheduler {
                 Request::sampled(id, prompt, max_tokens.max(1), sampling),
             );
             self.queue.insert(id);
-            self.unprepared.push_back(id);
+            self.unprepared.push(id);
         }
         let mut logprobs: BTreeMap<RequestId, TokenLogprobs> = logprobs.into_iter().collect();
         for (id, parts) in digests {

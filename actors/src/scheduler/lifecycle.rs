@@ -8,7 +8,6 @@
 use super::request::RequestState;
 use super::{RequestEvent, Scheduler};
 use crate::device::DecodeStep;
-use crate::frontend::FallbackReason;
 use crate::model::sampling::sample;
 use crate::model::{DecodeState, RankDigest};
 use crate::storage_transfer::HandBack;
@@ -34,10 +33,6 @@ fn drawn_token(parts: &[RankDigest], vocab: u32) -> Result<u32, String> {
         .ok()
         .filter(|t| *t < vocab)
         .ok_or_else(|| format!("drawn token {} outside the vocabulary", first.value))
-}
-
-fn fallback_name(f: FallbackReason) -> &'static str {
-    f.as_str()
 }
 
 impl Scheduler {
@@ -182,11 +177,7 @@ impl Scheduler {
             r.state = RequestState::Finished;
             self.trace.request_ended(id, "finished");
             self.stats.finished += 1;
-            *self
-                .stats
-                .fallback
-                .entry(fallback_name(r.fallback))
-                .or_default() += 1;
+            self.stats.fallback[r.fallback.index()] += 1;
             self.events.push(RequestEvent::Finished {
                 id,
                 split: r.split,
@@ -267,7 +258,7 @@ mod tests {
             panic!("{events:?}");
         };
         assert_eq!(*fallback, FallbackReason::Disabled);
-        assert_eq!(rig.s.stats().fallback.get(fallback.as_str()), Some(&1));
+        assert_eq!(rig.s.stats().fallback[fallback.index()], 1);
         assert!(rig.s.running.is_empty());
         assert_eq!(
             rig.s.free_scratch.len(),

@@ -125,7 +125,8 @@ pub struct SchedulerStats {
     pub prefix_host: u64,
     pub prefix_l3: u64,
     pub computed: u64,
-    pub fallback: BTreeMap<&'static str, u64>,
+    /// Finished requests by fallback reason, indexed as `FallbackReason::ALL`.
+    pub fallback: [u64; FallbackReason::ALL.len()],
     /// Tails: boundaries queried, tail blocks queried and reused by group kind (full,
     /// sliding window, state), tokens above the aligned boundary reused by tier (device,
     /// host, l3).
@@ -213,7 +214,7 @@ pub struct Scheduler {
     running: BTreeSet<RequestId>,
     /// New arrivals not yet considered for storage preparation (each is considered once:
     /// `storage_prepared` is one-shot).
-    unprepared: VecDeque<RequestId>,
+    unprepared: Vec<RequestId>,
     free_scratch: Vec<u32>,
     /// What each Host reference handed to the manager stands for (lookups only).
     refs: IdMap<HostRef, RefUse>,
@@ -267,7 +268,7 @@ impl Scheduler {
             requests: BTreeMap::new(),
             queue: BTreeSet::new(),
             running: BTreeSet::new(),
-            unprepared: VecDeque::new(),
+            unprepared: Vec::new(),
             free_scratch,
             refs: IdMap::default(),
             reads: IdMap::default(),

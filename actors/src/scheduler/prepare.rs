@@ -8,12 +8,15 @@
 //! not prepare goes on to ordinary admission.
 
 use super::request::{Continuation, PrefetchPhase, Request, RequestState};
-use super::{tail_kind, ReadRecord, RefUse, Scheduler};
-use crate::cache::coordinator::QueryLimits;
+use super::{tail_kind, ReadRecord, RefUse, Scheduler, SchedulerStats};
+use crate::cache::coordinator::{CacheCoordinator, QueryLimits};
 use crate::cache::credits::QueryCredits;
+use crate::cache::geometry::CacheGeometry;
 use crate::frontend::FallbackReason;
+use crate::storage_transfer::trace::RequestTrace;
 use crate::storage_transfer::{Refusal, StorageTransferManager};
 use messages::RequestId;
+use std::collections::BTreeSet;
 
 /// The fallback a refused planning call leaves on its request.
 fn refusal_reason(e: &Refusal) -> FallbackReason {
@@ -33,84 +36,56 @@ impl Scheduler {
         !r.resources.storage_prepared && l3_enabled && matches!(r.state, RequestState::Submitted)
     }
 
+    /// Considers each new arrival once. The arrivals' IDs are assigned in arrival order, so
+    /// they are (almost always) one dense run at the top of the request table: one search
+    /// finds the run's first entry and the walk visits each arrival in turn, instead of one
+    /// table search per arrival. IDs that are not dense (never seen from the frontend, but
+    /// accepted) are searched for one by one, so the walk never visits more entries than
+    /// twice the arrivals.
     pub(super) fn prepare_storage(&mut self, stm: &mut StorageTransferManager) {
-        let ids: Vec<RequestId> = std::mem::take(&mut self.unprepared).into();
-        for id in ids {
-            // One lookup per arrival: eligibility is read through the same entry.
-            let l3_enabled = self.l3_enabled;
-            let Some(r) = self.requests.get_mut(&id) else {
-                continue;
-            };
-            if !Self::eligible(l3_enabled, r) {
-                continue;
-            }
-            let cfg = stm.config();
-            let q = QueryCredits {
-                keys: cfg.max_keys_per_operation,
-                host_blocks: stm.host_credits_left(),
-            };
-            let limits = QueryLimits {
-                lookahead_tokens: cfg.lookahead_tokens,
-                min_extension_tokens: cfg.min_extension_tokens,
-            };
-            r.resources.storage_prepared = true;
-            // Credits exhausted: every QUERY would be refused, so none is planned (a
-            // credit-starved round costs no matching per arrival). The reason counts only
-            // if admission then falls short of the reusable bound.
-            if let Some(e) = stm.query_credits_refusal() {
-                r.resources.storage_refused = Some(refusal_reason(&e));
-                r.state = RequestState::Admissible;
-                continue;
-            }
-            // The page keys are made only for a QUERY the manager admits (most refusals,
-            // e.g. exhausted credits, then cost no key strings).
-            let whole = r.whole_index(&self.cfg.layout.geometry);
-            // Local data already covers the bound (a repeated prompt): nothing to QUERY,
-            // decided from the bound's own blocks without a match table.
-            if self
-                .cache
-                .local_covers_bound(&whole, &r.prompt, r.reusable())
-            {
-                r.state = RequestState::Admissible;
-                continue;
-            }
-            let qp =
-                self.cache
-                    .plan_query_rows_in(Some(&whole), &r.prompt, r.reusable(), q, limits);
-            if qp.bypass.is_some() || qp.rows.is_empty() {
-                r.state = RequestState::Admissible;
-                continue;
-            }
-            r.resources.local_at_plan = qp.local_tokens;
-            r.resources.planned_boundary = qp.boundaries.first().map_or(0, |b| b.boundary);
-            let parent = self.trace.request_span(id).cloned();
-            let cache = &self.cache;
-            let n = qp.rows.len();
-            let planned = stm.plan_query_with(id, n, || cache.query_keys(&qp), parent);
-            match planned {
-                Ok((_, lease)) => {
-                    let geometry = &self.cfg.layout.geometry;
-                    for b in qp.boundaries.iter().filter(|b| b.tail.is_some()) {
-                        self.stats.tail_candidates_queried += 1;
-                        for g in geometry.groups() {
-                            if !b.boundary.is_multiple_of(g.block_tokens.max(1)) {
-                                self.stats.tail_blocks_queried[tail_kind(g.kind)] += 1;
-                            }
-                        }
+        let mut ids = std::mem::take(&mut self.unprepared);
+        if !ids.is_sorted() {
+            ids.sort_unstable();
+        }
+        let Self {
+            requests,
+            cache,
+            trace,
+            cfg,
+            stats,
+            queue,
+            l3_enabled,
+            ..
+        } = self;
+        let mut p = Preparer {
+            cache,
+            trace,
+            geometry: &cfg.layout.geometry,
+            stats,
+            queue,
+            l3_enabled: *l3_enabled,
+        };
+        if let (Some(&first), Some(&last)) = (ids.first(), ids.last()) {
+            let dense = last.0 - first.0 < 2 * ids.len() as u64;
+            if dense {
+                let mut next = ids.iter().copied().peekable();
+                for (&id, r) in requests.range_mut(first..=last) {
+                    // Arrivals the table no longer holds (or duplicates) are passed over.
+                    while next.next_if(|n| *n < id).is_some() {}
+                    if next.next_if_eq(&id).is_some() {
+                        p.prepare(stm, id, r);
                     }
-                    r.state = RequestState::Prefetching {
-                        continuation: Continuation::Submitted,
-                        phase: PrefetchPhase::Query(qp),
-                        lease,
-                    };
-                    self.queue.remove(&id);
                 }
-                Err(e) => {
-                    r.resources.fallback = Some(refusal_reason(&e));
-                    r.state = RequestState::Admissible;
+            } else {
+                for &id in &ids {
+                    if let Some(r) = requests.get_mut(&id) {
+                        p.prepare(stm, id, r);
+                    }
                 }
             }
         }
+        ids.clear();
+        self.unprepared = ids;
     }
 
     /// An attached QUERY was answered: `exists` per key, `keys` the keys it carried (the
@@ -214,6 +189,91 @@ impl Scheduler {
     }
 }
 
+/// The scheduler parts one arrival's preparation touches, borrowed beside the request
+/// table (so the arrivals can be walked while each is prepared).
+struct Preparer<'a> {
+    cache: &'a CacheCoordinator,
+    trace: &'a RequestTrace,
+    geometry: &'a CacheGeometry,
+    stats: &'a mut SchedulerStats,
+    queue: &'a mut BTreeSet<RequestId>,
+    l3_enabled: bool,
+}
+
+impl Preparer<'_> {
+    /// One arrival: the bound check, then the QUERY the manager admits (or the refusal the
+    /// request falls back with).
+    fn prepare(&mut self, stm: &mut StorageTransferManager, id: RequestId, r: &mut Request) {
+        if !Scheduler::eligible(self.l3_enabled, r) {
+            return;
+        }
+        r.resources.storage_prepared = true;
+        // Credits exhausted: every QUERY would be refused, so none is planned (a
+        // credit-starved round costs no matching per arrival). The reason counts only
+        // if admission then falls short of the reusable bound.
+        if let Some(e) = stm.query_credits_refusal() {
+            r.resources.storage_refused = Some(refusal_reason(&e));
+            r.state = RequestState::Admissible;
+            return;
+        }
+        // The page keys are made only for a QUERY the manager admits (most refusals,
+        // e.g. exhausted credits, then cost no key strings).
+        let whole = r.whole_index(self.geometry);
+        // Local data already covers the bound (a repeated prompt): nothing to QUERY,
+        // decided from the bound's own blocks without a match table.
+        if self
+            .cache
+            .local_covers_bound(&whole, &r.prompt, r.reusable())
+        {
+            r.state = RequestState::Admissible;
+            return;
+        }
+        let cfg = stm.config();
+        let q = QueryCredits {
+            keys: cfg.max_keys_per_operation,
+            host_blocks: stm.host_credits_left(),
+        };
+        let limits = QueryLimits {
+            lookahead_tokens: cfg.lookahead_tokens,
+            min_extension_tokens: cfg.min_extension_tokens,
+        };
+        let qp = self
+            .cache
+            .plan_query_rows_in(Some(&whole), &r.prompt, r.reusable(), q, limits);
+        if qp.bypass.is_some() || qp.rows.is_empty() {
+            r.state = RequestState::Admissible;
+            return;
+        }
+        r.resources.local_at_plan = qp.local_tokens;
+        r.resources.planned_boundary = qp.boundaries.first().map_or(0, |b| b.boundary);
+        let parent = self.trace.request_span(id).cloned();
+        let cache = self.cache;
+        let n = qp.rows.len();
+        match stm.plan_query_with(id, n, || cache.query_keys(&qp), parent) {
+            Ok((_, lease)) => {
+                for b in qp.boundaries.iter().filter(|b| b.tail.is_some()) {
+                    self.stats.tail_candidates_queried += 1;
+                    for g in self.geometry.groups() {
+                        if !b.boundary.is_multiple_of(g.block_tokens.max(1)) {
+                            self.stats.tail_blocks_queried[tail_kind(g.kind)] += 1;
+                        }
+                    }
+                }
+                r.state = RequestState::Prefetching {
+                    continuation: Continuation::Submitted,
+                    phase: PrefetchPhase::Query(qp),
+                    lease,
+                };
+                self.queue.remove(&id);
+            }
+            Err(e) => {
+                r.resources.fallback = Some(refusal_reason(&e));
+                r.state = RequestState::Admissible;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tests::*;
@@ -240,6 +300,47 @@ mod tests {
         assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
         assert!(!rig.s.queue.contains(&RequestId(1)));
         assert!(rig.s.requests[&RequestId(1)].resources.storage_prepared);
+        assert!(rig.s.unprepared.is_empty());
+    }
+
+    /// The arrivals' QUERYs, by request.
+    fn queried(plan: &super::super::Plan<StorageOp>) -> Vec<RequestId> {
+        let mut ids: Vec<RequestId> = plan
+            .storage
+            .iter()
+            .filter_map(|op| match op {
+                StorageOp::Query(q) => q.request,
+                _ => None,
+            })
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn arrivals_out_of_order_sparse_or_around_an_older_request_are_each_prepared_once() {
+        let mut rig = rig(true);
+        let (a, b, c, d) = (
+            prompt(32, 11),
+            prompt(32, 12),
+            prompt(32, 13),
+            prompt(32, 14),
+        );
+        // Round 1: request 5 arrives and is prepared.
+        let plan = rig.arrive(&[(5, &a, 2)]);
+        assert_eq!(queried(&plan), [RequestId(5)]);
+        // Round 2: 6 and 4 (listed out of order) around the prepared 5: the dense walk
+        // passes over 5 and prepares each arrival.
+        let plan = rig.arrive(&[(6, &b, 2), (4, &c, 2)]);
+        assert_eq!(queried(&plan), [RequestId(4), RequestId(6)]);
+        // Round 3: IDs far apart (not dense): each is searched on its own.
+        let plan = rig.arrive(&[(1000, &d, 2), (2, &a, 2)]);
+        assert_eq!(queried(&plan), [RequestId(2), RequestId(1000)]);
+        for id in [2, 4, 5, 6, 1000] {
+            let r = &rig.s.requests[&RequestId(id)];
+            assert!(r.resources.storage_prepared, "request {id}");
+            assert_eq!(rig.s.state_of(RequestId(id)), Some("prefetching"));
+        }
         assert!(rig.s.unprepared.is_empty());
     }
 

@@ -57,11 +57,42 @@ pub struct RoundEffects {
 }
 
 impl RoundEffects {
+    /// No effect at all (every list empty): a quiet round's effects. The destructuring
+    /// names every field, so a new list cannot be forgotten here.
     pub fn is_empty(&self) -> bool {
-        *self == RoundEffects::default()
+        let Self {
+            publish,
+            release,
+            reoffer,
+            query_results,
+            waits_ended,
+            ready_expired,
+            quarantined,
+            cancels,
+            settled,
+            backed_up,
+            negative,
+            forgotten,
+        } = self;
+        publish.is_empty()
+            && release.is_empty()
+            && reoffer.is_empty()
+            && query_results.is_empty()
+            && waits_ended.is_empty()
+            && ready_expired.is_empty()
+            && quarantined.is_empty()
+            && cancels.is_empty()
+            && settled.is_empty()
+            && backed_up.is_empty()
+            && negative.is_empty()
+            && forgotten.is_empty()
     }
-    /// Append another step's effects (a list still empty here takes the other's as is).
+    /// Append another step's effects (a list still empty here takes the other's as is; an
+    /// empty `other`, a quiet round's, costs only its length checks).
     pub fn extend(&mut self, other: RoundEffects) {
+        if other.is_empty() {
+            return;
+        }
         append(&mut self.publish, other.publish);
         append(&mut self.release, other.release);
         append(&mut self.reoffer, other.reoffer);

@@ -222,15 +222,17 @@ impl StorageTransferManager {
             .map(StorageOp::Cancel)
             .collect();
         ops.extend(planning.ops);
-        let mut fx = RoundEffects::default();
-        for h in handbacks {
-            match h {
-                HandBack::Detach(lease) => fx.extend(self.detach(lease)),
-                HandBack::Cancel(request) => fx.extend(self.cancel(request)),
+        if !handbacks.is_empty() {
+            let mut fx = RoundEffects::default();
+            for h in handbacks {
+                match h {
+                    HandBack::Detach(lease) => fx.extend(self.detach(lease)),
+                    HandBack::Cancel(request) => fx.extend(self.cancel(request)),
+                }
             }
+            ops.extend(fx.cancels.drain(..).map(StorageOp::Cancel));
+            self.deferred.extend(fx);
         }
-        ops.extend(fx.cancels.drain(..).map(StorageOp::Cancel));
-        self.deferred.extend(fx);
         let parents = planning.parents;
         self.trace.issued(&ops, |op| parents.get(&op));
         ops
