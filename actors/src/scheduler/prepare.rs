@@ -39,9 +39,10 @@ impl Scheduler {
     /// Considers each new arrival once. The arrivals' IDs are assigned in arrival order, so
     /// they are (almost always) one dense run at the top of the request table: one search
     /// finds the run's first entry and the walk visits each arrival in turn, instead of one
-    /// table search per arrival. IDs that are not dense (never seen from the frontend, but
-    /// accepted) are searched for one by one, so the walk never visits more entries than
-    /// twice the arrivals.
+    /// table search per arrival. The walk runs only when the run spans fewer than twice as
+    /// many IDs as there are arrivals, so it never visits more than twice the arrivals;
+    /// sparse IDs (which the frontend never assigns, but the scheduler accepts) are
+    /// searched for one by one.
     pub(super) fn prepare_storage(&mut self, stm: &mut StorageTransferManager) {
         let mut ids = std::mem::take(&mut self.unprepared);
         if !ids.is_sorted() {
