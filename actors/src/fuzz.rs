@@ -29,7 +29,25 @@ pub fn mesh_frames(data: &[u8]) {
                     panic!("columns decoded a frame that records did not: {owned:?}");
                 };
                 assert_eq!(used, owned_used);
-                if let (MeshFrame::Report(r), MeshFrame::Report(o)) = (&frame, &owned) {
+                let mut pairs: Vec<(messages::GatheredReport, messages::RoundReport)> = vec![];
+                match (frame, &owned) {
+                    (MeshFrame::Report(r), MeshFrame::Report(o)) => pairs.push((r, o.clone())),
+                    // The star's gathered set: each report decodes as columns exactly when
+                    // it decodes as records.
+                    (MeshFrame::All(rs), MeshFrame::All(os)) => {
+                        assert_eq!(rs, *os);
+                        for b in rs {
+                            let view = messages::decode::<messages::GatheredReport>(&b);
+                            let done = messages::decode::<messages::RoundReport>(&b);
+                            assert_eq!(view.is_ok(), done.is_ok(), "columns and records differ");
+                            if let (Ok(v), Ok(d)) = (view, done) {
+                                pairs.push((v, d));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                for (r, o) in &pairs {
                     assert_eq!(r.completions.len(), o.completions.len());
                     for (view, done) in r.completions.iter().zip(&o.completions) {
                         assert_eq!(&view.to_done(), done);
@@ -91,9 +109,17 @@ pub fn mesh_seeds() -> Vec<Vec<u8>> {
         admin_preflight: None,
     };
     let mut out = vec![];
+    let mut second = report.clone();
+    second.rank = 2;
+    let encoded: Vec<bytes::Bytes> = [&report, &second]
+        .iter()
+        .filter_map(|r| messages::encode(r).ok().map(bytes::Bytes::from))
+        .collect();
     for f in [
+        MeshFrame::All(encoded),
         MeshFrame::Report(report),
         MeshFrame::Gathered(9),
+        MeshFrame::Agreed(9),
         MeshFrame::Abort(messages::ControlError::Setup("x".into())),
     ] {
         if let Ok(b) = encode_frame(&f, limit) {

@@ -1,6 +1,7 @@
 //! The control plane over real TCP on 127.0.0.1 (all ranks as tokio tasks in this process):
-//! agreement with 1, 2, 4 and 8 ranks, idle ticks, protocol errors raised by every rank,
-//! handshake refusals, bad frames, and dead or stalled ranks failing every other rank.
+//! agreement with 1, 2, 4 and 8 ranks (the full mesh at 2, the star from 3), idle ticks,
+//! protocol errors raised by every rank, handshake refusals, bad frames from a rank or from
+//! the star's leader, and dead or stalled ranks failing every other rank.
 
 use actors::control_plane::bench::{loopback, loopback_settings};
 use actors::control_plane::frame::encode_frame;
@@ -566,49 +567,117 @@ async fn the_actor_exchanges_rounds_for_two_ranks_and_for_one() {
     assert!(matches!(after, Err(ControlError::Stopped(_))), "{after:?}");
 }
 
-/// Rank 0 is real; ranks 1 and 2 are hand-driven sockets. Rank 2 completes round 0 (its
-/// report and its confirmation) and leaves before rank 1 confirms: rank 0 still agrees
-/// round 0 (the rank that left had confirmed it) and fails round 1, naming rank 2.
-#[tokio::test]
-async fn a_rank_that_confirmed_the_round_and_left_does_not_fail_that_round() {
-    use actors::control_plane::{seal_local_report, MeshFrame};
-    let (settings, mut listeners) = loopback_settings(3).await.unwrap();
-    drop(listeners.pop());
-    drop(listeners.pop());
+/// Rank 0 is real; ranks 1..world are hand-driven sockets that passed the handshake.
+async fn real_rank0_with_fakes(world: u32) -> (ControlPlaneCore, Vec<tokio::net::TcpStream>) {
+    let (settings, mut listeners) = loopback_settings(world).await.unwrap();
+    while listeners.len() > 1 {
+        drop(listeners.pop());
+    }
     let l0 = listeners.pop().unwrap();
     let s0 = settings[0].clone();
     let a = tokio::spawn(async move { ControlPlaneCore::establish_with_listener(&s0, l0).await });
     let mut fakes = vec![];
-    for rank in 1..3u32 {
+    for rank in 1..world {
         let mut s = tokio::net::TcpStream::connect(&settings[0].peers[0])
             .await
             .unwrap();
         let p = HandshakeParams::new(
             rank,
-            3,
+            world,
             settings[rank as usize].namespace.clone(),
             Arc::new(settings[rank as usize].secret.clone()),
         );
         assert_eq!(handshake(&mut s, &p, &Expect::Rank(0)).await, Ok(0));
         fakes.push(s);
     }
-    let mut core = a.await.unwrap().unwrap();
+    (a.await.unwrap().unwrap(), fakes)
+}
+
+fn wire(f: &actors::control_plane::MeshFrame) -> Vec<u8> {
+    encode_frame(f, 1 << 20).unwrap()
+}
+
+fn sealed_report(rank: u32, round: u64) -> actors::control_plane::MeshFrame {
+    use actors::control_plane::{seal_local_report, MeshFrame};
+    MeshFrame::Report(seal_local_report(RoundReport::idle(rank, round, 5)))
+}
+
+/// The next frame a hand-driven rank receives.
+async fn read_mesh_frame(s: &mut tokio::net::TcpStream) -> actors::control_plane::MeshFrame {
+    actors::control_plane::frame::read_frame(s, 1 << 20)
+        .await
+        .unwrap()
+}
+
+/// Two ranks (the full mesh): rank 1 reports and confirms round 0 and leaves at once; rank
+/// 0 still agrees round 0 (the rank that left had confirmed it) and fails round 1, naming
+/// rank 1.
+#[tokio::test]
+async fn a_rank_that_confirmed_the_round_and_left_does_not_fail_that_round() {
+    use actors::control_plane::{MeshFrame, Topology};
+    assert_eq!(Topology::for_world(2), Topology::FullMesh);
+    let (mut core, mut fakes) = real_rank0_with_fakes(2).await;
     let round0 = tokio::spawn(async move {
         let r = core.exchange_round(RoundReport::idle(0, 0, 1)).await;
         (core, r)
     });
-    let frame = |f: &MeshFrame| encode_frame(f, 1 << 20).unwrap();
-    let report = |rank: u32| MeshFrame::Report(seal_local_report(RoundReport::idle(rank, 0, 5)));
+    let mut f1 = fakes.pop().unwrap();
+    f1.write_all(&wire(&sealed_report(1, 0))).await.unwrap();
+    // A rank confirms once it gathered every report: rank 0's too.
+    match read_mesh_frame(&mut f1).await {
+        MeshFrame::Report(r) => assert_eq!((r.rank, r.round), (0, 0)),
+        other => panic!("expected rank 0's report, got {other:?}"),
+    }
+    f1.write_all(&wire(&MeshFrame::Gathered(0))).await.unwrap();
+    f1.shutdown().await.unwrap();
+    drop(f1);
+    let (mut core, r) = round0.await.unwrap();
+    let agreed = r.expect("round 0 is agreed: every rank confirmed it");
+    assert_eq!(agreed.round, 0);
+    let e = core
+        .exchange_round(RoundReport::idle(0, 1, 2))
+        .await
+        .unwrap_err();
+    assert_eq!(e.blamed_rank(), Some(1), "{e}");
+}
+
+/// Three ranks (the star, rank 0 leading; ranks 1 and 2 hand-driven): each sends its report
+/// to the leader only and gets the gathered set back. Rank 2 confirms and leaves before
+/// rank 1 confirms: the leader still agrees round 0, tells rank 1 so, and fails round 1,
+/// naming rank 2.
+#[tokio::test]
+async fn over_the_star_a_rank_that_confirmed_and_left_does_not_fail_that_round() {
+    use actors::control_plane::{MeshFrame, Topology};
+    assert_eq!(Topology::for_world(3), Topology::Star);
+    let (mut core, mut fakes) = real_rank0_with_fakes(3).await;
+    let round0 = tokio::spawn(async move {
+        let r = core.exchange_round(RoundReport::idle(0, 0, 1)).await;
+        (core, r)
+    });
     let mut f2 = fakes.pop().unwrap();
     let mut f1 = fakes.pop().unwrap();
-    f1.write_all(&frame(&report(1))).await.unwrap();
-    f2.write_all(&frame(&report(2))).await.unwrap();
-    f2.write_all(&frame(&MeshFrame::Gathered(0))).await.unwrap();
+    f1.write_all(&wire(&sealed_report(1, 0))).await.unwrap();
+    f2.write_all(&wire(&sealed_report(2, 0))).await.unwrap();
+    for f in [&mut f1, &mut f2] {
+        match read_mesh_frame(f).await {
+            MeshFrame::All(all) => {
+                let ranks: Vec<(u32, u64)> = all
+                    .iter()
+                    .map(|b| messages::decode::<messages::GatheredReport>(b).unwrap())
+                    .map(|r| (r.rank, r.round))
+                    .collect();
+                assert_eq!(ranks, vec![(0, 0), (1, 0), (2, 0)]);
+            }
+            other => panic!("expected the gathered set, got {other:?}"),
+        }
+    }
+    f2.write_all(&wire(&MeshFrame::Gathered(0))).await.unwrap();
     f2.shutdown().await.unwrap();
     drop(f2);
-    // Give rank 0 the chance to see rank 2's close before rank 1's confirmation.
+    // Give the leader the chance to see rank 2's close before rank 1's confirmation.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    f1.write_all(&frame(&MeshFrame::Gathered(0))).await.unwrap();
+    f1.write_all(&wire(&MeshFrame::Gathered(0))).await.unwrap();
+    assert_eq!(read_mesh_frame(&mut f1).await, MeshFrame::Agreed(0));
     let (mut core, r) = round0.await.unwrap();
     let agreed = r.expect("round 0 is agreed: every rank confirmed it");
     assert_eq!(agreed.round, 0);
@@ -618,4 +687,176 @@ async fn a_rank_that_confirmed_the_round_and_left_does_not_fail_that_round() {
         .unwrap_err();
     assert_eq!(e.blamed_rank(), Some(2), "{e}");
     drop(f1);
+}
+
+/// Over the star the leader takes a confirmation only after it sent the gathered set: a
+/// rank that confirms early is a protocol error naming it.
+#[tokio::test]
+async fn over_the_star_a_confirmation_before_the_gathered_set_is_a_frame_error() {
+    use actors::control_plane::MeshFrame;
+    let (mut core, mut fakes) = real_rank0_with_fakes(3).await;
+    let round0 = tokio::spawn(async move { core.exchange_round(RoundReport::idle(0, 0, 1)).await });
+    let mut f2 = fakes.pop().unwrap();
+    let mut f1 = fakes.pop().unwrap();
+    f1.write_all(&wire(&sealed_report(1, 0))).await.unwrap();
+    f1.write_all(&wire(&MeshFrame::Gathered(0))).await.unwrap();
+    let e = round0.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ControlError::Frame {
+                rank: 1,
+                round: 0,
+                ..
+            }
+        ) && e.to_string().contains("unexpected confirmation"),
+        "{e}"
+    );
+    // Every other rank hears why.
+    match read_mesh_frame(&mut f2).await {
+        MeshFrame::Abort(cause) => assert_eq!(cause, e),
+        other => panic!("expected the leader's abort, got {other:?}"),
+    }
+}
+
+/// Ranks 1 and 2 of a star are real; the leader (rank 0) is a hand-driven socket that
+/// answers the reports with `answer`. Returns both real ranks' round errors.
+async fn star_members_error_after(answer: actors::control_plane::MeshFrame) -> Vec<ControlError> {
+    let (settings, mut listeners) = loopback_settings(3).await.unwrap();
+    let l0 = listeners.remove(0);
+    let mut members = vec![];
+    for (s, l) in settings.iter().skip(1).cloned().zip(listeners) {
+        members.push(tokio::spawn(async move {
+            let mut core = ControlPlaneCore::establish_with_listener(&s, l)
+                .await
+                .unwrap();
+            core.exchange_round(RoundReport::idle(s.rank, 0, 3)).await
+        }));
+    }
+    let p = HandshakeParams::new(
+        0,
+        3,
+        settings[0].namespace.clone(),
+        Arc::new(settings[0].secret.clone()),
+    );
+    let joined = Arc::new(parking_lot::Mutex::new(std::collections::HashSet::new()));
+    let mut conns = vec![];
+    for _ in 0..2 {
+        let (mut s, _) = l0.accept().await.unwrap();
+        let rank = handshake(&mut s, &p, &Expect::HigherThanMe(joined.clone()))
+            .await
+            .unwrap();
+        conns.push((rank, s));
+    }
+    conns.sort_by_key(|(r, _)| *r);
+    for (rank, s) in &mut conns {
+        match read_mesh_frame(s).await {
+            actors::control_plane::MeshFrame::Report(r) => assert_eq!(r.rank, *rank),
+            other => panic!("expected rank {rank}'s report, got {other:?}"),
+        }
+    }
+    for (_, s) in &mut conns {
+        s.write_all(&wire(&answer)).await.unwrap();
+    }
+    let mut errs = vec![];
+    for m in members {
+        errs.push(m.await.unwrap().unwrap_err());
+    }
+    drop(conns);
+    errs
+}
+
+#[tokio::test]
+async fn a_leader_whose_gathered_set_is_wrong_is_named_by_every_other_rank() {
+    use actors::control_plane::{seal_local_report, MeshFrame};
+    let report = |rank: u32, round: u64| {
+        bytes::Bytes::from(
+            messages::encode(&seal_local_report(RoundReport::idle(rank, round, 5))).unwrap(),
+        )
+    };
+    let garbage = bytes::Bytes::from_static(&[0xc1, 0xc1, 0xc1]);
+    // A report missing; the leader's slot holding another rank, another round, or bytes
+    // that are no report (every other rank decodes the leader's slot).
+    for (all, says) in [
+        (
+            vec![report(0, 0), report(1, 0)],
+            "gathered 2 reports in a world of 3",
+        ),
+        (
+            vec![report(1, 0), report(1, 0), report(2, 0)],
+            "holds rank 1 round 0 at position 0",
+        ),
+        (
+            vec![report(0, 7), report(1, 0), report(2, 0)],
+            "holds rank 0 round 7 at position 0",
+        ),
+        (
+            vec![garbage, report(1, 0), report(2, 0)],
+            "malformed report at position 0",
+        ),
+    ] {
+        for e in star_members_error_after(MeshFrame::All(all)).await {
+            assert!(
+                matches!(
+                    &e,
+                    ControlError::Frame {
+                        rank: 0,
+                        round: 0,
+                        ..
+                    }
+                ) && e.to_string().contains(says),
+                "{e}"
+            );
+        }
+    }
+    // And an agreement before any gathered set.
+    for e in star_members_error_after(MeshFrame::Agreed(0)).await {
+        assert!(
+            matches!(&e, ControlError::Frame { rank: 0, .. })
+                && e.to_string().contains("agreed before gathering"),
+            "{e}"
+        );
+    }
+}
+
+/// Over the star the leader's gathered set may exceed the per-report frame limit (it holds
+/// every rank's report); each report alone stays within it.
+#[tokio::test]
+async fn over_the_star_the_gathered_set_may_be_larger_than_one_report_limit() {
+    let (mut settings, listeners) = loopback_settings(3).await.unwrap();
+    for s in &mut settings {
+        s.max_frame_bytes = 4096;
+    }
+    let mut handles = vec![];
+    for (s, l) in settings.into_iter().zip(listeners) {
+        handles.push(tokio::spawn(async move {
+            ControlPlaneCore::establish_with_listener(&s, l).await
+        }));
+    }
+    let mut cores = vec![];
+    for h in handles {
+        cores.push(h.await.unwrap().unwrap());
+    }
+    let ops: Vec<StorageDone> = (1..=300).map(q).collect();
+    let one = encode_frame(
+        &actors::control_plane::MeshFrame::Report(actors::control_plane::seal_local_report({
+            let mut r = RoundReport::idle(0, 0, 1);
+            r.completions = ops.clone();
+            r
+        })),
+        1 << 20,
+    )
+    .unwrap()
+    .len();
+    assert!(
+        one < 4096 && 3 * one > 4096,
+        "one report frame is {one} bytes"
+    );
+    let mut r = idle_all(3, 0);
+    for x in &mut r {
+        x.completions = ops.clone();
+    }
+    for a in round_all(&mut cores, r).await {
+        assert_eq!(a.unwrap().completions.len(), 300);
+    }
 }

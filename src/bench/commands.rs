@@ -322,6 +322,7 @@ pub struct AgreementArgs {
 
 impl BenchRun for AgreementArgs {
     fn run(self, _env: &BenchEnv) -> Result<(), String> {
+        use actors::control_plane::Topology;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -329,27 +330,49 @@ impl BenchRun for AgreementArgs {
         let mut summary = vec![];
         for world in self.ranks {
             for per_round in [0, self.records] {
-                let f = rt
-                    .block_on(actors::control_plane::bench::measure(
+                // The world's topology, then (where that is the star) the full mesh beside it.
+                let mut over = vec![None];
+                if Topology::for_world(world) == Topology::Star {
+                    over.push(Some(Topology::FullMesh));
+                }
+                let mut figures = vec![];
+                for topology in over {
+                    let f = rt
+                        .block_on(actors::control_plane::bench::measure_over(
+                            world,
+                            per_round,
+                            self.rounds.max(1),
+                            topology,
+                        ))
+                        .map_err(|e| e.to_string())?;
+                    // Every rank reports every record: a round handles world x records.
+                    let per_record = (f.records > 0)
+                        .then(|| f.p50_us as f64 / (f.world as f64 * f.records as f64));
+                    println!(
+                        "agreement ranks={} topology={:?} frames/round={:.1} records/round={} rounds={} p50={}us p99={}us{}",
+                        f.world,
+                        f.topology,
+                        f.frames_per_round,
+                        f.records,
+                        f.rounds,
+                        f.p50_us,
+                        f.p99_us,
+                        per_record
+                            .map(|r| format!(" p50 per rank and record={r:.3}us"))
+                            .unwrap_or_default()
+                    );
+                    figures.push(f);
+                }
+                if let [star, mesh] = figures.as_slice() {
+                    println!(
+                        "agreement ranks={} records/round={}: star / full mesh p50 {:.2}x, p99 {:.2}x",
                         world,
                         per_round,
-                        self.rounds.max(1),
-                    ))
-                    .map_err(|e| e.to_string())?;
-                // Every rank reports every record: a round handles world x records of them.
-                let per_record =
-                    (f.records > 0).then(|| f.p50_us as f64 / (f.world as f64 * f.records as f64));
-                println!(
-                    "agreement ranks={} records/round={} rounds={} p50={}us p99={}us{}",
-                    f.world,
-                    f.records,
-                    f.rounds,
-                    f.p50_us,
-                    f.p99_us,
-                    per_record
-                        .map(|r| format!(" p50 per rank and record={r:.3}us"))
-                        .unwrap_or_default()
-                );
+                        star.p50_us as f64 / mesh.p50_us.max(1) as f64,
+                        star.p99_us as f64 / mesh.p99_us.max(1) as f64,
+                    );
+                }
+                let f = &figures[0];
                 if f.world == 8 {
                     summary.push(if f.records == 0 {
                         format!(

@@ -6,7 +6,7 @@
 //!
 //! It owns only measurement; it must never be used as a test of timing.
 
-use super::mesh::MeshSettings;
+use super::mesh::{MeshSettings, Topology};
 use super::plane::ControlPlaneCore;
 use crate::clock::{Clock, SystemClock};
 use messages::{ControlError, Namespace, OperationId, RoundReport, StorageDone};
@@ -21,12 +21,23 @@ pub struct AgreementFigure {
     pub rounds: usize,
     pub p50_us: u64,
     pub p99_us: u64,
+    /// Frames all ranks together wrote per round (the topology's cost on a shared host).
+    pub frames_per_round: f64,
+    pub topology: Topology,
 }
 
 /// Settings for `world` ranks on loopback with a fresh shared secret; the listeners are
 /// bound on port 0 and returned in rank order.
 pub async fn loopback_settings(
     world: u32,
+) -> Result<(Vec<MeshSettings>, Vec<tokio::net::TcpListener>), ControlError> {
+    loopback_settings_over(world, None).await
+}
+
+/// `loopback_settings` over a chosen topology (`None`: the world's default).
+pub async fn loopback_settings_over(
+    world: u32,
+    topology: Option<Topology>,
 ) -> Result<(Vec<MeshSettings>, Vec<tokio::net::TcpListener>), ControlError> {
     let mut listeners = Vec::new();
     let mut peers = Vec::new();
@@ -47,6 +58,7 @@ pub async fn loopback_settings(
             let mut s = MeshSettings::new(r, peers.clone(), ns.clone(), secret.to_vec());
             s.connect_deadline = Duration::from_secs(20);
             s.round_deadline = Duration::from_secs(20);
+            s.topology = topology;
             s
         })
         .collect();
@@ -55,7 +67,15 @@ pub async fn loopback_settings(
 
 /// Establishes `world` cores on loopback (every rank concurrently, in this runtime).
 pub async fn loopback(world: u32) -> Result<Vec<ControlPlaneCore>, ControlError> {
-    let (settings, listeners) = loopback_settings(world).await?;
+    loopback_over(world, None).await
+}
+
+/// `loopback` over a chosen topology (`None`: the world's default).
+pub async fn loopback_over(
+    world: u32,
+    topology: Option<Topology>,
+) -> Result<Vec<ControlPlaneCore>, ControlError> {
+    let (settings, listeners) = loopback_settings_over(world, topology).await?;
     let mut handles = Vec::new();
     for (s, l) in settings.into_iter().zip(listeners) {
         handles.push(tokio::spawn(async move {
@@ -96,7 +116,22 @@ pub async fn measure(
     per_round: usize,
     rounds: usize,
 ) -> Result<AgreementFigure, ControlError> {
-    let mut cores = loopback(world).await?;
+    measure_over(world, per_round, rounds, None).await
+}
+
+/// `measure` over a chosen topology (`None`: the world's default).
+pub async fn measure_over(
+    world: u32,
+    per_round: usize,
+    rounds: usize,
+    topology: Option<Topology>,
+) -> Result<AgreementFigure, ControlError> {
+    let mut cores = loopback_over(world, topology).await?;
+    let topology = cores
+        .first()
+        .map(|c| c.topology())
+        .unwrap_or(Topology::FullMesh);
+    let frames_before: u64 = cores.iter().map(|c| c.frames_sent()).sum();
     let clock = SystemClock::new();
     let mut lat = Vec::with_capacity(rounds);
     let mut next_op = 1u64;
@@ -131,12 +166,15 @@ pub async fn measure(
         }
     }
     lat.sort_unstable();
+    let frames: u64 = cores.iter().map(|c| c.frames_sent()).sum::<u64>() - frames_before;
     Ok(AgreementFigure {
         world,
         records: per_round,
         rounds,
         p50_us: percentile(&lat, 0.50),
         p99_us: percentile(&lat, 0.99),
+        frames_per_round: frames as f64 / rounds.max(1) as f64,
+        topology,
     })
 }
 

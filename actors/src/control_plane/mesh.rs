@@ -1,11 +1,14 @@
 //! The rank mesh: one authenticated TCP connection between every pair of ranks of a
 //! replica. Rank i listens on its own address; it dials every lower rank (with retry until
 //! the connect deadline) and accepts every higher rank. Each connection then gets a reader
-//! task (frames in, as [`PeerEvent`]s on one channel) and a writer task (frames out).
+//! task (frames in, as [`PeerEvent`]s on one channel); frames out are written by the caller
+//! (`broadcast`, `send_to`). Which connections a round uses is the [`Topology`]'s choice:
+//! every pair, or the leader's spokes only (the other connections then carry aborts).
 //!
 //! It owns sockets and their tasks; it must never interpret reports (that is the relay's
 //! and agreement's job) and never admit a peer the handshake refused.
 
+use super::agreement::LEADER_RANK;
 use super::frame::{encode_frame, read_frame, write_bytes, FrameError};
 use super::handshake::{handshake, Expect, HandshakeError, HandshakeParams};
 use messages::{ControlError, GatheredReport, Namespace, RoundReport};
@@ -38,6 +41,10 @@ pub struct MeshSettings {
     pub round_deadline: Duration,
     /// The largest frame accepted or sent.
     pub max_frame_bytes: usize,
+    /// Which connections carry a round; `None` is [`Topology::for_world`]. Every rank of a
+    /// replica must use the same (the benchmark sets it to compare the two side by side;
+    /// nothing a user configures reaches it).
+    pub topology: Option<Topology>,
 }
 
 /// Every field but the secret, which is never formatted.
@@ -52,6 +59,7 @@ impl std::fmt::Debug for MeshSettings {
             .field("connect_deadline", &self.connect_deadline)
             .field("round_deadline", &self.round_deadline)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("topology", &self.topology)
             .finish()
     }
 }
@@ -69,7 +77,14 @@ impl MeshSettings {
             connect_deadline: Duration::from_secs(30),
             round_deadline: Duration::from_secs(10),
             max_frame_bytes: Self::DEFAULT_MAX_FRAME_BYTES,
+            topology: None,
         }
+    }
+
+    /// The topology rounds use.
+    pub fn topology(&self) -> Topology {
+        self.topology
+            .unwrap_or_else(|| Topology::for_world(self.world))
     }
 
     pub fn validate(&self) -> Result<(), ControlError> {
@@ -112,6 +127,38 @@ impl MeshSettings {
     }
 }
 
+/// Which connections carry a round (see `relay`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// Every rank sends its report and its confirmation to every peer: two message delays,
+    /// 2·w·(w−1) frames a round.
+    FullMesh,
+    /// Every rank sends its report and its confirmation to the leader only, which answers
+    /// with the gathered set and then with the agreement: four message delays, 4·(w−1)
+    /// frames a round. Where the ranks share a host's cores, frames (each a write, a wakeup
+    /// and a read) cost more than message delays from three ranks on.
+    Star,
+}
+
+impl Topology {
+    /// The smallest world that rounds over the star.
+    pub const STAR_FROM_WORLD: u32 = 3;
+
+    pub fn for_world(world: u32) -> Self {
+        if world >= Self::STAR_FROM_WORLD {
+            Self::Star
+        } else {
+            Self::FullMesh
+        }
+    }
+}
+
+/// The largest frame a rank accepts from the leader of a star: the gathered set holds one
+/// report of up to `max_frame_bytes` per rank.
+pub fn gathered_frame_limit(max_frame_bytes: usize, world: u32) -> usize {
+    max_frame_bytes.saturating_mul(world.max(1) as usize)
+}
+
 /// What crosses an established connection. Generic over how a report is held: as owned
 /// records ([`RoundReport`], the default) or as the columns the relay gathers
 /// ([`GatheredReport`]); both have the same wire form.
@@ -120,6 +167,12 @@ pub enum MeshFrame<R = RoundReport> {
     Report(R),
     /// The sender has gathered every report of this round (the relay's second phase).
     Gathered(u64),
+    /// The star's leader to every other rank: every rank's report of one round, in rank
+    /// order, each encoded on its own by `messages::encode` (the leader's answer to the
+    /// first phase; a rank decodes every report but its own, which it kept).
+    All(Vec<bytes::Bytes>),
+    /// The star's leader to every other rank: every rank confirmed this round; agree it.
+    Agreed(u64),
     /// The sender failed a round; the carried error names the cause (e.g. the dead rank).
     Abort(ControlError),
 }
@@ -147,9 +200,12 @@ pub struct Mesh {
     rank: u32,
     world: u32,
     max_frame_bytes: usize,
+    topology: Topology,
     writers: Vec<Option<OwnedWriteHalf>>,
     events: mpsc::UnboundedReceiver<(u32, PeerEvent)>,
     tasks: Vec<JoinHandle<()>>,
+    /// Frames written to peers since the mesh was set up (each counted once per peer).
+    frames_sent: u64,
 }
 
 impl Drop for Mesh {
@@ -296,8 +352,15 @@ impl Mesh {
         let mut writers: Vec<Option<OwnedWriteHalf>> = (0..settings.world).map(|_| None).collect();
         let mut tasks = Vec::new();
         let limit = settings.max_frame_bytes;
+        let star = settings.topology() == Topology::Star;
         for (peer, s) in streams {
             let (rd, wr) = s.into_split();
+            // A star's leader sends the gathered set: up to one report per rank.
+            let limit = if star && peer == LEADER_RANK {
+                gathered_frame_limit(limit, settings.world)
+            } else {
+                limit
+            };
             // Buffered: a frame's header and body (and often the next frame) in one read.
             let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, rd);
             let rtx = etx.clone();
@@ -330,10 +393,23 @@ impl Mesh {
             rank: settings.rank,
             world: settings.world,
             max_frame_bytes: limit,
+            topology: settings.topology(),
             writers,
             events: erx,
             tasks,
+            frames_sent: 0,
         }
+    }
+
+    /// Whether the connection to `peer` can still carry frames out (a failed or stalled
+    /// write drops it).
+    pub fn is_connected(&self, peer: u32) -> bool {
+        self.writers.get(peer as usize).is_some_and(|w| w.is_some())
+    }
+
+    /// Frames written to peers since the mesh was set up.
+    pub fn frames_sent(&self) -> u64 {
+        self.frames_sent
     }
 
     pub fn rank(&self) -> u32 {
@@ -346,6 +422,11 @@ impl Mesh {
 
     pub fn max_frame_bytes(&self) -> usize {
         self.max_frame_bytes
+    }
+
+    /// Which connections carry a round.
+    pub fn topology(&self) -> Topology {
+        self.topology
     }
 
     /// Encodes a frame once and writes it to every peer concurrently, returning only once
@@ -369,10 +450,24 @@ impl Mesh {
         deadline: Instant,
         excused: impl Fn(u32) -> bool,
     ) -> Result<(), BroadcastError> {
+        self.broadcast_within(frame, self.max_frame_bytes, deadline, excused)
+            .await
+    }
+
+    /// Like `broadcast_excusing`, with a frame limit of `limit` bytes instead of the mesh's
+    /// (the star's gathered set).
+    pub async fn broadcast_within<R: Serialize>(
+        &mut self,
+        frame: &MeshFrame<R>,
+        limit: usize,
+        deadline: Instant,
+        excused: impl Fn(u32) -> bool,
+    ) -> Result<(), BroadcastError> {
         if self.writers.iter().all(|w| w.is_none()) {
             return Ok(()); // a world of one: the exchange with itself sends nothing
         }
-        let bytes = encode_frame(frame, self.max_frame_bytes).map_err(BroadcastError::Encode)?;
+        let bytes = encode_frame(frame, limit).map_err(BroadcastError::Encode)?;
+        self.frames_sent += self.writers.iter().filter(|w| w.is_some()).count() as u64;
         let writes = self
             .writers
             .iter_mut()
@@ -410,6 +505,37 @@ impl Mesh {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Writes one frame to one peer, returning once it reached the socket; a failed or
+    /// stalled write drops that connection (it can carry no further frame).
+    pub async fn send_to<R: Serialize>(
+        &mut self,
+        peer: u32,
+        frame: &MeshFrame<R>,
+        deadline: Instant,
+    ) -> Result<(), BroadcastError> {
+        let bytes = encode_frame(frame, self.max_frame_bytes).map_err(BroadcastError::Encode)?;
+        let Some(slot) = self.writers.get_mut(peer as usize) else {
+            return Err(BroadcastError::Failed(
+                peer,
+                FrameError::Io(format!("no rank {peer} in a world of {}", self.world)),
+            ));
+        };
+        let Some(w) = slot.as_mut() else {
+            return Err(BroadcastError::Failed(
+                peer,
+                FrameError::Io("connection already dropped".into()),
+            ));
+        };
+        self.frames_sent += 1;
+        let r = match tokio::time::timeout_at(deadline, write_bytes(w, &bytes)).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => BroadcastError::Failed(peer, e),
+            Err(_) => BroadcastError::Stalled(peer),
+        };
+        *slot = None;
+        Err(r)
     }
 
     /// An event already queued, without waiting.

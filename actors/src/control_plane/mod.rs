@@ -3,12 +3,15 @@
 //! agreement of completion records and pressure, and the agreed tick.
 //!
 //! Layout: [`frame`] (length-prefixed msgpack frames), [`handshake`] (join rules and HMAC
-//! authentication), [`mesh`] (connections), [`relay`] (the all-gather), [`agreement`] (pure
-//! reductions), [`plane`] (the core, plain tokio), [`actor`] (the actix wrapper), [`bench`].
+//! authentication), [`mesh`] (connections, and the [`Topology`] a world rounds over),
+//! [`relay`] (the all-gather; its star in `star`), [`agreement`] (pure reductions),
+//! [`plane`] (the core, plain tokio), [`actor`] (the actix wrapper), [`bench`].
 //!
 //! A round is two phases under one deadline (reports, then "gathered" confirmations), so a
 //! rank returns an agreed round only after every rank gathered every report; a rank that
 //! fails a round tells its peers why (Abort) and every rank then refuses further rounds.
+//! Two ranks exchange both phases directly; from three ranks on both phases go through the
+//! leader (rank 0), which answers each with one frame per rank.
 //! The residual window: a rank dying between its confirmations to different peers lets some
 //! ranks agree that round; they fail at the next one.
 //!
@@ -22,10 +25,11 @@ pub mod handshake;
 pub mod mesh;
 pub mod plane;
 pub mod relay;
+mod star;
 
 pub use actor::ControlPlane;
 pub use agreement::{reduce, seal_gathered, seal_local_report, Agreement, LEADER_RANK};
 pub use frame::FrameError;
-pub use mesh::{Mesh, MeshFrame, MeshSettings};
+pub use mesh::{Mesh, MeshFrame, MeshSettings, Topology};
 pub use plane::ControlPlaneCore;
 pub use relay::Relay;

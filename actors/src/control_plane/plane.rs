@@ -48,6 +48,16 @@ impl ControlPlaneCore {
         self.relay.world()
     }
 
+    /// Which connections carry a round.
+    pub fn topology(&self) -> super::mesh::Topology {
+        self.relay.topology()
+    }
+
+    /// Frames this rank has written to peers so far.
+    pub fn frames_sent(&self) -> u64 {
+        self.relay.frames_sent()
+    }
+
     /// The failure that stopped this control plane, if any.
     pub fn failure(&self) -> Option<&ControlError> {
         self.relay.failure()

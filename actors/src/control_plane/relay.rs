@@ -1,31 +1,34 @@
-//! The relay exchange: one CPU all-gather of [`GatheredReport`]s per round over the rank mesh.
-//! Each rank sends its report once to every peer and waits, under the round deadline, for
-//! every peer's report of the same round. A dead, stalled or misbehaving peer fails the
-//! round with an error naming it; this rank then tells every peer why (an Abort frame) and
-//! refuses every later round, so no rank hangs and none keeps doing L3 work alone. A round
-//! is returned only after every rank confirmed it gathered every report (see `gather`).
+//! The relay exchange: one CPU all-gather of [`GatheredReport`]s per round over the rank mesh,
+//! in two phases under one deadline: reports, then "gathered" confirmations, so a rank
+//! returns a round only after every rank confirmed it gathered every report. Over the
+//! [`Topology`] its world picks: the full mesh (each rank sends both phases to every peer;
+//! see `gather`) or the star (each rank sends both to the leader, which answers each phase
+//! with one frame per rank; see `star`). A dead, stalled or misbehaving peer fails the round
+//! with an error naming it; this rank then tells every peer why (an Abort frame) and refuses
+//! every later round, so no rank hangs and none keeps doing L3 work alone.
 //!
 //! It owns round sequencing on the wire; it must never reduce or reinterpret reports.
 
-use super::mesh::{BroadcastError, Mesh, MeshFrame, PeerEvent};
+use super::mesh::{BroadcastError, Mesh, MeshFrame, PeerEvent, Topology};
 use messages::{ControlError, GatheredReport};
 use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// How long a failing rank spends telling its peers why.
-const ABORT_GRACE: Duration = Duration::from_secs(1);
+pub(super) const ABORT_GRACE: Duration = Duration::from_secs(1);
 
 pub struct Relay {
-    mesh: Mesh,
-    round_deadline: Duration,
+    pub(super) mesh: Mesh,
+    pub(super) topology: Topology,
+    pub(super) round_deadline: Duration,
     /// Reports that arrived for the next round while this rank still gathered the current
     /// one (a peer can be at most one round ahead).
     early: Vec<VecDeque<GatheredReport>>,
     /// Peers whose connection closed after they had confirmed the round being gathered
     /// (a rank that completed the last round and left): not an error for that round, but
     /// the next round fails on them.
-    gone: Vec<Option<String>>,
+    pub(super) gone: Vec<Option<String>>,
     failed: Option<ControlError>,
 }
 
@@ -42,6 +45,7 @@ impl Relay {
     pub fn new(mesh: Mesh, round_deadline: Duration) -> Self {
         let world = mesh.world() as usize;
         Self {
+            topology: mesh.topology(),
             mesh,
             round_deadline,
             early: (0..world).map(|_| VecDeque::new()).collect(),
@@ -56,6 +60,16 @@ impl Relay {
 
     pub fn world(&self) -> u32 {
         self.mesh.world()
+    }
+
+    /// Which connections carry a round.
+    pub fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    /// Frames this rank has written to peers (every round and abort so far).
+    pub fn frames_sent(&self) -> u64 {
+        self.mesh.frames_sent()
     }
 
     /// The failure that stopped this relay, if any.
@@ -78,7 +92,11 @@ impl Relay {
         if let Some(e) = &self.failed {
             return Err(ControlError::Stopped(e.to_string()));
         }
-        match self.gather(report).await {
+        let gathered = match self.topology {
+            Topology::FullMesh => self.gather(report).await,
+            Topology::Star => self.gather_over_star(report).await,
+        };
+        match gathered {
             Ok(all) => Ok(all),
             Err(e) => {
                 let e = self.prefer_peer_abort(e);
@@ -116,13 +134,15 @@ impl Relay {
         e
     }
 
-    /// Takes one peer event while gathering `round`.
-    fn accept(
+    /// Takes one peer event while gathering `round`: reports, and confirmations once
+    /// `confirmable` (the star's leader takes them only after it sent the gathered set).
+    pub(super) fn accept(
         &mut self,
         (peer, ev): (u32, PeerEvent),
         round: u64,
         got: &mut [Option<GatheredReport>],
         confirmed: &mut [bool],
+        confirmable: bool,
     ) -> Result<(), ControlError> {
         let bad = |detail: String| ControlError::Frame {
             rank: peer,
@@ -144,11 +164,19 @@ impl Relay {
                 Ok(())
             }
             PeerEvent::Frame(MeshFrame::Gathered(r)) => {
-                if r != round || got[peer as usize].is_none() || confirmed[peer as usize] {
+                if !confirmable
+                    || r != round
+                    || got[peer as usize].is_none()
+                    || confirmed[peer as usize]
+                {
                     return Err(bad(format!("unexpected confirmation of round {r}")));
                 }
                 confirmed[peer as usize] = true;
                 Ok(())
+            }
+            PeerEvent::Frame(MeshFrame::All(_)) => Err(bad("unexpected gathered set".into())),
+            PeerEvent::Frame(MeshFrame::Agreed(r)) => {
+                Err(bad(format!("unexpected agreement of round {r}")))
             }
             PeerEvent::Frame(MeshFrame::Abort(e)) => Err(e),
             // A peer that confirmed this round has everything it needs from it: its close
@@ -168,9 +196,22 @@ impl Relay {
     }
 
     /// Waits for the next peer event until the deadline; `waiting_on` is named on timeout.
-    async fn next(
+    pub(super) async fn next(
         &mut self,
         deadline: Instant,
+        round: u64,
+        waiting_on: usize,
+    ) -> Result<(u32, PeerEvent), ControlError> {
+        let deadline_ms = self.round_deadline.as_millis() as u64;
+        self.next_within(deadline, deadline_ms, round, waiting_on)
+            .await
+    }
+
+    /// `next`, naming `deadline_ms` as the wait on timeout.
+    pub(super) async fn next_within(
+        &mut self,
+        deadline: Instant,
+        deadline_ms: u64,
         round: u64,
         waiting_on: usize,
     ) -> Result<(u32, PeerEvent), ControlError> {
@@ -184,25 +225,15 @@ impl Relay {
             Err(_) => Err(ControlError::Timeout {
                 rank: waiting_on as u32,
                 round,
-                deadline_ms: self.round_deadline.as_millis() as u64,
+                deadline_ms,
             }),
         }
     }
 
-    /// Two phases under one deadline: (1) send this rank's report and gather every peer's;
-    /// (2) confirm "gathered" and wait for every peer's confirmation. A rank agrees a round
-    /// only once every rank has gathered it, so a peer that failed the round (and sent an
-    /// Abort instead of its confirmation) fails it here too.
-    async fn gather(
-        &mut self,
-        report: GatheredReport,
-    ) -> Result<Vec<GatheredReport>, ControlError> {
-        let round = report.round;
+    /// The error for a frame this rank could not send in `round`.
+    pub(super) fn cannot_send(&self, round: u64, e: BroadcastError) -> ControlError {
         let me = self.mesh.rank();
-        let world = self.mesh.world() as usize;
-        let deadline = Instant::now() + self.round_deadline;
-        let deadline_ms = self.round_deadline.as_millis() as u64;
-        let cannot_send = |e: BroadcastError| match e {
+        match e {
             BroadcastError::Encode(e) => ControlError::Protocol {
                 round,
                 message: format!("rank {me} cannot send: {e}"),
@@ -215,36 +246,34 @@ impl Relay {
             BroadcastError::Stalled(rank) => ControlError::Timeout {
                 rank,
                 round,
-                deadline_ms,
+                deadline_ms: self.round_deadline.as_millis() as u64,
             },
-        };
-        let frame = MeshFrame::<GatheredReport>::Report(report);
-        self.mesh
-            .broadcast(&frame, deadline)
-            .await
-            .map_err(cannot_send)?;
-        let MeshFrame::Report(report) = frame else {
-            return Err(ControlError::Protocol {
-                round,
-                message: "relay frame changed kind".into(),
-            });
-        };
-        if let Some((peer, detail)) = self
+        }
+    }
+
+    /// Fails `round` on a peer that left after confirming an earlier round.
+    pub(super) fn fail_on_gone(&self, round: u64) -> Result<(), ControlError> {
+        match self
             .gone
             .iter()
             .enumerate()
             .find_map(|(p, d)| d.clone().map(|d| (p, d)))
         {
-            return Err(ControlError::Disconnected {
+            Some((peer, detail)) => Err(ControlError::Disconnected {
                 rank: peer as u32,
                 round,
                 detail,
-            });
+            }),
+            None => Ok(()),
         }
-        let mut got: Vec<Option<GatheredReport>> = (0..world).map(|_| None).collect();
-        let mut confirmed = vec![false; world];
-        got[me as usize] = Some(report);
-        confirmed[me as usize] = true;
+    }
+
+    /// Moves the reports that arrived early for `round` into `got`.
+    pub(super) fn take_early(
+        &mut self,
+        round: u64,
+        got: &mut [Option<GatheredReport>],
+    ) -> Result<(), ControlError> {
         for (peer, q) in self.early.iter_mut().enumerate() {
             if let Some(r) = q.pop_front() {
                 if r.round != round {
@@ -257,25 +286,60 @@ impl Relay {
                 got[peer] = Some(r);
             }
         }
+        Ok(())
+    }
+
+    /// The full mesh: two phases under one deadline: (1) send this rank's report to every
+    /// peer and gather every peer's; (2) confirm "gathered" to every peer and wait for every
+    /// peer's confirmation. A rank agrees a round only once every rank has gathered it, so a
+    /// peer that failed the round (and sent an Abort instead of its confirmation) fails it
+    /// here too.
+    async fn gather(
+        &mut self,
+        report: GatheredReport,
+    ) -> Result<Vec<GatheredReport>, ControlError> {
+        let round = report.round;
+        let me = self.mesh.rank();
+        let world = self.mesh.world() as usize;
+        let deadline = Instant::now() + self.round_deadline;
+        let frame = MeshFrame::<GatheredReport>::Report(report);
+        if let Err(e) = self.mesh.broadcast(&frame, deadline).await {
+            return Err(self.cannot_send(round, e));
+        }
+        let MeshFrame::Report(report) = frame else {
+            return Err(ControlError::Protocol {
+                round,
+                message: "relay frame changed kind".into(),
+            });
+        };
+        self.fail_on_gone(round)?;
+        let mut got: Vec<Option<GatheredReport>> = (0..world).map(|_| None).collect();
+        let mut confirmed = vec![false; world];
+        got[me as usize] = Some(report);
+        confirmed[me as usize] = true;
+        self.take_early(round, &mut got)?;
         while let Some(missing) = got.iter().position(|r| r.is_none()) {
             let ev = self.next(deadline, round, missing).await?;
-            self.accept(ev, round, &mut got, &mut confirmed)?;
+            self.accept(ev, round, &mut got, &mut confirmed, true)?;
         }
         if world > 1 {
             // A peer that already confirmed may have completed the round and left.
             let done = confirmed.clone();
-            self.mesh
+            if let Err(e) = self
+                .mesh
                 .broadcast_excusing(
                     &MeshFrame::<GatheredReport>::Gathered(round),
                     deadline,
                     |p| done.get(p as usize).copied().unwrap_or(false) && p != me,
                 )
                 .await
-                .map_err(cannot_send)?;
+            {
+                return Err(self.cannot_send(round, e));
+            }
         }
         while let Some(missing) = confirmed.iter().position(|c| !c) {
             let ev = self.next(deadline, round, missing).await?;
-            self.accept(ev, round, &mut got, &mut confirmed)?;
+            self.accept(ev, round, &mut got, &mut confirmed, true)?;
         }
         Ok(got.into_iter().flatten().collect())
     }
