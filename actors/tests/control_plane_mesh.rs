@@ -860,3 +860,28 @@ async fn over_the_star_the_gathered_set_may_be_larger_than_one_report_limit() {
         assert_eq!(a.unwrap().completions.len(), 300);
     }
 }
+
+/// Over the star every other rank waits on the leader: when the leader's mesh goes away,
+/// each of them fails the round naming rank 0 (no hang, no blame on a bystander).
+#[tokio::test]
+async fn over_the_star_a_dropped_leader_is_named_by_every_other_rank() {
+    let mut cores = loopback(4).await.unwrap();
+    for round in 0..2 {
+        for a in round_all(&mut cores, idle_all(4, round)).await {
+            a.unwrap();
+        }
+    }
+    drop(cores.remove(0)); // the leader's mesh goes away
+    let mut handles = vec![];
+    for (i, mut core) in cores.into_iter().enumerate() {
+        let rank = i as u32 + 1;
+        handles.push(tokio::spawn(async move {
+            core.exchange_round(RoundReport::idle(rank, 2, 0)).await
+        }));
+    }
+    for h in handles {
+        let e = h.await.unwrap().unwrap_err();
+        assert_eq!(e.blamed_rank(), Some(0), "{e}");
+        assert!(e.to_string().contains("rank 0"), "{e}");
+    }
+}
