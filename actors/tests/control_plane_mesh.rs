@@ -26,6 +26,26 @@ async fn round_all(
     futures::future::join_all(futs).await
 }
 
+/// A loopback world of `world` ranks, each rank's settings adjusted by `tweak` before the
+/// mesh forms.
+async fn establish_all(world: u32, tweak: impl Fn(&mut MeshSettings)) -> Vec<ControlPlaneCore> {
+    let (mut settings, listeners) = loopback_settings(world).await.unwrap();
+    for s in &mut settings {
+        tweak(s);
+    }
+    let mut handles = vec![];
+    for (s, l) in settings.into_iter().zip(listeners) {
+        handles.push(tokio::spawn(async move {
+            ControlPlaneCore::establish_with_listener(&s, l).await
+        }));
+    }
+    let mut cores = vec![];
+    for h in handles {
+        cores.push(h.await.unwrap().unwrap());
+    }
+    cores
+}
+
 fn idle_all(world: u32, round: u64) -> Vec<RoundReport> {
     (0..world)
         .map(|r| RoundReport::idle(r, round, 10_000 + round * 100 + r as u64))
@@ -218,20 +238,7 @@ async fn a_rank_that_fails_locally_tells_its_peers_why() {
 
 #[tokio::test]
 async fn an_oversized_outgoing_report_fails_every_rank_alike() {
-    let (mut settings, listeners) = loopback_settings(2).await.unwrap();
-    for s in &mut settings {
-        s.max_frame_bytes = 4096;
-    }
-    let mut handles = vec![];
-    for (s, l) in settings.into_iter().zip(listeners) {
-        handles.push(tokio::spawn(async move {
-            ControlPlaneCore::establish_with_listener(&s, l).await
-        }));
-    }
-    let mut cores = vec![];
-    for h in handles {
-        cores.push(h.await.unwrap().unwrap());
-    }
+    let mut cores = establish_all(2, |s| s.max_frame_bytes = 4096).await;
     let mut r = idle_all(2, 0);
     // Compact records: 2000 of them still exceed 4 KiB.
     r[0].completions = (1..=2000).map(q).collect();
@@ -296,20 +303,7 @@ async fn an_aborted_rank_task_fails_every_other_rank() {
 
 #[tokio::test]
 async fn a_stalled_rank_is_named_by_every_other_rank() {
-    let (mut settings, listeners) = loopback_settings(3).await.unwrap();
-    for s in &mut settings {
-        s.round_deadline = Duration::from_millis(300);
-    }
-    let mut handles = vec![];
-    for (s, l) in settings.into_iter().zip(listeners) {
-        handles.push(tokio::spawn(async move {
-            ControlPlaneCore::establish_with_listener(&s, l).await
-        }));
-    }
-    let mut cores = vec![];
-    for h in handles {
-        cores.push(h.await.unwrap().unwrap());
-    }
+    let mut cores = establish_all(3, |s| s.round_deadline = Duration::from_millis(300)).await;
     for a in round_all(&mut cores, idle_all(3, 0)).await {
         a.unwrap();
     }
@@ -823,20 +817,7 @@ async fn a_leader_whose_gathered_set_is_wrong_is_named_by_every_other_rank() {
 /// every rank's report); each report alone stays within it.
 #[tokio::test]
 async fn over_the_star_the_gathered_set_may_be_larger_than_one_report_limit() {
-    let (mut settings, listeners) = loopback_settings(3).await.unwrap();
-    for s in &mut settings {
-        s.max_frame_bytes = 4096;
-    }
-    let mut handles = vec![];
-    for (s, l) in settings.into_iter().zip(listeners) {
-        handles.push(tokio::spawn(async move {
-            ControlPlaneCore::establish_with_listener(&s, l).await
-        }));
-    }
-    let mut cores = vec![];
-    for h in handles {
-        cores.push(h.await.unwrap().unwrap());
-    }
+    let mut cores = establish_all(3, |s| s.max_frame_bytes = 4096).await;
     let ops: Vec<StorageDone> = (1..=300).map(q).collect();
     let one = encode_frame(
         &actors::control_plane::MeshFrame::Report(actors::control_plane::seal_local_report({
