@@ -3,10 +3,12 @@
 //! protocol errors raised by every rank, handshake refusals, bad frames from a rank or from
 //! the star's leader, and dead or stalled ranks failing every other rank.
 
-use actors::control_plane::bench::{loopback, loopback_settings};
+use actors::control_plane::bench::{
+    loopback, loopback_over, loopback_settings, loopback_settings_over,
+};
 use actors::control_plane::frame::encode_frame;
 use actors::control_plane::handshake::{handshake, Expect, HandshakeParams};
-use actors::control_plane::{ControlPlane, ControlPlaneCore, MeshSettings};
+use actors::control_plane::{ControlPlane, ControlPlaneCore, MeshSettings, Topology};
 use messages::{
     AgreedRound, ControlError, ExchangeRound, FrontendMessage, Namespace, OperationId,
     PressureObservation, RequestId, RoundReport, StorageDone,
@@ -26,10 +28,17 @@ async fn round_all(
     futures::future::join_all(futs).await
 }
 
-/// A loopback world of `world` ranks, each rank's settings adjusted by `tweak` before the
-/// mesh forms.
-async fn establish_all(world: u32, tweak: impl Fn(&mut MeshSettings)) -> Vec<ControlPlaneCore> {
-    let (mut settings, listeners) = loopback_settings(world).await.unwrap();
+/// Both topologies: a fault test at a world where either could run checks each.
+const TOPOLOGIES: [Topology; 2] = [Topology::FullMesh, Topology::Star];
+
+/// A loopback world of `world` ranks over `topology` (`None`: the world's default), each
+/// rank's settings adjusted by `tweak` before the mesh forms.
+async fn establish_all(
+    world: u32,
+    topology: Option<Topology>,
+    tweak: impl Fn(&mut MeshSettings),
+) -> Vec<ControlPlaneCore> {
+    let (mut settings, listeners) = loopback_settings_over(world, topology).await.unwrap();
     for s in &mut settings {
         tweak(s);
     }
@@ -56,11 +65,12 @@ fn q(n: u64) -> StorageDone {
     StorageDone::query(OperationId(n), vec![true, false], true)
 }
 
-async fn run_world(world: u32) {
-    let mut cores = loopback(world).await.unwrap();
+async fn run_world(world: u32, topology: Option<Topology>) {
+    let mut cores = loopback_over(world, topology).await.unwrap();
     for (rank, c) in cores.iter().enumerate() {
         assert_eq!(c.rank(), rank as u32);
         assert_eq!(c.world(), world);
+        assert_eq!(c.topology(), topology.unwrap_or(Topology::for_world(world)));
     }
     // Round 0: each rank completes ops 1..=world in a rank-rotated order, half of them now.
     // Round 1: the other half. Round 2: idle.
@@ -123,17 +133,28 @@ async fn run_world(world: u32) {
 
 #[tokio::test]
 async fn two_ranks_agree() {
-    run_world(2).await;
+    run_world(2, None).await;
 }
 
 #[tokio::test]
-async fn four_ranks_agree() {
-    run_world(4).await;
+async fn four_ranks_agree_over_either_topology() {
+    for t in TOPOLOGIES {
+        run_world(4, Some(t)).await;
+    }
+}
+
+#[tokio::test]
+async fn five_ranks_agree_over_the_default_star() {
+    assert_eq!(Topology::for_world(4), Topology::FullMesh);
+    assert_eq!(Topology::for_world(5), Topology::Star);
+    run_world(5, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eight_ranks_agree() {
-    run_world(8).await;
+async fn eight_ranks_agree_over_either_topology() {
+    for t in TOPOLOGIES {
+        run_world(8, Some(t)).await;
+    }
 }
 
 #[tokio::test]
@@ -179,66 +200,70 @@ async fn out_of_order_owner_completion_over_the_mesh() {
 
 #[tokio::test]
 async fn an_invalid_local_record_makes_every_rank_raise_the_same_protocol_error() {
-    let mut cores = loopback(4).await.unwrap();
-    let mut r = idle_all(4, 0);
-    let mut bad = StorageDone::put(OperationId(1), vec![true], vec![1], vec![true], true);
-    bad.new_writes = 0;
-    r[2].completions = vec![bad];
-    for c in [0usize, 1, 3] {
-        r[c].completions = vec![StorageDone::put(
-            OperationId(1),
-            vec![true],
-            vec![1],
-            vec![false],
-            true,
-        )];
-    }
-    let errs: Vec<ControlError> = round_all(&mut cores, r)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap_err())
-        .collect();
-    for e in &errs {
-        assert_eq!(e, &errs[0]);
-    }
-    let msg = errs[0].to_string();
-    assert!(
-        matches!(errs[0], ControlError::Protocol { round: 0, .. }),
-        "{msg}"
-    );
-    assert!(msg.contains("rank 2 reported an invalid poll"), "{msg}");
-    assert!(msg.contains("success and a capacity rejection"), "{msg}");
-    // The control plane then refuses further rounds.
-    for e in round_all(&mut cores, idle_all(4, 1)).await {
-        assert!(matches!(e, Err(ControlError::Stopped(_))), "{e:?}");
+    for t in TOPOLOGIES {
+        let mut cores = loopback_over(4, Some(t)).await.unwrap();
+        let mut r = idle_all(4, 0);
+        let mut bad = StorageDone::put(OperationId(1), vec![true], vec![1], vec![true], true);
+        bad.new_writes = 0;
+        r[2].completions = vec![bad];
+        for c in [0usize, 1, 3] {
+            r[c].completions = vec![StorageDone::put(
+                OperationId(1),
+                vec![true],
+                vec![1],
+                vec![false],
+                true,
+            )];
+        }
+        let errs: Vec<ControlError> = round_all(&mut cores, r)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap_err())
+            .collect();
+        for e in &errs {
+            assert_eq!(e, &errs[0]);
+        }
+        let msg = errs[0].to_string();
+        assert!(
+            matches!(errs[0], ControlError::Protocol { round: 0, .. }),
+            "{msg}"
+        );
+        assert!(msg.contains("rank 2 reported an invalid poll"), "{msg}");
+        assert!(msg.contains("success and a capacity rejection"), "{msg}");
+        // The control plane then refuses further rounds.
+        for e in round_all(&mut cores, idle_all(4, 1)).await {
+            assert!(matches!(e, Err(ControlError::Stopped(_))), "{e:?}");
+        }
     }
 }
 
 #[tokio::test]
 async fn a_rank_that_fails_locally_tells_its_peers_why() {
-    let mut cores = loopback(3).await.unwrap();
-    let mut r = idle_all(3, 0);
-    r[1].rank = 2; // rank 1's round loop hands it someone else's report
-    let errs: Vec<ControlError> = round_all(&mut cores, r)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap_err())
-        .collect();
-    for e in &errs {
-        assert_eq!(e, &errs[0], "every rank fails with rank 1's cause");
+    for t in TOPOLOGIES {
+        let mut cores = loopback_over(3, Some(t)).await.unwrap();
+        let mut r = idle_all(3, 0);
+        r[1].rank = 2; // rank 1's round loop hands it someone else's report
+        let errs: Vec<ControlError> = round_all(&mut cores, r)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap_err())
+            .collect();
+        for e in &errs {
+            assert_eq!(e, &errs[0], "every rank fails with rank 1's cause");
+        }
+        assert!(
+            errs[0]
+                .to_string()
+                .contains("rank 1 was handed a report for rank 2"),
+            "{}",
+            errs[0]
+        );
     }
-    assert!(
-        errs[0]
-            .to_string()
-            .contains("rank 1 was handed a report for rank 2"),
-        "{}",
-        errs[0]
-    );
 }
 
 #[tokio::test]
 async fn an_oversized_outgoing_report_fails_every_rank_alike() {
-    let mut cores = establish_all(2, |s| s.max_frame_bytes = 4096).await;
+    let mut cores = establish_all(2, None, |s| s.max_frame_bytes = 4096).await;
     let mut r = idle_all(2, 0);
     // Compact records: 2000 of them still exceed 4 KiB.
     r[0].completions = (1..=2000).map(q).collect();
@@ -257,77 +282,86 @@ async fn an_oversized_outgoing_report_fails_every_rank_alike() {
 
 #[tokio::test]
 async fn a_dropped_rank_fails_every_other_rank_naming_it() {
-    let mut cores = loopback(4).await.unwrap();
-    for round in 0..2 {
-        for a in round_all(&mut cores, idle_all(4, round)).await {
-            a.unwrap();
+    for t in TOPOLOGIES {
+        let mut cores = loopback_over(4, Some(t)).await.unwrap();
+        for round in 0..2 {
+            for a in round_all(&mut cores, idle_all(4, round)).await {
+                a.unwrap();
+            }
         }
-    }
-    drop(cores.pop()); // rank 3's mesh goes away
-    let out = round_all(&mut cores, idle_all(3, 2)).await;
-    for e in out {
-        let e = e.unwrap_err();
-        assert_eq!(e.blamed_rank(), Some(3), "{e}");
-        assert!(e.to_string().contains("rank 3"), "{e}");
-    }
-    for e in round_all(&mut cores, idle_all(3, 3)).await {
-        assert!(matches!(e, Err(ControlError::Stopped(_))), "{e:?}");
+        drop(cores.pop()); // rank 3's mesh goes away
+        let out = round_all(&mut cores, idle_all(3, 2)).await;
+        for e in out {
+            let e = e.unwrap_err();
+            assert_eq!(e.blamed_rank(), Some(3), "{e}");
+            assert!(e.to_string().contains("rank 3"), "{e}");
+        }
+        for e in round_all(&mut cores, idle_all(3, 3)).await {
+            assert!(matches!(e, Err(ControlError::Stopped(_))), "{e:?}");
+        }
     }
 }
 
 #[tokio::test]
 async fn an_aborted_rank_task_fails_every_other_rank() {
-    let mut cores = loopback(3).await.unwrap();
-    let mut last = cores.pop().unwrap();
-    let (gate_tx, mut gate_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-    let task = tokio::spawn(async move {
-        while let Some(round) = gate_rx.recv().await {
-            last.exchange_round(RoundReport::idle(2, round, 0))
-                .await
-                .unwrap();
+    for t in TOPOLOGIES {
+        let mut cores = loopback_over(3, Some(t)).await.unwrap();
+        let mut last = cores.pop().unwrap();
+        let (gate_tx, mut gate_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let task = tokio::spawn(async move {
+            while let Some(round) = gate_rx.recv().await {
+                last.exchange_round(RoundReport::idle(2, round, 0))
+                    .await
+                    .unwrap();
+            }
+        });
+        for round in 0..2 {
+            gate_tx.send(round).unwrap();
+            for a in round_all(&mut cores, idle_all(2, round)).await {
+                a.unwrap();
+            }
         }
-    });
-    for round in 0..2 {
-        gate_tx.send(round).unwrap();
-        for a in round_all(&mut cores, idle_all(2, round)).await {
-            a.unwrap();
+        task.abort();
+        let _ = task.await;
+        for e in round_all(&mut cores, idle_all(2, 2)).await {
+            let e = e.unwrap_err();
+            assert_eq!(e.blamed_rank(), Some(2), "{e}");
         }
-    }
-    task.abort();
-    let _ = task.await;
-    for e in round_all(&mut cores, idle_all(2, 2)).await {
-        let e = e.unwrap_err();
-        assert_eq!(e.blamed_rank(), Some(2), "{e}");
     }
 }
 
 #[tokio::test]
 async fn a_stalled_rank_is_named_by_every_other_rank() {
-    let mut cores = establish_all(3, |s| s.round_deadline = Duration::from_millis(300)).await;
-    for a in round_all(&mut cores, idle_all(3, 0)).await {
-        a.unwrap();
+    for t in TOPOLOGIES {
+        let mut cores = establish_all(3, Some(t), |s| {
+            s.round_deadline = Duration::from_millis(300)
+        })
+        .await;
+        for a in round_all(&mut cores, idle_all(3, 0)).await {
+            a.unwrap();
+        }
+        // Rank 2 stalls: it does not report round 1.
+        let mut stalled = cores.pop().unwrap();
+        for e in round_all(&mut cores, idle_all(2, 1)).await {
+            let e = e.unwrap_err();
+            assert_eq!(
+                e,
+                ControlError::Timeout {
+                    rank: 2,
+                    round: 1,
+                    deadline_ms: 300
+                }
+            );
+            assert_eq!(e.to_string(), "rank 2 did not report round 1 within 300 ms");
+        }
+        // When it wakes, it learns the round failed and why.
+        let e = stalled
+            .exchange_round(RoundReport::idle(2, 1, 0))
+            .await
+            .unwrap_err();
+        assert_eq!(e.blamed_rank(), Some(2), "{e}");
+        assert!(stalled.failure().is_some());
     }
-    // Rank 2 stalls: it does not report round 1.
-    let mut stalled = cores.pop().unwrap();
-    for e in round_all(&mut cores, idle_all(2, 1)).await {
-        let e = e.unwrap_err();
-        assert_eq!(
-            e,
-            ControlError::Timeout {
-                rank: 2,
-                round: 1,
-                deadline_ms: 300
-            }
-        );
-        assert_eq!(e.to_string(), "rank 2 did not report round 1 within 300 ms");
-    }
-    // When it wakes, it learns the round failed and why.
-    let e = stalled
-        .exchange_round(RoundReport::idle(2, 1, 0))
-        .await
-        .unwrap_err();
-    assert_eq!(e.blamed_rank(), Some(2), "{e}");
-    assert!(stalled.failure().is_some());
 }
 
 async fn two_rank_setup(
@@ -562,8 +596,11 @@ async fn the_actor_exchanges_rounds_for_two_ranks_and_for_one() {
 }
 
 /// Rank 0 is real; ranks 1..world are hand-driven sockets that passed the handshake.
-async fn real_rank0_with_fakes(world: u32) -> (ControlPlaneCore, Vec<tokio::net::TcpStream>) {
-    let (settings, mut listeners) = loopback_settings(world).await.unwrap();
+async fn real_rank0_with_fakes(
+    world: u32,
+    topology: Topology,
+) -> (ControlPlaneCore, Vec<tokio::net::TcpStream>) {
+    let (settings, mut listeners) = loopback_settings_over(world, Some(topology)).await.unwrap();
     while listeners.len() > 1 {
         drop(listeners.pop());
     }
@@ -608,9 +645,9 @@ async fn read_mesh_frame(s: &mut tokio::net::TcpStream) -> actors::control_plane
 /// rank 1.
 #[tokio::test]
 async fn a_rank_that_confirmed_the_round_and_left_does_not_fail_that_round() {
-    use actors::control_plane::{MeshFrame, Topology};
+    use actors::control_plane::MeshFrame;
     assert_eq!(Topology::for_world(2), Topology::FullMesh);
-    let (mut core, mut fakes) = real_rank0_with_fakes(2).await;
+    let (mut core, mut fakes) = real_rank0_with_fakes(2, Topology::FullMesh).await;
     let round0 = tokio::spawn(async move {
         let r = core.exchange_round(RoundReport::idle(0, 0, 1)).await;
         (core, r)
@@ -641,9 +678,8 @@ async fn a_rank_that_confirmed_the_round_and_left_does_not_fail_that_round() {
 /// naming rank 2.
 #[tokio::test]
 async fn over_the_star_a_rank_that_confirmed_and_left_does_not_fail_that_round() {
-    use actors::control_plane::{MeshFrame, Topology};
-    assert_eq!(Topology::for_world(3), Topology::Star);
-    let (mut core, mut fakes) = real_rank0_with_fakes(3).await;
+    use actors::control_plane::MeshFrame;
+    let (mut core, mut fakes) = real_rank0_with_fakes(3, Topology::Star).await;
     let round0 = tokio::spawn(async move {
         let r = core.exchange_round(RoundReport::idle(0, 0, 1)).await;
         (core, r)
@@ -688,7 +724,7 @@ async fn over_the_star_a_rank_that_confirmed_and_left_does_not_fail_that_round()
 #[tokio::test]
 async fn over_the_star_a_confirmation_before_the_gathered_set_is_a_frame_error() {
     use actors::control_plane::MeshFrame;
-    let (mut core, mut fakes) = real_rank0_with_fakes(3).await;
+    let (mut core, mut fakes) = real_rank0_with_fakes(3, Topology::Star).await;
     let round0 = tokio::spawn(async move { core.exchange_round(RoundReport::idle(0, 0, 1)).await });
     let mut f2 = fakes.pop().unwrap();
     let mut f1 = fakes.pop().unwrap();
@@ -716,7 +752,9 @@ async fn over_the_star_a_confirmation_before_the_gathered_set_is_a_frame_error()
 /// Ranks 1 and 2 of a star are real; the leader (rank 0) is a hand-driven socket that
 /// answers the reports with `answer`. Returns both real ranks' round errors.
 async fn star_members_error_after(answer: actors::control_plane::MeshFrame) -> Vec<ControlError> {
-    let (settings, mut listeners) = loopback_settings(3).await.unwrap();
+    let (settings, mut listeners) = loopback_settings_over(3, Some(Topology::Star))
+        .await
+        .unwrap();
     let l0 = listeners.remove(0);
     let mut members = vec![];
     for (s, l) in settings.iter().skip(1).cloned().zip(listeners) {
@@ -817,7 +855,7 @@ async fn a_leader_whose_gathered_set_is_wrong_is_named_by_every_other_rank() {
 /// every rank's report); each report alone stays within it.
 #[tokio::test]
 async fn over_the_star_the_gathered_set_may_be_larger_than_one_report_limit() {
-    let mut cores = establish_all(3, |s| s.max_frame_bytes = 4096).await;
+    let mut cores = establish_all(3, Some(Topology::Star), |s| s.max_frame_bytes = 4096).await;
     let ops: Vec<StorageDone> = (1..=300).map(q).collect();
     let one = encode_frame(
         &actors::control_plane::MeshFrame::Report(actors::control_plane::seal_local_report({
@@ -846,7 +884,7 @@ async fn over_the_star_the_gathered_set_may_be_larger_than_one_report_limit() {
 /// each of them fails the round naming rank 0 (no hang, no blame on a bystander).
 #[tokio::test]
 async fn over_the_star_a_dropped_leader_is_named_by_every_other_rank() {
-    let mut cores = loopback(4).await.unwrap();
+    let mut cores = loopback_over(4, Some(Topology::Star)).await.unwrap();
     for round in 0..2 {
         for a in round_all(&mut cores, idle_all(4, round)).await {
             a.unwrap();

@@ -330,10 +330,14 @@ impl BenchRun for AgreementArgs {
         let mut summary = vec![];
         for world in self.ranks {
             for per_round in [0, self.records] {
-                // The world's topology, then (where that is the star) the full mesh beside it.
+                // The world's topology, then (from 3 ranks, where the two differ) the other
+                // one beside it.
                 let mut over = vec![None];
-                if Topology::for_world(world) == Topology::Star {
-                    over.push(Some(Topology::FullMesh));
+                if world >= 3 {
+                    over.push(Some(match Topology::for_world(world) {
+                        Topology::Star => Topology::FullMesh,
+                        Topology::FullMesh => Topology::Star,
+                    }));
                 }
                 let mut figures = vec![];
                 for topology in over {
@@ -363,7 +367,9 @@ impl BenchRun for AgreementArgs {
                     );
                     figures.push(f);
                 }
-                if let [star, mesh] = figures.as_slice() {
+                let star = figures.iter().find(|f| f.topology == Topology::Star);
+                let mesh = figures.iter().find(|f| f.topology == Topology::FullMesh);
+                if let (Some(star), Some(mesh), 2) = (star, mesh, figures.len()) {
                     println!(
                         "agreement ranks={} records/round={}: star / full mesh p50 {:.2}x, p99 {:.2}x",
                         world,

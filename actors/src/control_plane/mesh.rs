@@ -136,13 +136,15 @@ pub enum Topology {
     /// Every rank sends its report and its confirmation to the leader only, which answers
     /// with the gathered set and then with the agreement: four message delays, 4·(w−1)
     /// frames a round. Where the ranks share a host's cores, frames (each a write, a wakeup
-    /// and a read) cost more than message delays from three ranks on.
+    /// and a read) cost more than message delays from five ranks on.
     Star,
 }
 
 impl Topology {
-    /// The smallest world that rounds over the star.
-    pub const STAR_FROM_WORLD: u32 = 3;
+    /// The smallest world that rounds over the star. `bench agreement` on a 2-core machine
+    /// (2026-12-04, idle rounds, star ÷ full mesh p50): 1.48x and 1.94x at 3 ranks, 1.30x at
+    /// 4, 0.96x and 0.75x at 5, 0.78x and 0.72x at 6, 0.44x at 8.
+    pub const STAR_FROM_WORLD: u32 = 5;
 
     pub fn for_world(world: u32) -> Self {
         if world >= Self::STAR_FROM_WORLD {

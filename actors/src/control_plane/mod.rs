@@ -10,8 +10,9 @@
 //! A round is two phases under one deadline (reports, then "gathered" confirmations), so a
 //! rank returns an agreed round only after every rank gathered every report; a rank that
 //! fails a round tells its peers why (Abort) and every rank then refuses further rounds.
-//! Two ranks exchange both phases directly; from three ranks on both phases go through the
-//! leader (rank 0), which answers each with one frame per rank.
+//! Up to four ranks exchange both phases directly (the full mesh); from five ranks on both
+//! phases go through the leader (rank 0), which answers each with one frame per rank
+//! (`mesh::Topology::STAR_FROM_WORLD`).
 //! The residual window: a rank dying between its confirmations to different peers lets some
 //! ranks agree that round; they fail at the next one.
 //!
