@@ -55,6 +55,14 @@ async fn establish_all(
     cores
 }
 
+/// `e` is a frame error naming `rank` (and `round`, when given) whose text contains `says`.
+#[track_caller]
+fn assert_frame_error(e: &ControlError, rank: u32, round: Option<u64>, says: &str) {
+    let named = matches!(e, ControlError::Frame { rank: r, round: n, .. }
+        if *r == rank && round.is_none_or(|want| *n == want));
+    assert!(named && e.to_string().contains(says), "{e}");
+}
+
 fn idle_all(world: u32, round: u64) -> Vec<RoundReport> {
     (0..world)
         .map(|r| RoundReport::idle(r, round, 10_000 + round * 100 + r as u64))
@@ -492,26 +500,16 @@ async fn rank0_error_after(bytes: Vec<u8>, close: bool) -> ControlError {
 #[tokio::test]
 async fn malformed_truncated_and_oversized_frames_are_protocol_errors() {
     let e = rank0_error_after(vec![0, 0, 0, 3, 0xc1, 0xc1, 0xc1], false).await;
-    assert!(
-        matches!(&e, ControlError::Frame { rank: 1, .. }) && e.to_string().contains("malformed"),
-        "{e}"
-    );
+    assert_frame_error(&e, 1, None, "malformed");
     let mut truncated = 100u32.to_be_bytes().to_vec();
     truncated.extend_from_slice(&[0x81; 10]);
     let e = rank0_error_after(truncated, true).await;
-    assert!(
-        matches!(&e, ControlError::Frame { rank: 1, .. }) && e.to_string().contains("truncated"),
-        "{e}"
-    );
+    assert_frame_error(&e, 1, None, "truncated");
     let e = rank0_error_after(4097u32.to_be_bytes().to_vec(), false).await;
-    assert!(
-        matches!(&e, ControlError::Frame { rank: 1, .. })
-            && e.to_string().contains("exceeds the 4096-byte limit"),
-        "{e}"
-    );
+    assert_frame_error(&e, 1, None, "exceeds the 4096-byte limit");
     // A well-formed frame of the wrong type, and a report claiming another rank.
     let e = rank0_error_after(encode_frame(&"hello", 4096).unwrap(), false).await;
-    assert!(matches!(&e, ControlError::Frame { rank: 1, .. }), "{e}");
+    assert_frame_error(&e, 1, None, "");
     let forged = actors::control_plane::MeshFrame::Report(RoundReport::idle(0, 0, 5));
     let e = rank0_error_after(encode_frame(&forged, 4096).unwrap(), false).await;
     assert!(e.to_string().contains("report claims rank 0"), "{e}");
@@ -539,11 +537,7 @@ async fn malformed_completion_columns_are_a_protocol_error() {
     // Layout: record count, key count, error bytes, op delta, key count, then the head.
     bytes[at + 5] |= 0x80;
     let e = rank0_error_after(bytes, false).await;
-    assert!(
-        matches!(&e, ControlError::Frame { rank: 1, .. })
-            && e.to_string().contains("undefined kind or flags"),
-        "{e}"
-    );
+    assert_frame_error(&e, 1, None, "undefined kind or flags");
 }
 
 #[actix::test]
@@ -640,6 +634,22 @@ async fn read_mesh_frame(s: &mut tokio::net::TcpStream) -> actors::control_plane
         .unwrap()
 }
 
+/// Rank 0's round 0 (spawned as `round0`) was agreed, and its round 1 fails naming `left`,
+/// the rank that confirmed round 0 and left.
+async fn agreed_then_failed_naming(
+    round0: tokio::task::JoinHandle<(ControlPlaneCore, Result<AgreedRound, ControlError>)>,
+    left: u32,
+) {
+    let (mut core, r) = round0.await.unwrap();
+    let agreed = r.expect("round 0 is agreed: every rank confirmed it");
+    assert_eq!(agreed.round, 0);
+    let e = core
+        .exchange_round(RoundReport::idle(0, 1, 2))
+        .await
+        .unwrap_err();
+    assert_eq!(e.blamed_rank(), Some(left), "{e}");
+}
+
 /// Two ranks (the full mesh): rank 1 reports and confirms round 0 and leaves at once; rank
 /// 0 still agrees round 0 (the rank that left had confirmed it) and fails round 1, naming
 /// rank 1.
@@ -662,14 +672,7 @@ async fn a_rank_that_confirmed_the_round_and_left_does_not_fail_that_round() {
     f1.write_all(&wire(&MeshFrame::Gathered(0))).await.unwrap();
     f1.shutdown().await.unwrap();
     drop(f1);
-    let (mut core, r) = round0.await.unwrap();
-    let agreed = r.expect("round 0 is agreed: every rank confirmed it");
-    assert_eq!(agreed.round, 0);
-    let e = core
-        .exchange_round(RoundReport::idle(0, 1, 2))
-        .await
-        .unwrap_err();
-    assert_eq!(e.blamed_rank(), Some(1), "{e}");
+    agreed_then_failed_naming(round0, 1).await;
 }
 
 /// Three ranks (the star, rank 0 leading; ranks 1 and 2 hand-driven): each sends its report
@@ -708,14 +711,7 @@ async fn over_the_star_a_rank_that_confirmed_and_left_does_not_fail_that_round()
     tokio::time::sleep(Duration::from_millis(50)).await;
     f1.write_all(&wire(&MeshFrame::Gathered(0))).await.unwrap();
     assert_eq!(read_mesh_frame(&mut f1).await, MeshFrame::Agreed(0));
-    let (mut core, r) = round0.await.unwrap();
-    let agreed = r.expect("round 0 is agreed: every rank confirmed it");
-    assert_eq!(agreed.round, 0);
-    let e = core
-        .exchange_round(RoundReport::idle(0, 1, 2))
-        .await
-        .unwrap_err();
-    assert_eq!(e.blamed_rank(), Some(2), "{e}");
+    agreed_then_failed_naming(round0, 2).await;
     drop(f1);
 }
 
@@ -731,17 +727,7 @@ async fn over_the_star_a_confirmation_before_the_gathered_set_is_a_frame_error()
     f1.write_all(&wire(&sealed_report(1, 0))).await.unwrap();
     f1.write_all(&wire(&MeshFrame::Gathered(0))).await.unwrap();
     let e = round0.await.unwrap().unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            ControlError::Frame {
-                rank: 1,
-                round: 0,
-                ..
-            }
-        ) && e.to_string().contains("unexpected confirmation"),
-        "{e}"
-    );
+    assert_frame_error(&e, 1, Some(0), "unexpected confirmation");
     // Every other rank hears why.
     match read_mesh_frame(&mut f2).await {
         MeshFrame::Abort(cause) => assert_eq!(cause, e),
@@ -828,26 +814,12 @@ async fn a_leader_whose_gathered_set_is_wrong_is_named_by_every_other_rank() {
         ),
     ] {
         for e in star_members_error_after(MeshFrame::All(all)).await {
-            assert!(
-                matches!(
-                    &e,
-                    ControlError::Frame {
-                        rank: 0,
-                        round: 0,
-                        ..
-                    }
-                ) && e.to_string().contains(says),
-                "{e}"
-            );
+            assert_frame_error(&e, 0, Some(0), says);
         }
     }
     // And an agreement before any gathered set.
     for e in star_members_error_after(MeshFrame::Agreed(0)).await {
-        assert!(
-            matches!(&e, ControlError::Frame { rank: 0, .. })
-                && e.to_string().contains("agreed before gathering"),
-            "{e}"
-        );
+        assert_frame_error(&e, 0, None, "agreed before gathering");
     }
 }
 
