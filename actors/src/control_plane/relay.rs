@@ -268,12 +268,19 @@ impl Relay {
         }
     }
 
-    /// Moves the reports that arrived early for `round` into `got`.
-    pub(super) fn take_early(
+    /// `round`'s slots with this rank's own report (and confirmation) in, and the reports
+    /// that arrived early for it.
+    pub(super) fn open_slots(
         &mut self,
         round: u64,
-        got: &mut [Option<GatheredReport>],
-    ) -> Result<(), ControlError> {
+        own: GatheredReport,
+    ) -> Result<Slots, ControlError> {
+        let world = self.mesh.world() as usize;
+        let me = self.mesh.rank() as usize;
+        let mut got: Vec<Option<GatheredReport>> = (0..world).map(|_| None).collect();
+        let mut confirmed = vec![false; world];
+        got[me] = Some(own);
+        confirmed[me] = true;
         for (peer, q) in self.early.iter_mut().enumerate() {
             if let Some(r) = q.pop_front() {
                 if r.round != round {
@@ -285,6 +292,36 @@ impl Relay {
                 }
                 got[peer] = Some(r);
             }
+        }
+        Ok(Slots { got, confirmed })
+    }
+
+    /// Takes peer events until every slot holds a report (confirmations on the way only
+    /// when `confirmable`).
+    pub(super) async fn await_reports(
+        &mut self,
+        deadline: Instant,
+        round: u64,
+        slots: &mut Slots,
+        confirmable: bool,
+    ) -> Result<(), ControlError> {
+        while let Some(missing) = slots.got.iter().position(|r| r.is_none()) {
+            let ev = self.next(deadline, round, missing).await?;
+            self.accept(ev, round, &mut slots.got, &mut slots.confirmed, confirmable)?;
+        }
+        Ok(())
+    }
+
+    /// Takes peer events until every rank confirmed.
+    pub(super) async fn await_confirmations(
+        &mut self,
+        deadline: Instant,
+        round: u64,
+        slots: &mut Slots,
+    ) -> Result<(), ControlError> {
+        while let Some(missing) = slots.confirmed.iter().position(|c| !c) {
+            let ev = self.next(deadline, round, missing).await?;
+            self.accept(ev, round, &mut slots.got, &mut slots.confirmed, true)?;
         }
         Ok(())
     }
@@ -313,18 +350,12 @@ impl Relay {
             });
         };
         self.fail_on_gone(round)?;
-        let mut got: Vec<Option<GatheredReport>> = (0..world).map(|_| None).collect();
-        let mut confirmed = vec![false; world];
-        got[me as usize] = Some(report);
-        confirmed[me as usize] = true;
-        self.take_early(round, &mut got)?;
-        while let Some(missing) = got.iter().position(|r| r.is_none()) {
-            let ev = self.next(deadline, round, missing).await?;
-            self.accept(ev, round, &mut got, &mut confirmed, true)?;
-        }
+        let mut slots = self.open_slots(round, report)?;
+        self.await_reports(deadline, round, &mut slots, true)
+            .await?;
         if world > 1 {
             // A peer that already confirmed may have completed the round and left.
-            let done = confirmed.clone();
+            let done = slots.confirmed.clone();
             if let Err(e) = self
                 .mesh
                 .broadcast_excusing(
@@ -337,10 +368,26 @@ impl Relay {
                 return Err(self.cannot_send(round, e));
             }
         }
-        while let Some(missing) = confirmed.iter().position(|c| !c) {
-            let ev = self.next(deadline, round, missing).await?;
-            self.accept(ev, round, &mut got, &mut confirmed, true)?;
-        }
-        Ok(got.into_iter().flatten().collect())
+        self.await_confirmations(deadline, round, &mut slots)
+            .await?;
+        Ok(slots.into_reports())
+    }
+}
+
+/// One round's gathering on this rank: every rank's report (by rank) and whether it
+/// confirmed.
+pub(super) struct Slots {
+    got: Vec<Option<GatheredReport>>,
+    confirmed: Vec<bool>,
+}
+
+impl Slots {
+    /// Every rank's report, in rank order (each slot holds one once reports are awaited).
+    pub(super) fn reports(&self) -> impl Iterator<Item = &GatheredReport> {
+        self.got.iter().flatten()
+    }
+
+    pub(super) fn into_reports(self) -> Vec<GatheredReport> {
+        self.got.into_iter().flatten().collect()
     }
 }

@@ -48,18 +48,11 @@ impl Relay {
         let world = self.mesh.world();
         let deadline = Instant::now() + self.round_deadline;
         self.fail_on_gone(round)?;
-        let mut got: Vec<Option<GatheredReport>> = (0..world).map(|_| None).collect();
-        let mut confirmed = vec![false; world as usize];
-        got[me] = Some(report);
-        confirmed[me] = true;
-        self.take_early(round, &mut got)?;
-        while let Some(missing) = got.iter().position(|r| r.is_none()) {
-            let ev = self.next(deadline, round, missing).await?;
-            self.accept(ev, round, &mut got, &mut confirmed, false)?;
-        }
-        let all: Vec<GatheredReport> = got.into_iter().flatten().collect();
-        let mut encoded = Vec::with_capacity(all.len());
-        for r in &all {
+        let mut slots = self.open_slots(round, report)?;
+        self.await_reports(deadline, round, &mut slots, false)
+            .await?;
+        let mut encoded = Vec::with_capacity(world as usize);
+        for r in slots.reports() {
             match messages::encode(r) {
                 Ok(b) => encoded.push(bytes::Bytes::from(b)),
                 Err(e) => {
@@ -80,11 +73,8 @@ impl Relay {
             return Err(self.cannot_send(round, e));
         }
         // `accept` takes a confirmation only from a rank whose report is in: all of them.
-        let mut got: Vec<Option<GatheredReport>> = all.into_iter().map(Some).collect();
-        while let Some(missing) = confirmed.iter().position(|c| !c) {
-            let ev = self.next(deadline, round, missing).await?;
-            self.accept(ev, round, &mut got, &mut confirmed, true)?;
-        }
+        self.await_confirmations(deadline, round, &mut slots)
+            .await?;
         // Every rank confirmed: a rank whose `Agreed` cannot be written died after that
         // (the residual window); the next round fails on it.
         let agreed = MeshFrame::<GatheredReport>::Agreed(round);
@@ -100,7 +90,7 @@ impl Relay {
                 self.gone[peer as usize] = Some("its connection failed after it confirmed".into());
             }
         }
-        Ok(got.into_iter().flatten().collect())
+        Ok(slots.into_reports())
     }
 
     /// Any rank but the leader: send the report to the leader, take the gathered set,
