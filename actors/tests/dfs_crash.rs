@@ -15,7 +15,7 @@ const TEST_NAME: &str = "a_writer_killed_mid_write_leaves_no_visible_object";
 const LEN: usize = 4 * DFS_WRITE_CHUNK + 123;
 
 fn key() -> StorageKey {
-    StorageKey("tsl3-00000000000c0a5e-big".into())
+    StorageKey::new("tsl3-00000000000c0a5e-big")
 }
 
 fn payload() -> Vec<u8> {

@@ -24,10 +24,7 @@ fn raced(i: usize) -> StorageKey {
     StorageKey::new(format!("tsl3-0000000000002b0c-raced{i}"))
 }
 fn payload(key: &StorageKey) -> Vec<u8> {
-    let seed = key
-        .as_str()
-        .bytes()
-        .fold(7u8, |a, b| a.wrapping_mul(31) ^ b);
+    let seed = key.text().bytes().fold(7u8, |a, b| a.wrapping_mul(31) ^ b);
     (0..LEN)
         .map(|i| seed.wrapping_add((i % 241) as u8))
         .collect()

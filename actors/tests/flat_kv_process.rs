@@ -435,7 +435,7 @@ fn child(test: &str, role: &str, spec: &str, ns: &Namespace) -> String {
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(env::FLAT_KV_TEST_CHILD, role)
         .env(env::FLAT_KV_TEST_STORE, spec)
-        .env(env::FLAT_KV_TEST_NAMESPACE, &ns.0)
+        .env(env::FLAT_KV_TEST_NAMESPACE, &*ns.0)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .output()
@@ -455,7 +455,7 @@ fn as_child() -> bool {
         return false;
     };
     let spec = std::env::var(env::FLAT_KV_TEST_STORE).unwrap();
-    let ns = Namespace(std::env::var(env::FLAT_KV_TEST_NAMESPACE).unwrap());
+    let ns = Namespace(std::env::var(env::FLAT_KV_TEST_NAMESPACE).unwrap().into());
     match role.as_str() {
         "writer" => writer(&spec, &ns),
         "reader" => reader(&spec, &ns),
@@ -472,7 +472,7 @@ fn fresh_namespace(tag: &str) -> Namespace {
         .unwrap()
         .as_nanos();
     let h = fnv(&format!("flat-kv.{tag}+{}-{nanos:x}", std::process::id()));
-    Namespace(format!("tsl3-{h:016x}"))
+    Namespace(format!("tsl3-{h:016x}").into())
 }
 
 fn writer_then_reader(test: &str, spec: &str, ns: &Namespace) {

@@ -53,7 +53,7 @@ fn fresh_namespace(tag: &str) -> Namespace {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    Namespace(format!("tsl3live.{tag}+{}-{nanos:x}", std::process::id()))
+    Namespace(format!("tsl3live.{tag}+{}-{nanos:x}", std::process::id()).into())
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -259,7 +259,7 @@ fn byte_round_trips_into_different_host_offsets() {
 
     // Removal of the namespace leaves safely retired misses, and spares a longer namespace
     // that starts with this one and a '-'.
-    let longer = Namespace(format!("{}-x", ns.0));
+    let longer = Namespace(format!("{}-x", ns.0).into());
     let spared = longer.key(0xabc0, 0, 0, 0);
     assert_eq!(
         store
@@ -288,7 +288,7 @@ fn objects_outlive_their_writer() {
         let s = shared("objects_outlive_their_writer (writer)").expect("writer without a master");
         let store = connect(&s);
         assert_eq!(s.global_segment_size, 0);
-        let ns = Namespace(ns);
+        let ns = Namespace(ns.into());
         let ks = keys(&ns, 4, 0);
         let payloads: Vec<Vec<u8>> = (0..4).map(|i| pattern(100 + i, PAGE)).collect();
         let srcs: Vec<&[u8]> = payloads.iter().map(|p| p.as_slice()).collect();
@@ -304,7 +304,7 @@ fn objects_outlive_their_writer() {
     let ns = fresh_namespace("outlive");
     let writer = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "objects_outlive_their_writer", "--nocapture"])
-        .env(WRITER_ENV, &ns.0)
+        .env(WRITER_ENV, &*ns.0)
         .output()
         .unwrap();
     assert!(

@@ -63,10 +63,13 @@ fn fresh_namespace(tag: u64) -> Namespace {
         .unwrap()
         .as_nanos() as u64;
     let pid = std::process::id() as u64;
-    Namespace(format!(
-        "tsl3-{:016x}",
-        nanos ^ pid.rotate_left(40) ^ tag.rotate_left(20)
-    ))
+    Namespace(
+        format!(
+            "tsl3-{:016x}",
+            nanos ^ pid.rotate_left(40) ^ tag.rotate_left(20)
+        )
+        .into(),
+    )
 }
 
 fn pattern(seed: u64) -> Vec<u8> {

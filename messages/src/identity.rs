@@ -71,10 +71,7 @@ impl DeploymentIdentity {
             canon.push_str(&format!("shards={}\n", counts.join(",")));
         }
         let h = xxh3_128(canon.as_bytes());
-        Namespace(format!(
-            "{KEY_PREFIX}{:016x}",
-            (h >> 64) as u64 ^ (h as u64)
-        ))
+        Namespace(format!("{KEY_PREFIX}{:016x}", (h >> 64) as u64 ^ (h as u64)).into())
     }
 }
 
@@ -85,7 +82,7 @@ fn escape(s: &str) -> String {
 /// An L3 namespace: `tsl3-<16 hex digits>`. Every object key starts with it, so purging a
 /// namespace is a prefix removal and a rotated namespace makes old objects unreachable.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Namespace(pub String);
+pub struct Namespace(pub Arc<str>);
 
 impl Namespace {
     pub fn as_str(&self) -> &str {
@@ -96,65 +93,14 @@ impl Namespace {
     /// offset + shard (the payload replica, attention_tp_rank // shard_count, for
     /// page-sharded groups; the rank for replicated state groups that keep rank-local keys).
     pub fn key(&self, content_hash: u128, group: u32, page: u32, shard: u32) -> StorageKey {
-        // Written into a stack buffer and shared with one allocation: keys are made per page
-        // on every QUERY, GET and PUT. Layout: "{ns}-{hash:032x}-g{group}-p{page}-s{shard}".
-        // The tail is built in a fixed array (the hash a byte, two digits, at a time), so the
-        // only per-key work beyond it is one copy of the namespace and the allocation.
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        const TAIL: usize = 1 + 32 + 3 * (2 + 10);
-        fn dec(mut v: u32, out: &mut [u8; TAIL], at: usize) -> usize {
-            let mut tmp = [0u8; 10];
-            let mut i = tmp.len();
-            loop {
-                i -= 1;
-                tmp[i] = b'0' + (v % 10) as u8;
-                v /= 10;
-                if v == 0 {
-                    break;
-                }
-            }
-            let n = tmp.len() - i;
-            out[at..at + n].copy_from_slice(&tmp[i..]);
-            n
-        }
-        let mut tail = [0u8; TAIL];
-        tail[0] = b'-';
-        for (i, b) in content_hash.to_be_bytes().iter().enumerate() {
-            tail[1 + 2 * i] = HEX[(b >> 4) as usize];
-            tail[2 + 2 * i] = HEX[(b & 0xf) as usize];
-        }
-        let mut t = 33;
-        for (tag, v) in [(b'g', group), (b'p', page), (b's', shard)] {
-            tail[t] = b'-';
-            tail[t + 1] = tag;
-            t += 2;
-            t += dec(v, &mut tail, t);
-        }
-        let mut stack = [0u8; 160];
-        let mut heap = Vec::new();
-        let ns = self.0.as_bytes();
-        let n = ns.len() + t;
-        let buf: &mut [u8] = if n <= stack.len() {
-            &mut stack[..n]
-        } else {
-            heap.resize(n, 0);
-            &mut heap
-        };
-        buf[..ns.len()].copy_from_slice(ns);
-        buf[ns.len()..].copy_from_slice(&tail[..t]);
-        // Only ASCII was appended to the namespace's valid UTF-8: the check is the fast
-        // ASCII path and never fails; the key is one allocation.
-        match std::str::from_utf8(buf) {
-            Ok(key) => StorageKey(Arc::from(key)),
-            Err(_) => StorageKey(Arc::from(String::from_utf8_lossy(buf))),
-        }
+        // Held as its parts (see `StorageKey`): keys are made per page on every QUERY, GET
+        // and PUT, so making one shares the namespace text and copies the page's numbers.
+        StorageKey::page(&self.0, content_hash, group, page, shard)
     }
 
     /// Whether a key belongs to this namespace.
     pub fn owns(&self, key: &StorageKey) -> bool {
-        key.0.len() > self.0.len()
-            && key.0.starts_with(&self.0)
-            && key.0.as_bytes()[self.0.len()] == b'-'
+        key.has_namespace_prefix(&self.0)
     }
 }
 
@@ -165,8 +111,8 @@ mod tests {
     #[test]
     fn keys_have_the_documented_layout() {
         let short = Namespace("tsl3-0123456789abcdef".into());
-        // Past the stack buffer: the key is built on the heap, same layout.
-        let long = Namespace(format!("tsl3-{}", "x".repeat(150)));
+        // A long namespace: the same layout.
+        let long = Namespace(format!("tsl3-{}", "x".repeat(150)).into());
         for (ns, (h, g, p, sh)) in [&short, &long].into_iter().flat_map(|ns| {
             [
                 (0u128, 0u32, 0u32, 0u32),
@@ -176,7 +122,7 @@ mod tests {
             .map(|c| (ns, c))
         }) {
             assert_eq!(
-                ns.key(h, g, p, sh).as_str(),
+                ns.key(h, g, p, sh).text(),
                 format!("{}-{:032x}-g{}-p{}-s{}", ns.0, h, g, p, sh)
             );
         }
@@ -247,8 +193,8 @@ mod tests {
     fn keys_carry_namespace_hash_group_page_shard() {
         let ns = id().namespace();
         let k = ns.key(0xabc, 1, 2, 3);
-        assert!(k.as_str().starts_with(ns.as_str()));
-        assert!(k.as_str().ends_with("-g1-p2-s3"));
+        assert!(k.text().starts_with(ns.as_str()));
+        assert!(k.text().ends_with("-g1-p2-s3"));
         assert!(ns.owns(&k));
         let other = id().with_weight_versions(9, None).namespace();
         assert!(!other.owns(&k));

@@ -14,6 +14,7 @@ pub mod pressure;
 pub mod round;
 pub mod sampling;
 pub mod settings;
+pub mod storage_key;
 
 pub use codec::{decode, encode, CodecError, FORMAT_VERSION};
 pub use columns::{CompletionColumns, DoneView};

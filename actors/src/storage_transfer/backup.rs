@@ -82,7 +82,7 @@ pub type BackupKey = BlockPage;
 #[cfg(test)]
 impl From<StorageKey> for BlockPage {
     fn from(k: StorageKey) -> Self {
-        let hash = xxhash_rust::xxh3::xxh3_128(k.as_str().as_bytes());
+        let hash = xxhash_rust::xxh3::xxh3_128(k.text().as_bytes());
         NAMED.with(|n| n.borrow_mut().insert(hash, k));
         BlockPage {
             hash,
@@ -272,7 +272,7 @@ mod tests {
 
     fn cand(k: &str, h: u64) -> BackupCandidate {
         BackupCandidate {
-            key: StorageKey(k.into()).into(),
+            key: StorageKey::new(k).into(),
             host: HostRef(h),
         }
     }
@@ -287,7 +287,7 @@ mod tests {
             OfferOutcome::QueuedDroppedOldest
         );
         assert_eq!(q.dropped(DropReason::Overflow), 1);
-        assert!(!q.contains_key(&StorageKey("a".into()).into()));
+        assert!(!q.contains_key(&StorageKey::new("a").into()));
         assert_eq!(q.pop_front(), Some(cand("b", 2)));
         assert_eq!(q.pop_front(), Some(cand("c", 3)));
         assert_eq!(q.pop_front(), None);
@@ -312,8 +312,8 @@ mod tests {
             }
         }
         assert_ne!(
-            h(&StorageKey("a".into()).into()),
-            h(&StorageKey("b".into()).into())
+            h(&StorageKey::new("a").into()),
+            h(&StorageKey::new("b").into())
         );
     }
 

@@ -71,7 +71,7 @@ pub(crate) mod tests_support {
     pub const MS: u64 = 1000;
 
     pub fn key(s: &str) -> StorageKey {
-        StorageKey(s.into())
+        StorageKey::new(s)
     }
     pub fn keys(prefix: &str, n: usize) -> Vec<StorageKey> {
         (0..n).map(|i| key(&format!("{prefix}{i}"))).collect()

@@ -58,7 +58,7 @@ mod tests {
     use super::*;
 
     fn k(s: &str) -> StorageKey {
-        StorageKey(s.into())
+        StorageKey::new(s)
     }
 
     #[test]

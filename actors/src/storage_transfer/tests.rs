@@ -634,7 +634,7 @@ fn backup_dispatch_skips_evicted_and_coalesces_pending() {
     let mut m = StorageTransferManager::new(config());
     m.offer_backup(key("a"), HostRef(1));
     m.offer_backup(key("b"), HostRef(2));
-    let mut res = |k: &StorageKey, h: HostRef| (k.as_str() != "b").then(|| HostRange::new(h.0, 16));
+    let mut res = |k: &StorageKey, h: HostRef| (k.text() != "b").then(|| HostRange::new(h.0, 16));
     let put = one_put(dispatch(&mut m, 0, &mut res));
     assert_eq!(put.keys, vec![key("a")]);
     assert_eq!(m.stats().dropped(DropReason::Unavailable), 1);

@@ -157,7 +157,7 @@ mod tests {
             OperationId(1),
             StorageOpKind::Get,
             CreditClass::Read,
-            vec![StorageKey("a".into()), StorageKey("b".into())],
+            vec![StorageKey::new("a"), StorageKey::new("b")],
             vec![HostRef(10), HostRef(11)],
             vec![HostRange::new(0, 4), HostRange::new(4, 4)],
             Some(RequestId(7)),

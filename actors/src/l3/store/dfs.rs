@@ -54,7 +54,7 @@ pub struct ObjectIdentity {
 /// The 128-bit hash of a full key (namespace included) that a header binds its object to:
 /// an object copied, linked or restored under another key never validates.
 pub fn key_hash(key: &StorageKey) -> u128 {
-    xxh3_128(key.as_str().as_bytes())
+    xxh3_128(key.text().as_bytes())
 }
 
 /// Why a stored object was proven invalid (the `reason` of
@@ -170,17 +170,31 @@ impl ObjectHeader {
     }
 }
 
-/// A key split at its namespace: `<namespace>/<name>`.
+/// A key split at its namespace: `<namespace>/<name>` (over the key's text, written out
+/// for a page key).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectPath<'a> {
-    pub namespace: &'a str,
-    pub name: &'a str,
+    text: std::borrow::Cow<'a, str>,
+    /// Where the namespace ends (the '-' before the name).
+    ns_len: usize,
+}
+
+impl ObjectPath<'_> {
+    /// The namespace directory: `tsl3-<16 hex>`.
+    pub fn namespace(&self) -> &str {
+        &self.text[..self.ns_len]
+    }
+    /// The object's file name within it.
+    pub fn name(&self) -> &str {
+        &self.text[self.ns_len + 1..]
+    }
 }
 
 /// Splits and validates a key: `tsl3-<16 hex>-<name>`, where `name` is one plain path
 /// component (no separators, no NUL, no `..`, not starting with '.').
 pub fn split_key(key: &StorageKey) -> Option<ObjectPath<'_>> {
-    let s = key.as_str();
+    let text = key.text();
+    let s: &str = &text;
     let ns_len = KEY_PREFIX.len() + 16;
     if !s.starts_with(KEY_PREFIX) || s.len() <= ns_len + 1 || !s.is_char_boundary(ns_len) {
         return None;
@@ -201,7 +215,7 @@ pub fn split_key(key: &StorageKey) -> Option<ObjectPath<'_>> {
     {
         return None;
     }
-    Some(ObjectPath { namespace, name })
+    Some(ObjectPath { text, ns_len })
 }
 
 /// Whether a namespace string is a valid directory name (`tsl3-<16 hex>`).
@@ -379,7 +393,7 @@ impl DfsStore {
     /// The file of a key, or None for a key that is not a plain object name.
     pub fn object_path(&self, key: &StorageKey) -> Option<PathBuf> {
         let p = split_key(key)?;
-        Some(self.root.join(p.namespace).join(p.name))
+        Some(self.root.join(p.namespace()).join(p.name()))
     }
 
     fn read_header(key: &StorageKey, file: &mut File) -> Result<ObjectHeader, ReadError> {
@@ -622,13 +636,13 @@ impl DfsStore {
             };
         };
         let _permit = self.io.acquire();
-        let dir = self.root.join(p.namespace);
-        let target = dir.join(p.name);
+        let dir = self.root.join(p.namespace());
+        let target = dir.join(p.name());
         if target.exists() {
             self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
             return KeyResult::AlreadyExists;
         }
-        let (tmp, generation) = Self::temp_path(&dir, p.name);
+        let (tmp, generation) = Self::temp_path(&dir, p.name());
         let r = (|| -> io::Result<KeyResult> {
             fs::create_dir_all(&dir)?;
             self.write_temp(&tmp, key, src, generation)?.sync_all()?;
@@ -709,14 +723,14 @@ impl DfsStore {
                 });
                 continue;
             };
-            let dir = self.root.join(p.namespace);
-            let target = dir.join(p.name);
+            let dir = self.root.join(p.namespace());
+            let target = dir.join(p.name());
             if target.exists() {
                 self.stats.already_exists.fetch_add(1, Ordering::Relaxed);
                 results[i] = Some(KeyResult::AlreadyExists);
                 continue;
             }
-            let (tmp, generation) = Self::temp_path(&dir, p.name);
+            let (tmp, generation) = Self::temp_path(&dir, p.name());
             let written = (|| -> io::Result<()> {
                 if !made_dirs.contains(&dir) {
                     fs::create_dir_all(&dir)?;
@@ -924,7 +938,7 @@ mod tests {
     use std::io::{Seek, SeekFrom};
 
     fn ns(n: u64) -> Namespace {
-        Namespace(format!("tsl3-{n:016x}"))
+        Namespace(format!("tsl3-{n:016x}").into())
     }
     fn k(n: u64, name: &str) -> StorageKey {
         StorageKey::new(format!("tsl3-{n:016x}-{name}"))
@@ -939,8 +953,8 @@ mod tests {
     fn keys_split_at_the_namespace_and_never_escape() {
         let key = k(0xab, "00ff-g1-p2-s0");
         let p = split_key(&key).unwrap();
-        assert_eq!(p.namespace, "tsl3-00000000000000ab");
-        assert_eq!(p.name, "00ff-g1-p2-s0");
+        assert_eq!(p.namespace(), "tsl3-00000000000000ab");
+        assert_eq!(p.name(), "00ff-g1-p2-s0");
         for bad in [
             "tsl3-00000000000000ab-../x",
             "tsl3-00000000000000ab-a/b",
@@ -954,10 +968,10 @@ mod tests {
             "other-00000000000000ab-x",
             "/etc/passwd",
         ] {
-            assert!(split_key(&StorageKey(bad.into())).is_none(), "{bad}");
+            assert!(split_key(&StorageKey::new(bad)).is_none(), "{bad}");
         }
         let (_d, s) = store();
-        let evil = StorageKey("tsl3-00000000000000ab-../../escape".into());
+        let evil = StorageKey::new("tsl3-00000000000000ab-../../escape");
         assert_eq!(
             s.put(std::slice::from_ref(&evil), &[b"x"]).unwrap(),
             vec![KeyResult::Failed {

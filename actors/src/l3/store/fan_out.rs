@@ -112,7 +112,7 @@ mod tests {
                 }
                 std::thread::yield_now();
             }
-            let i: u8 = k.as_str()[1..].parse::<usize>().unwrap() as u8;
+            let i: u8 = k.text()[1..].parse::<usize>().unwrap() as u8;
             d.fill(i);
             KeyResult::Ok {
                 bytes: d.len() as u64,
@@ -151,7 +151,7 @@ mod tests {
         let mut dests: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             read_fanned(&ks, &mut dests, 4, |k, _| {
-                if k.as_str() == "k3" {
+                if k.text() == "k3" {
                     panic!("injected");
                 }
                 KeyResult::Missing

@@ -239,7 +239,7 @@ mod tests {
     use super::*;
 
     fn k(s: &str) -> StorageKey {
-        StorageKey(s.into())
+        StorageKey::new(s)
     }
 
     #[test]

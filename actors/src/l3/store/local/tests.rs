@@ -152,7 +152,7 @@ fn dfs_only_object_is_committed_and_served_from_memory() {
 #[test]
 fn missing_object_and_bad_key_are_missing_source() {
     let f = fx(Limits::default());
-    let bad = StorageKey("tsl3-00000000000000aa-../x".into());
+    let bad = StorageKey::new("tsl3-00000000000000aa-../x");
     assert_eq!(
         f.store.prefetch_to_memory(&[k("nope"), bad]).unwrap(),
         vec![R::MissingSource, R::MissingSource]

@@ -97,10 +97,7 @@ fn fresh_namespace(client: &str) -> Namespace {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or_default();
-    Namespace(format!(
-        "tsl3bench-{client}-{}-{nanos:x}",
-        std::process::id()
-    ))
+    Namespace(format!("tsl3bench-{client}-{}-{nanos:x}", std::process::id()).into())
 }
 
 /// Runs the three clients, each after an untimed one-object warm-up. `python` is the
@@ -373,7 +370,7 @@ fn bench_python(
         .arg(PYTHON_BENCH)
         .arg(&settings.master_server_addr)
         .arg(&settings.metadata_server)
-        .arg(&ns.0)
+        .arg(&*ns.0)
         .arg(objects.to_string())
         .arg(object_bytes.to_string())
         .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")

@@ -139,7 +139,8 @@ impl MooncakeStore {
     }
 
     fn keys(keys: &[StorageKey]) -> Result<CKeys, StoreError> {
-        CKeys::new(keys.iter().map(|k| k.as_str())).map_err(ffi_err)
+        let texts: Vec<_> = keys.iter().map(StorageKey::text).collect();
+        CKeys::new(texts.iter().map(|k| &**k)).map_err(ffi_err)
     }
 
     fn call_failed(what: &str, rc: i32) -> StoreError {
