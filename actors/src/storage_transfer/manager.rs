@@ -26,7 +26,7 @@ use messages::{
     StorageQueryOp,
 };
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 /// The agreed inputs of one round, as the control plane delivers them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -292,8 +292,8 @@ impl StorageTransferManager {
     /// are validated first, all of them, so an invalid record changes nothing.
     pub fn apply_round(&mut self, input: RoundInput) -> Result<RoundEffects, ProtocolError> {
         let mut completions = input.completions;
-        self.validate_completions(&completions)?;
         completions.sort_by_key(|d| d.op);
+        self.validate_completions(&completions)?;
         let mut fx = RoundEffects::default();
         self.apply_tick(input.tick_us, input.pressure, &mut fx);
         for request in input.cancellations {
@@ -305,11 +305,13 @@ impl StorageTransferManager {
         Ok(fx)
     }
 
+    /// Validates the round's completions, sorted by operation (so a twice-completed
+    /// operation is two neighbours).
     fn validate_completions(&self, completions: &[StorageDone]) -> Result<(), ProtocolError> {
-        let mut seen = HashSet::with_capacity(completions.len());
+        let mut last = None;
         for d in completions {
             d.validate()?;
-            if !seen.insert(d.op) {
+            if last.replace(d.op) == Some(d.op) {
                 return Err(ProtocolError::new(d.op, "completed twice in one round"));
             }
             let t = self
