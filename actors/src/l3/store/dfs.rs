@@ -8,7 +8,7 @@
 //! partial object, never replace an existing object, never resolve a key outside its
 //! namespace directory, and never return unvalidated bytes as a success.
 
-use super::fan_out::{fan_out_threads, read_fanned};
+use super::fan_out::{check_fanned, fan_out_threads, read_fanned};
 use super::{KeyResult, Store, StoreError};
 use messages::identity::KEY_PREFIX;
 use messages::{Namespace, StorageKey};
@@ -384,6 +384,19 @@ impl DfsStore {
     /// the file slots.
     pub fn fan_out(&self) -> usize {
         self.fan_out
+    }
+
+    /// Which keys are present: `known(index, key)`, or else this key's valid object (its
+    /// header read, as `stat`). A QUERY of many keys fans its header reads out over the
+    /// store's threads (`check_fanned`), so a long prompt's QUERY is not one file at a time.
+    pub fn present(
+        &self,
+        keys: &[StorageKey],
+        known: impl Fn(usize, &StorageKey) -> bool + Sync,
+    ) -> Vec<bool> {
+        check_fanned(keys, self.fan_out, |i, k| {
+            known(i, k) || self.stat(k).is_ok()
+        })
     }
 
     pub fn io_limiter(&self) -> &IoLimiter {
@@ -878,7 +891,7 @@ impl Store for DfsStore {
     }
 
     fn query(&self, keys: &[StorageKey]) -> Result<Vec<bool>, StoreError> {
-        Ok(keys.iter().map(|k| self.stat(k).is_ok()).collect())
+        Ok(self.present(keys, |_, _| false))
     }
 
     fn get(

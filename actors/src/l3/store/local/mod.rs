@@ -206,10 +206,8 @@ impl Store for LocalStore {
     }
 
     fn query(&self, keys: &[StorageKey]) -> Result<Vec<bool>, StoreError> {
-        Ok(keys
-            .iter()
-            .map(|k| self.engine.target.contains(k) || self.engine.dfs.stat(k).is_ok())
-            .collect())
+        let target = &self.engine.target;
+        Ok(self.engine.dfs.present(keys, |_, k| target.contains(k)))
     }
 
     /// Admission: a fresh lease on a MEMORY replica if one is resident now, else DFS; a

@@ -183,11 +183,7 @@ impl Store for TieredStore {
                 vec![false; keys.len()]
             }
         };
-        Ok(keys
-            .iter()
-            .zip(memory)
-            .map(|(k, m)| m || self.engine.dfs.stat(k).is_ok())
-            .collect())
+        Ok(self.engine.dfs.present(keys, |i, _| memory[i]))
     }
 
     /// MEMORY first; DFS for every key MEMORY provably did not deliver.
