@@ -28,6 +28,19 @@ async fn round_all(
     futures::future::join_all(futs).await
 }
 
+/// One round on every rank, which must fail alike: the one error they all return.
+async fn failed_alike(cores: &mut [ControlPlaneCore], reports: Vec<RoundReport>) -> ControlError {
+    let errs: Vec<ControlError> = round_all(cores, reports)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap_err())
+        .collect();
+    for e in &errs {
+        assert_eq!(e, &errs[0], "every rank fails with the same cause");
+    }
+    errs.into_iter().next().unwrap()
+}
+
 /// Both topologies: a fault test at a world where either could run checks each.
 const TOPOLOGIES: [Topology; 2] = [Topology::FullMesh, Topology::Star];
 
@@ -223,17 +236,10 @@ async fn an_invalid_local_record_makes_every_rank_raise_the_same_protocol_error(
                 true,
             )];
         }
-        let errs: Vec<ControlError> = round_all(&mut cores, r)
-            .await
-            .into_iter()
-            .map(|r| r.unwrap_err())
-            .collect();
-        for e in &errs {
-            assert_eq!(e, &errs[0]);
-        }
-        let msg = errs[0].to_string();
+        let err = failed_alike(&mut cores, r).await;
+        let msg = err.to_string();
         assert!(
-            matches!(errs[0], ControlError::Protocol { round: 0, .. }),
+            matches!(err, ControlError::Protocol { round: 0, .. }),
             "{msg}"
         );
         assert!(msg.contains("rank 2 reported an invalid poll"), "{msg}");
@@ -251,20 +257,12 @@ async fn a_rank_that_fails_locally_tells_its_peers_why() {
         let mut cores = loopback_over(3, Some(t)).await.unwrap();
         let mut r = idle_all(3, 0);
         r[1].rank = 2; // rank 1's round loop hands it someone else's report
-        let errs: Vec<ControlError> = round_all(&mut cores, r)
-            .await
-            .into_iter()
-            .map(|r| r.unwrap_err())
-            .collect();
-        for e in &errs {
-            assert_eq!(e, &errs[0], "every rank fails with rank 1's cause");
-        }
+        let err = failed_alike(&mut cores, r).await;
         assert!(
-            errs[0]
-                .to_string()
+            err.to_string()
                 .contains("rank 1 was handed a report for rank 2"),
             "{}",
-            errs[0]
+            err
         );
     }
 }
@@ -275,13 +273,7 @@ async fn an_oversized_outgoing_report_fails_every_rank_alike() {
     let mut r = idle_all(2, 0);
     // Compact records: 2000 of them still exceed 4 KiB.
     r[0].completions = (1..=2000).map(q).collect();
-    let errs: Vec<ControlError> = round_all(&mut cores, r)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap_err())
-        .collect();
-    assert_eq!(errs[0], errs[1]);
-    let msg = errs[0].to_string();
+    let msg = failed_alike(&mut cores, r).await.to_string();
     assert!(
         msg.contains("rank 0 cannot send") && msg.contains("exceeds the 4096-byte limit"),
         "{msg}"
