@@ -589,8 +589,14 @@ fn run_scenario(
     // behind the queue, so their number rises for about one queue wait after the live set
     // fills): the timed rounds then see the steady flow of QUERYs, GETs, completions and
     // admissions, not a start-up transient.
+    // Without storage (or with nothing to prepare) there are no Ready holds to wait for.
     let mut previous: Option<f64> = None;
-    for _ in 0..200 {
+    let blocks = if storage && workload == Workload::Loaded {
+        200
+    } else {
+        0
+    };
+    for _ in 0..blocks {
         let mut sum = 0.0;
         for _ in 0..WARM_BLOCK {
             d.round(false, None)?;
