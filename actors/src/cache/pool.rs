@@ -64,6 +64,10 @@ const PUBLISHED: u32 = 1 << 31;
 const SLOT_MASK: u32 = PUBLISHED - 1;
 /// The most slots a group may have (slot numbers must fit under the published bit).
 pub const MAX_GROUP_SLOTS: u32 = SLOT_MASK;
+/// Slots (and index entries) a group reserves when it is made, so that filling a pool
+/// never rehashes its index or moves its slots inside a round (a 300k-entry rehash cost
+/// a round about a millisecond); a larger group grows past this on demand.
+const RESERVED_SLOTS: u32 = 1 << 20;
 
 #[derive(Clone, Copy, Debug)]
 struct Slot {
@@ -245,9 +249,10 @@ impl<T: Tier> BlockPool<T> {
             .enumerate()
             .map(|(group, (&capacity, &bytes))| {
                 let capacity = capacity.min(MAX_GROUP_SLOTS);
+                let reserved = capacity.min(RESERVED_SLOTS) as usize;
                 let g = GroupPool {
-                    index: HashMap::with_hasher(BuildContentHasher),
-                    slots: Vec::new(),
+                    index: HashMap::with_capacity_and_hasher(reserved, BuildContentHasher),
+                    slots: Vec::with_capacity(reserved),
                     capacity,
                     free: Vec::new(),
                     head: NIL,
