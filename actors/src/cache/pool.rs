@@ -65,8 +65,9 @@ const SLOT_MASK: u32 = PUBLISHED - 1;
 /// The most slots a group may have (slot numbers must fit under the published bit).
 pub const MAX_GROUP_SLOTS: u32 = SLOT_MASK;
 /// Slots (and index entries) a group reserves when it is made, so that filling a pool
-/// never rehashes its index or moves its slots inside a round (a 300k-entry rehash cost
-/// a round about a millisecond); a larger group grows past this on demand.
+/// never rehashes its index or moves its slots inside a round (`bench scheduler`'s loaded
+/// pair, callgrind: 26 rehashes, 4.9M instructions over 200 rounds); a larger group grows
+/// past this on demand.
 const RESERVED_SLOTS: u32 = 1 << 20;
 
 #[derive(Clone, Copy, Debug)]
