@@ -215,6 +215,36 @@ pub struct CacheCoordinator {
     device: BlockPool<Device>,
     host: BlockPool<Host>,
     tails: TailTable,
+    /// The match buffers one planning call borrows and returns (taken out of the cell for
+    /// the call, so a match allocates nothing once they have grown to the prompts' size).
+    spare: SpareMatch,
+}
+
+/// The coordinator's match buffers, lent to one call at a time (`take`, then `set` back).
+#[derive(Default)]
+struct SpareMatch(std::cell::Cell<MatchScratch>);
+
+impl SpareMatch {
+    fn take(&self) -> MatchScratch {
+        self.0.take()
+    }
+    fn set(&self, m: MatchScratch) {
+        self.0.set(m)
+    }
+}
+
+impl std::fmt::Debug for SpareMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpareMatch")
+    }
+}
+
+/// Buffers a match reuses: the table, the tail candidates and the required blocks.
+#[derive(Debug, Default)]
+struct MatchScratch {
+    table: MatchTable,
+    tails: Vec<TailCandidate>,
+    required: Vec<RequiredBlock>,
 }
 
 impl CacheCoordinator {
@@ -234,6 +264,7 @@ impl CacheCoordinator {
             device: BlockPool::new(&config.device_blocks, &bytes),
             host: BlockPool::new(&config.host_blocks, &bytes),
             tails: TailTable::new(config.tail_capacity),
+            spare: Default::default(),
             geometry,
             namespace,
         })
@@ -293,19 +324,21 @@ impl CacheCoordinator {
 
     /// Tail candidates of a prompt in (lo, bound]: local hints plus the exact request bound
     /// (none when tails are off).
+    /// Into `v` (emptied first).
     fn tail_candidates(
         &self,
+        v: &mut Vec<TailCandidate>,
         index: &PromptIndex,
         tokens: &[u32],
         lo: u32,
         bound: u32,
         extra: &[TailCandidate],
-    ) -> Vec<TailCandidate> {
+    ) {
+        v.clear();
         if !self.tails_enabled() {
-            return Vec::new();
+            return;
         }
-        let mut v = self.tails.candidates(index, tokens, lo, bound);
-        v.reserve(1 + extra.len());
+        self.tails.candidates_into(v, index, tokens, lo, bound);
         v.extend(TailCandidate::at(index, tokens, bound));
         v.extend(
             extra
@@ -314,19 +347,21 @@ impl CacheCoordinator {
         );
         v.sort();
         v.dedup();
-        v
     }
 
+    /// Rebuilds `table` for this prompt over real Device and Host entries (and `hints`).
+    #[allow(clippy::too_many_arguments)]
     fn table(
         &self,
+        table: &mut MatchTable,
         index: &PromptIndex,
         tokens: &[u32],
         bound: u32,
         tails: &[TailCandidate],
         hints: Option<&[BlockAddr]>,
         clamp: Option<Have>,
-    ) -> MatchTable {
-        MatchTable::build(&self.geometry, index, tokens, bound, tails, clamp, |a| {
+    ) {
+        table.rebuild(&self.geometry, index, tokens, bound, tails, clamp, |a| {
             if self.device.contains(a) {
                 return Have::Device;
             }
@@ -382,10 +417,28 @@ impl CacheCoordinator {
         tokens: &[u32],
         reusable: u32,
     ) -> AdmissionMatch {
+        let mut m = self.spare.take();
+        let r = self.admission_match_into(&mut m, whole, tokens, reusable);
+        self.spare.set(m);
+        r
+    }
+
+    fn admission_match_into(
+        &self,
+        m: &mut MatchScratch,
+        whole: Option<&PromptIndex>,
+        tokens: &[u32],
+        reusable: u32,
+    ) -> AdmissionMatch {
+        let MatchScratch {
+            table,
+            tails,
+            required,
+        } = m;
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
-        let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
-        let table = self.table(&index, tokens, bound, &tails, None, Some(Have::Host));
+        self.tail_candidates(tails, &index, tokens, 0, bound, &[]);
+        self.table(table, &index, tokens, bound, tails, None, Some(Have::Host));
         let device = table.longest(0, Have::Device);
         let best = table.longest(0, Have::Host);
         let device_tokens = device.map_or(0, |c| c.boundary);
@@ -399,7 +452,7 @@ impl CacheCoordinator {
                 copy_on_write: false,
             };
         };
-        let required = table.required_blocks(&index, best);
+        table.required_blocks_into(&index, best, required);
         AdmissionMatch {
             boundary: best.boundary,
             device_tokens,
@@ -410,7 +463,7 @@ impl CacheCoordinator {
                 .filter(|b| b.have == Have::Host)
                 .map(|b| b.addr)
                 .collect(),
-            copy_on_write: self.partial_history(&required),
+            copy_on_write: self.partial_history(required),
         }
     }
 
@@ -498,10 +551,26 @@ impl CacheCoordinator {
         credits: QueryCredits,
         limits: QueryLimits,
     ) -> QueryPlan {
+        let mut m = self.spare.take();
+        let plan = self.plan_query_rows_into(&mut m, whole, tokens, reusable, credits, limits);
+        self.spare.set(m);
+        plan
+    }
+
+    fn plan_query_rows_into(
+        &self,
+        m: &mut MatchScratch,
+        whole: Option<&PromptIndex>,
+        tokens: &[u32],
+        reusable: u32,
+        credits: QueryCredits,
+        limits: QueryLimits,
+    ) -> QueryPlan {
+        let MatchScratch { table, tails, .. } = m;
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
-        let tails = self.tail_candidates(&index, tokens, 0, bound, &[]);
-        let table = self.table(&index, tokens, bound, &tails, None, None);
+        self.tail_candidates(tails, &index, tokens, 0, bound, &[]);
+        self.table(table, &index, tokens, bound, tails, None, None);
         let (local, device) = table.longest_pair(0, Have::Host, Have::Device);
         let local = local.map_or(0, |c| c.boundary);
         let device = device.map_or(0, |c| c.boundary);
@@ -534,7 +603,7 @@ impl CacheCoordinator {
                 return plan;
             }
         }
-        let Some(packing) = pack(&table, &index, &candidates, credits) else {
+        let Some(packing) = pack(table, &index, &candidates, credits) else {
             plan.bypass = Some(Bypass::NoCreditFit);
             return plan;
         };
@@ -604,6 +673,38 @@ impl CacheCoordinator {
         queried: &[QueryRow],
         keys: &[StorageKey],
     ) -> Result<Reservation, CacheError> {
+        let mut m = self.spare.take();
+        let r = self.reserve_into(
+            &mut m,
+            whole,
+            tokens,
+            reusable,
+            hints,
+            host_credits,
+            queried,
+            keys,
+        );
+        self.spare.set(m);
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reserve_into(
+        &mut self,
+        m: &mut MatchScratch,
+        whole: Option<&PromptIndex>,
+        tokens: &[u32],
+        reusable: u32,
+        hints: &ExistenceHints,
+        host_credits: u32,
+        queried: &[QueryRow],
+        keys: &[StorageKey],
+    ) -> Result<Reservation, CacheError> {
+        let MatchScratch {
+            table,
+            tails,
+            required,
+        } = m;
         let known = if queried.len() == keys.len() {
             queried
         } else {
@@ -611,12 +712,13 @@ impl CacheCoordinator {
         };
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
-        let tails = self.tail_candidates(&index, tokens, 0, bound, &hints.tails);
-        let table = self.table(
+        self.tail_candidates(tails, &index, tokens, 0, bound, &hints.tails);
+        self.table(
+            table,
             &index,
             tokens,
             bound,
-            &tails,
+            tails,
             Some(&hints.blocks[..]),
             Some(Have::Assumed),
         );
@@ -639,8 +741,8 @@ impl CacheCoordinator {
             if dest + warm > host_credits {
                 continue;
             }
-            let required = table.required_blocks(&index, c);
-            if let Some(mut r) = self.try_allocate(&required, dest + warm, known, keys)? {
+            table.required_blocks_into(&index, c, required);
+            if let Some(mut r) = self.try_allocate(required, dest + warm, known, keys)? {
                 r.boundary = c.boundary;
                 r.device_tokens = device_tokens;
                 r.tail = tail;

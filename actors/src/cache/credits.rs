@@ -9,9 +9,9 @@
 //! can never crowd out the prompt-end checkpoint needed for the longest restore. Packing
 //! never allocates or pins anything.
 
+use super::keys::ContentHash;
 use super::keys::PromptIndex;
 use super::matcher::{BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
-use std::collections::BTreeSet;
 
 /// Credits available to one QUERY.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,23 +44,48 @@ pub struct Packing {
 
 /// Per-group record of the complete blocks already asked for.
 struct Included {
-    bits: Vec<Vec<bool>>,
-    /// Per group a range [lo, hi) whose missing blocks are all included.
-    covered: Vec<(u32, u32)>,
-    tails: BTreeSet<(u32, super::keys::ContentHash)>,
+    /// One flag per complete block of every group, group after group (`offset`).
+    bits: Vec<bool>,
+    /// Per group: where its flags start in `bits`, and a range [lo, hi) whose missing
+    /// blocks are all included.
+    groups: Vec<IncludedGroup>,
+    /// Tail blocks asked for (a QUERY asks for a few at most: searched linearly).
+    tails: Vec<(u32, ContentHash)>,
+}
+
+#[derive(Clone, Copy)]
+struct IncludedGroup {
+    offset: usize,
+    covered: (u32, u32),
 }
 
 impl Included {
     fn new(table: &MatchTable) -> Self {
-        let n = table.group_count();
-        let bits = (0..n)
-            .map(|g| vec![false; table.blocks(g) as usize])
+        let mut offset = 0;
+        let groups = (0..table.group_count())
+            .map(|g| {
+                let at = offset;
+                offset += table.blocks(g) as usize;
+                IncludedGroup {
+                    offset: at,
+                    covered: (0, 0),
+                }
+            })
             .collect();
         Self {
-            bits,
-            covered: vec![(0, 0); n],
-            tails: BTreeSet::new(),
+            bits: vec![false; offset],
+            groups,
+            tails: Vec::new(),
         }
+    }
+
+    fn has(&self, g: usize, k: u32) -> bool {
+        self.bits[self.groups[g].offset + k as usize]
+    }
+
+    fn set(&mut self, g: usize, k: u32) {
+        let i = self.groups[g].offset + k as usize;
+        self.bits[i] = true;
     }
 }
 
@@ -82,7 +107,7 @@ pub fn pack(
             charge,
         )
     };
-    let (pi, (_, _, charge)) = candidates
+    let (pi, (_, primary_keys, charge)) = candidates
         .iter()
         .enumerate()
         .map(|(i, c)| (i, fits(*c)))
@@ -90,7 +115,8 @@ pub fn pack(
     let mut inc = Included::new(table);
     let mut packing = Packing {
         boundaries: Vec::with_capacity(candidates.len() - pi),
-        blocks: Vec::new(),
+        // The primary's missing blocks (at most one per key); fallbacks seldom add more.
+        blocks: Vec::with_capacity(primary_keys as usize),
         keys: 0,
         host_blocks: charge,
     };
@@ -132,10 +158,10 @@ fn extra_blocks(
     out.clear();
     for g in 0..table.group_count() {
         let (s, e, tail) = table.requirement(g, c.boundary);
-        let (clo, chi) = inc.covered[g];
+        let (clo, chi) = inc.groups[g].covered;
         if !(s >= clo && e <= chi) {
             for k in s..e {
-                if table.have(g, k) == Have::Missing && !inc.bits[g][k as usize] {
+                if table.have(g, k) == Have::Missing && !inc.has(g, k) {
                     out.push(RequiredBlock {
                         addr: super::keys::BlockAddr::new(g, index.block_hash(g, k)),
                         slot: BlockSlot::Full(k),
@@ -163,16 +189,18 @@ fn extra_blocks(
 fn include(table: &MatchTable, inc: &mut Included, c: Candidate, extra: &[RequiredBlock]) {
     for b in extra {
         match b.slot {
-            BlockSlot::Full(k) => inc.bits[b.addr.group as usize][k as usize] = true,
+            BlockSlot::Full(k) => inc.set(b.addr.group as usize, k),
             BlockSlot::Tail => {
-                inc.tails.insert((b.addr.group, b.addr.hash));
+                if !inc.tails.contains(&(b.addr.group, b.addr.hash)) {
+                    inc.tails.push((b.addr.group, b.addr.hash));
+                }
             }
         }
     }
     for g in 0..table.group_count() {
         let (s, e, _) = table.requirement(g, c.boundary);
-        let (clo, chi) = inc.covered[g];
-        inc.covered[g] = if clo == chi {
+        let (clo, chi) = inc.groups[g].covered;
+        inc.groups[g].covered = if clo == chi {
             (s, e)
         } else if e >= clo && s <= chi {
             (s.min(clo), e.max(chi))

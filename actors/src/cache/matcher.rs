@@ -84,6 +84,21 @@ struct GroupTable {
     have: Vec<Have>,
     /// counts[i][h]: blocks with level h among blocks [0, i) (one allocation per group).
     counts: Vec<[u32; 4]>,
+    /// Set while a rebuild's clamp pass has already classified this group's first blocks.
+    classified: bool,
+}
+
+impl Default for GroupTable {
+    fn default() -> Self {
+        Self {
+            kind: GroupKind::Full,
+            block_tokens: 1,
+            pages: 0,
+            have: Vec::new(),
+            counts: Vec::new(),
+            classified: false,
+        }
+    }
 }
 
 impl GroupTable {
@@ -118,21 +133,21 @@ pub fn requirement(kind: GroupKind, block_tokens: u32, b: u32) -> (u32, u32, boo
     }
 }
 
-#[derive(Clone, Debug)]
-struct TailEntry {
-    candidate: TailCandidate,
-    /// Per group: the tail block's address and level (None when the group is aligned at the
-    /// tail's boundary).
-    blocks: Vec<Option<(BlockAddr, Have)>>,
-}
-
-/// The per-request match table.
-#[derive(Clone, Debug)]
+/// The per-request match table. Its buffers outlive one request: `rebuild` refills them for
+/// the next prompt, so a caller that keeps a table (the CacheCoordinator keeps one) matches
+/// without allocating once the buffers have grown to its prompts' size.
+#[derive(Clone, Debug, Default)]
 pub struct MatchTable {
     hi: u32,
     parent_tokens: u32,
     groups: Vec<GroupTable>,
-    tails: Vec<TailEntry>,
+    /// The tail candidates this prompt carries, sorted by boundary.
+    tails: Vec<TailCandidate>,
+    /// Per tail candidate and group (`tails.len() * groups.len()`, tail-major): the tail
+    /// block's address and level (None when the group is aligned at the tail's boundary).
+    tail_blocks: Vec<Option<(BlockAddr, Have)>>,
+    /// Token bytes for hashing tail identities.
+    scratch: Vec<u8>,
 }
 
 impl MatchTable {
@@ -147,97 +162,97 @@ impl MatchTable {
         hi: u32,
         tails: &[TailCandidate],
         clamp: Option<Have>,
-        mut avail: impl FnMut(BlockAddr) -> Have,
+        avail: impl FnMut(BlockAddr) -> Have,
     ) -> Self {
+        let mut table = Self::default();
+        table.rebuild(geometry, index, tokens, hi, tails, clamp, avail);
+        table
+    }
+
+    /// `build` into this table's buffers (what it held before is replaced).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rebuild(
+        &mut self,
+        geometry: &CacheGeometry,
+        index: &PromptIndex,
+        tokens: &[u32],
+        hi: u32,
+        tails: &[TailCandidate],
+        clamp: Option<Have>,
+        mut avail: impl FnMut(BlockAddr) -> Have,
+    ) {
         let mut hi = hi.min(index.len());
         let specs = geometry.groups();
-        let mut early: Vec<Option<Vec<Have>>> = vec![None; specs.len()];
+        self.groups.resize_with(specs.len(), GroupTable::default);
+        for (gt, spec) in self.groups.iter_mut().zip(specs) {
+            gt.kind = spec.kind;
+            gt.block_tokens = spec.block_tokens;
+            gt.pages = spec.pages_per_block;
+            gt.have.clear();
+            gt.counts.clear();
+            gt.classified = false;
+        }
         if let Some(min) = clamp {
-            for (g, spec) in specs.iter().enumerate() {
+            for (g, (spec, gt)) in specs.iter().zip(self.groups.iter_mut()).enumerate() {
                 if spec.kind != GroupKind::Full {
                     continue;
                 }
+                gt.classified = true;
                 let n = hi / spec.block_tokens;
-                let mut have = Vec::with_capacity(n as usize);
                 for k in 0..n {
                     let h = avail(BlockAddr::new(g, index.block_hash(g, k)));
-                    have.push(h);
+                    gt.have.push(h);
                     if h < min {
                         hi = hi.min((k + 1) * spec.block_tokens);
                         break;
                     }
                 }
-                early[g] = Some(have);
             }
         }
-        let groups = specs
-            .iter()
-            .enumerate()
-            .map(|(g, spec)| {
-                let n = hi / spec.block_tokens;
-                let have = match early[g].take() {
-                    Some(mut have) => {
-                        have.truncate(n as usize);
-                        have
-                    }
-                    None => (0..n)
-                        .map(|k| avail(BlockAddr::new(g, index.block_hash(g, k))))
-                        .collect(),
-                };
-                let mut counts: Vec<[u32; 4]> = Vec::with_capacity(have.len() + 1);
-                let mut run = [0u32; 4];
-                counts.push(run);
-                for h in &have {
-                    run[*h as usize] += 1;
-                    counts.push(run);
-                }
-                GroupTable {
-                    kind: spec.kind,
-                    block_tokens: spec.block_tokens,
-                    pages: spec.pages_per_block,
-                    have,
-                    counts,
-                }
-            })
-            .collect::<Vec<_>>();
-        let mut scratch = Vec::new();
-        let mut entries: Vec<TailEntry> = Vec::new();
+        for (g, gt) in self.groups.iter_mut().enumerate() {
+            let n = hi / gt.block_tokens;
+            if gt.classified {
+                gt.have.truncate(n as usize);
+            } else {
+                gt.have
+                    .extend((0..n).map(|k| avail(BlockAddr::new(g, index.block_hash(g, k)))));
+            }
+            let mut run = [0u32; 4];
+            gt.counts.push(run);
+            for h in &gt.have {
+                run[*h as usize] += 1;
+                gt.counts.push(run);
+            }
+        }
         let l = index.parent_tokens();
-        let mut sorted: Vec<TailCandidate> = tails
-            .iter()
-            .filter(|t| t.boundary > 0 && t.boundary <= hi && t.boundary % l != 0)
-            .copied()
-            .collect();
-        sorted.sort();
-        sorted.dedup_by_key(|t| t.boundary);
-        // A candidate must carry this prompt's exact tail identity.
-        sorted.retain(|t| index.tail_identity(&mut scratch, tokens, t.boundary) == t.hash);
-        for t in sorted {
-            let blocks = groups
+        self.tails.clear();
+        self.tails.extend(
+            tails
                 .iter()
-                .enumerate()
-                .map(|(g, gt)| {
-                    if t.boundary % gt.block_tokens == 0 {
-                        return None;
-                    }
-                    let addr = BlockAddr::new(
-                        g,
-                        index.tail_block_hash(&mut scratch, tokens, g, t.boundary),
-                    );
-                    Some((addr, avail(addr)))
-                })
-                .collect();
-            entries.push(TailEntry {
-                candidate: t,
-                blocks,
-            });
+                .filter(|t| t.boundary > 0 && t.boundary <= hi && t.boundary % l != 0),
+        );
+        self.tails.sort();
+        self.tails.dedup_by_key(|t| t.boundary);
+        // A candidate must carry this prompt's exact tail identity.
+        let scratch = &mut self.scratch;
+        self.tails
+            .retain(|t| index.tail_identity(scratch, tokens, t.boundary) == t.hash);
+        self.tail_blocks.clear();
+        for t in &self.tails {
+            for (g, gt) in self.groups.iter().enumerate() {
+                if t.boundary % gt.block_tokens == 0 {
+                    self.tail_blocks.push(None);
+                    continue;
+                }
+                let addr = BlockAddr::new(
+                    g,
+                    index.tail_block_hash(&mut self.scratch, tokens, g, t.boundary),
+                );
+                self.tail_blocks.push(Some((addr, avail(addr))));
+            }
         }
-        Self {
-            hi,
-            parent_tokens: index.parent_tokens(),
-            groups,
-            tails: entries,
-        }
+        self.hi = hi;
+        self.parent_tokens = l;
     }
 
     /// The highest boundary the table covers.
@@ -246,7 +261,7 @@ impl MatchTable {
     }
 
     pub fn tail(&self, i: usize) -> TailCandidate {
-        self.tails[i].candidate
+        self.tails[i]
     }
 
     /// Candidate boundaries in (lo, hi], longest first: aligned multiples of the LCM parent
@@ -265,8 +280,8 @@ impl MatchTable {
             if done {
                 return None;
             }
-            if ti > 0 && self.tails[ti - 1].candidate.boundary > a {
-                let b = self.tails[ti - 1].candidate.boundary;
+            if ti > 0 && self.tails[ti - 1].boundary > a {
+                let b = self.tails[ti - 1].boundary;
                 ti -= 1;
                 if b > lo {
                     return Some(Candidate {
@@ -309,7 +324,7 @@ impl MatchTable {
     }
 
     fn tail_have(&self, c: Candidate, g: usize) -> Have {
-        match c.tail.and_then(|i| self.tails[i].blocks[g]) {
+        match c.tail.and_then(|i| self.tail_block_at(i, g)) {
             Some((_, h)) => h,
             // A partial block of a boundary that is no tail candidate: never available.
             None => Have::Missing,
@@ -352,6 +367,18 @@ impl MatchTable {
     /// The blocks `c` requires, by group then position (tail last).
     pub fn required_blocks(&self, index: &PromptIndex, c: Candidate) -> Vec<RequiredBlock> {
         let mut out = Vec::new();
+        self.required_blocks_into(index, c, &mut out);
+        out
+    }
+
+    /// `required_blocks` into `out` (emptied first).
+    pub fn required_blocks_into(
+        &self,
+        index: &PromptIndex,
+        c: Candidate,
+        out: &mut Vec<RequiredBlock>,
+    ) {
+        out.clear();
         for (g, gt) in self.groups.iter().enumerate() {
             let (s, e, tail) = gt.requirement(c.boundary);
             for k in s..e {
@@ -363,7 +390,7 @@ impl MatchTable {
                 });
             }
             if tail {
-                if let Some((addr, have)) = c.tail.and_then(|i| self.tails[i].blocks[g]) {
+                if let Some((addr, have)) = c.tail.and_then(|i| self.tail_block_at(i, g)) {
                     out.push(RequiredBlock {
                         addr,
                         slot: BlockSlot::Tail,
@@ -373,7 +400,6 @@ impl MatchTable {
                 }
             }
         }
-        out
     }
 
     /// Group `g`'s complete-block range at `b` and whether it needs a tail block.
@@ -399,8 +425,12 @@ impl MatchTable {
         self.groups.len()
     }
 
+    fn tail_block_at(&self, i: usize, g: usize) -> Option<(BlockAddr, Have)> {
+        self.tail_blocks[i * self.groups.len() + g]
+    }
+
     /// Group `g`'s tail block at candidate `c`, if it has one.
     pub fn tail_block(&self, c: Candidate, g: usize) -> Option<(BlockAddr, Have)> {
-        c.tail.and_then(|i| self.tails[i].blocks[g])
+        c.tail.and_then(|i| self.tail_block_at(i, g))
     }
 }

@@ -151,8 +151,23 @@ impl TailTable {
         hi: u32,
     ) -> Vec<TailCandidate> {
         let mut out = Vec::new();
+        self.candidates_into(&mut out, index, tokens, lo, hi);
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// `candidates` appended to `out` (neither sorted nor deduplicated: the caller does).
+    pub fn candidates_into(
+        &self,
+        out: &mut Vec<TailCandidate>,
+        index: &PromptIndex,
+        tokens: &[u32],
+        lo: u32,
+        hi: u32,
+    ) {
         if self.order.is_empty() {
-            return out;
+            return;
         }
         let l = index.parent_tokens();
         let hi = hi.min(index.len());
@@ -173,9 +188,6 @@ impl TailTable {
             }
             k += 1;
         }
-        out.sort();
-        out.dedup();
-        out
     }
 }
 

@@ -413,7 +413,7 @@ impl StorageTransferManager {
         }
     }
 
-    fn cancel_into(&mut self, request: RequestId, fx: &mut RoundEffects) {
+    pub(super) fn cancel_into(&mut self, request: RequestId, fx: &mut RoundEffects) {
         match self.waits.get(&request).map(|w| w.phase) {
             Some(WaitPhase::Ready { .. }) => self.end_ready(request, fx),
             Some(_) => self.end_wait(request, WaitEnd::Detached, fx),
@@ -434,14 +434,19 @@ impl StorageTransferManager {
     /// lease (its wait already ended) does nothing.
     pub fn detach(&mut self, lease: StorageLease) -> RoundEffects {
         let mut fx = RoundEffects::default();
+        self.detach_into(lease, &mut fx);
+        fx
+    }
+
+    /// `detach` into the caller's effects (no effects of its own to merge).
+    pub(super) fn detach_into(&mut self, lease: StorageLease, fx: &mut RoundEffects) {
         if self
             .waits
             .get(&lease.request)
             .is_some_and(|w| w.serial == lease.serial)
         {
-            self.cancel_into(lease.request, &mut fx);
+            self.cancel_into(lease.request, fx);
         }
-        fx
     }
 
     /// Settles a ticket: its credits return and its held references are released. Returns

@@ -226,8 +226,8 @@ impl StorageTransferManager {
             let mut fx = RoundEffects::default();
             for h in handbacks {
                 match h {
-                    HandBack::Detach(lease) => fx.extend(self.detach(lease)),
-                    HandBack::Cancel(request) => fx.extend(self.cancel(request)),
+                    HandBack::Detach(lease) => self.detach_into(lease, &mut fx),
+                    HandBack::Cancel(request) => self.cancel_into(request, &mut fx),
                 }
             }
             ops.extend(fx.cancels.drain(..).map(StorageOp::Cancel));
