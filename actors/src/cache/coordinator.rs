@@ -231,6 +231,13 @@ impl SpareMatch {
     fn set(&self, m: MatchScratch) {
         self.0.set(m)
     }
+    /// Lends the buffers to `f` and takes them back.
+    fn lend<R>(&self, f: impl FnOnce(&mut MatchScratch) -> R) -> R {
+        let mut m = self.take();
+        let r = f(&mut m);
+        self.set(m);
+        r
+    }
 }
 
 impl std::fmt::Debug for SpareMatch {
@@ -417,10 +424,8 @@ impl CacheCoordinator {
         tokens: &[u32],
         reusable: u32,
     ) -> AdmissionMatch {
-        let mut m = self.spare.take();
-        let r = self.admission_match_into(&mut m, whole, tokens, reusable);
-        self.spare.set(m);
-        r
+        self.spare
+            .lend(|m| self.admission_match_into(m, whole, tokens, reusable))
     }
 
     fn admission_match_into(
@@ -551,10 +556,8 @@ impl CacheCoordinator {
         credits: QueryCredits,
         limits: QueryLimits,
     ) -> QueryPlan {
-        let mut m = self.spare.take();
-        let plan = self.plan_query_rows_into(&mut m, whole, tokens, reusable, credits, limits);
-        self.spare.set(m);
-        plan
+        self.spare
+            .lend(|m| self.plan_query_rows_into(m, whole, tokens, reusable, credits, limits))
     }
 
     fn plan_query_rows_into(
