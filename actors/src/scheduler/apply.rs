@@ -125,7 +125,7 @@ impl Scheduler {
     /// the effects of a clear, which carry no query results).
     pub(super) fn apply_effects(
         &mut self,
-        fx: RoundEffects,
+        mut fx: RoundEffects,
         mut storage: Option<&mut StorageTransferManager>,
     ) {
         // Candidates that left the backup queue without a PUT: forget their (nonowning)
@@ -138,7 +138,7 @@ impl Scheduler {
         }
         let reoffered: BTreeSet<HostRef> = fx.reoffer.iter().map(|c| c.host).collect();
         // Query results: reserve destinations and read, or fall back to local admission.
-        for q in fx.query_results {
+        for q in fx.query_results.drain(..) {
             self.on_query_result(q.request, &q.exists, &q.keys, storage.as_deref_mut());
         }
         // Publication of fully successful, retired rows of attached GETs, request by
@@ -151,16 +151,20 @@ impl Scheduler {
         for rows in published.chunk_by(|a, b| a.0 == b.0) {
             self.on_get_published(rows[0].0, rows);
         }
-        for (req, why) in fx.waits_ended {
+        for (req, why) in fx.waits_ended.drain(..) {
             self.on_wait_ended(req, why);
         }
-        for req in fx.ready_expired {
+        for req in fx.ready_expired.drain(..) {
             if let Some(r) = self.requests.get_mut(&req) {
                 r.resources.ready = None;
             }
         }
-        for h in fx.release {
+        for h in fx.release.drain(..) {
             self.on_release(h, reoffered.contains(&h));
+        }
+        // The emptied lists go back to the manager for the next round's effects.
+        if let Some(stm) = storage {
+            stm.recycle(fx);
         }
     }
 

@@ -87,6 +87,36 @@ impl RoundEffects {
             && negative.is_empty()
             && forgotten.is_empty()
     }
+    /// Empties every list, keeping its capacity, so the next round's effects reuse the
+    /// buffers (a list grown past `RECYCLED_CAPACITY` by a burst is shrunk back to it).
+    pub fn clear(&mut self) {
+        let Self {
+            publish,
+            release,
+            reoffer,
+            query_results,
+            waits_ended,
+            ready_expired,
+            quarantined,
+            cancels,
+            settled,
+            backed_up,
+            negative,
+            forgotten,
+        } = self;
+        recycle(publish);
+        recycle(release);
+        recycle(reoffer);
+        recycle(query_results);
+        recycle(waits_ended);
+        recycle(ready_expired);
+        recycle(quarantined);
+        recycle(cancels);
+        recycle(settled);
+        recycle(backed_up);
+        recycle(negative);
+        recycle(forgotten);
+    }
     /// Append another step's effects (a list still empty here takes the other's as is; an
     /// empty `other`, a quiet round's, costs only its length checks).
     pub fn extend(&mut self, other: RoundEffects) {
@@ -106,6 +136,14 @@ impl RoundEffects {
         append(&mut self.negative, other.negative);
         append(&mut self.forgotten, other.forgotten);
     }
+}
+
+/// The most entries a recycled list keeps room for (a burst's buffers are given back).
+pub const RECYCLED_CAPACITY: usize = 4096;
+
+fn recycle<T>(list: &mut Vec<T>) {
+    list.clear();
+    list.shrink_to(RECYCLED_CAPACITY);
 }
 
 /// `to` followed by `more`, without copying `more` when `to` is empty.

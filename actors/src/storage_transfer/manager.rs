@@ -90,6 +90,9 @@ pub struct StorageTransferManager {
     pub(super) quarantined: bool,
     /// Effects of the last commit's hand-backs and offers, for the next report.
     pub(super) deferred: RoundEffects,
+    /// Emptied effects handed back by the scheduler (`recycle`): the next round's effects
+    /// reuse their buffers.
+    spare: RoundEffects,
     /// Cancellations of detached reads, submitted with the next commit.
     pub(super) outbox: Vec<StorageCancelOp>,
     /// Spans of outstanding operations (observation only).
@@ -134,6 +137,7 @@ impl StorageTransferManager {
             epoch: 0,
             quarantined: false,
             deferred: RoundEffects::default(),
+            spare: RoundEffects::default(),
             outbox: Vec::new(),
             trace: OperationTrace::default(),
             planning: Planning::default(),
@@ -294,7 +298,7 @@ impl StorageTransferManager {
         let mut completions = input.completions;
         completions.sort_by_key(|d| d.op);
         self.validate_completions(&completions)?;
-        let mut fx = RoundEffects::default();
+        let mut fx = std::mem::take(&mut self.spare);
         self.apply_tick(input.tick_us, input.pressure, &mut fx);
         for request in input.cancellations {
             self.cancel_into(request, &mut fx);
@@ -339,6 +343,13 @@ impl StorageTransferManager {
             }
         }
         Ok(())
+    }
+
+    /// Takes back a round's effects once the scheduler has applied them: emptied, their
+    /// buffers serve the next round (a steady state allocates no effect lists).
+    pub fn recycle(&mut self, mut fx: RoundEffects) {
+        fx.clear();
+        self.spare = fx;
     }
 
     fn apply_tick(&mut self, tick_us: u64, pressure: PressureObservation, fx: &mut RoundEffects) {

@@ -39,7 +39,7 @@ mod tests;
 pub use backup::{BackupCandidate, BackupKey, BackupQueue, BlockPage, DropReason, OfferOutcome};
 pub use clear::{ClearKind, ClearRefused};
 pub use credits::{CreditClass, Credits};
-pub use effects::{PublishRow, QueryResult, RoundEffects};
+pub use effects::{PublishRow, QueryResult, RoundEffects, RECYCLED_CAPACITY};
 pub use gate::{GateTransition, PressureGate};
 pub use lease::{StorageLease, WaitEnd, WaitPhase};
 pub use manager::{Refusal, RoundInput, StorageTransferManager};

@@ -92,6 +92,29 @@ fn to_get(
 }
 
 #[test]
+fn recycled_effects_come_back_empty_with_their_buffers() {
+    let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms
+    m.apply_round(round(10 * MS)).unwrap();
+    let (_lease, get) = to_get(&mut m, 1, 2, 100, 60 * MS);
+    let fx = m.apply_round(round(110 * MS)).unwrap();
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::SoftTimeout)]);
+    assert_eq!(fx.cancels, vec![messages::StorageCancelOp { op: get }]);
+    let room = fx.waits_ended.capacity();
+    m.recycle(fx);
+    // The next (quiet) round reuses the lists: nothing of the last round's effects is
+    // reported again, and the buffer kept its room.
+    let fx = m.apply_round(round(120 * MS)).unwrap();
+    assert!(fx.is_empty(), "recycled effects leaked entries: {fx:?}");
+    assert!(fx.waits_ended.capacity() >= room.max(1));
+    // A burst's buffer is given back down to the recycled capacity.
+    let mut burst = RoundEffects::default();
+    burst.settled = (0..RECYCLED_CAPACITY as u64 * 4).map(OperationId).collect();
+    burst.clear();
+    assert!(burst.is_empty());
+    assert!(burst.settled.capacity() <= RECYCLED_CAPACITY);
+}
+
+#[test]
 fn soft_deadline_counts_from_query_issue_and_includes_queue_wait() {
     let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms
     m.apply_round(round(10 * MS)).unwrap();
