@@ -107,8 +107,10 @@ fn recycled_effects_come_back_empty_with_their_buffers() {
     assert!(fx.is_empty(), "recycled effects leaked entries: {fx:?}");
     assert!(fx.waits_ended.capacity() >= room.max(1));
     // A burst's buffer is given back down to the recycled capacity.
-    let mut burst = RoundEffects::default();
-    burst.settled = (0..RECYCLED_CAPACITY as u64 * 4).map(OperationId).collect();
+    let mut burst = RoundEffects {
+        settled: (0..RECYCLED_CAPACITY as u64 * 4).map(OperationId).collect(),
+        ..Default::default()
+    };
     burst.clear();
     assert!(burst.is_empty());
     assert!(burst.settled.capacity() <= RECYCLED_CAPACITY);
