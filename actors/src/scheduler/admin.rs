@@ -47,7 +47,7 @@ impl Scheduler {
     pub fn apply_admin(&mut self, cleared: Option<RoundEffects>, new_namespace: Option<Namespace>) {
         let cmd = self.pending_admin.pop_front();
         if let Some(fx) = cleared {
-            self.apply_effects(fx, None);
+            self.apply_effects(Box::new(fx), None);
         }
         if let Some(AdminCommand::ResetLocal { host }) = cmd {
             // Local caches only: the namespace, the tail hints of L3 objects and every

@@ -125,9 +125,16 @@ impl Scheduler {
     /// the effects of a clear, which carry no query results).
     pub(super) fn apply_effects(
         &mut self,
-        mut fx: RoundEffects,
+        mut fx: Box<RoundEffects>,
         mut storage: Option<&mut StorageTransferManager>,
     ) {
+        // A quiet round's effects: nothing to apply, the lists go straight back.
+        if fx.is_empty() {
+            if let Some(stm) = storage {
+                stm.recycle(fx);
+            }
+            return;
+        }
         // Candidates that left the backup queue without a PUT: forget their (nonowning)
         // references. A PUT rejected for capacity re-queues its candidate: its source
         // reference is released below but the candidate's record stays.

@@ -172,7 +172,7 @@ pub struct BackupQueue {
     dropped: [u64; 5],
     coalesced: u64,
     /// References of candidates that left the queue without a PUT (dropped or coalesced):
-    /// the cache owner may forget them (`take_forgotten`). Candidates are nonowning, so
+    /// the cache owner may forget them (`drain_forgotten_into`). Candidates are nonowning, so
     /// forgetting unpins nothing.
     forgotten: Vec<HostRef>,
 }
@@ -232,9 +232,10 @@ impl BackupQueue {
         self.forgotten.push(host);
     }
 
-    /// References of candidates that left the queue without a PUT since the last call.
-    pub fn take_forgotten(&mut self) -> Vec<HostRef> {
-        std::mem::take(&mut self.forgotten)
+    /// References of candidates that left the queue without a PUT since the last call,
+    /// moved to the end of `to` (the queue keeps its buffer).
+    pub fn drain_forgotten_into(&mut self, to: &mut Vec<HostRef>) {
+        to.append(&mut self.forgotten);
     }
 
     pub fn count_drop(&mut self, reason: DropReason, n: u64) {

@@ -117,6 +117,36 @@ impl RoundEffects {
         recycle(negative);
         recycle(forgotten);
     }
+    /// Moves `other`'s entries to the end of these lists; both keep their buffers (the
+    /// deferred effects move into the recycled report this way, allocating nothing).
+    pub fn move_from(&mut self, other: &mut RoundEffects) {
+        let Self {
+            publish,
+            release,
+            reoffer,
+            query_results,
+            waits_ended,
+            ready_expired,
+            quarantined,
+            cancels,
+            settled,
+            backed_up,
+            negative,
+            forgotten,
+        } = other;
+        self.publish.append(publish);
+        self.release.append(release);
+        self.reoffer.append(reoffer);
+        self.query_results.append(query_results);
+        self.waits_ended.append(waits_ended);
+        self.ready_expired.append(ready_expired);
+        self.quarantined.append(quarantined);
+        self.cancels.append(cancels);
+        self.settled.append(settled);
+        self.backed_up.append(backed_up);
+        self.negative.append(negative);
+        self.forgotten.append(forgotten);
+    }
     /// Append another step's effects (a list still empty here takes the other's as is; an
     /// empty `other`, a quiet round's, costs only its length checks).
     pub fn extend(&mut self, other: RoundEffects) {

@@ -92,7 +92,7 @@ pub struct StorageTransferManager {
     pub(super) deferred: RoundEffects,
     /// Emptied effects handed back by the scheduler (`recycle`): the next round's effects
     /// reuse their buffers.
-    spare: RoundEffects,
+    pub(super) spare: Option<Box<RoundEffects>>,
     /// Cancellations of detached reads, submitted with the next commit.
     pub(super) outbox: Vec<StorageCancelOp>,
     /// Spans of outstanding operations (observation only).
@@ -137,7 +137,7 @@ impl StorageTransferManager {
             epoch: 0,
             quarantined: false,
             deferred: RoundEffects::default(),
-            spare: RoundEffects::default(),
+            spare: None,
             outbox: Vec::new(),
             trace: OperationTrace::default(),
             planning: Planning::default(),
@@ -295,18 +295,29 @@ impl StorageTransferManager {
     /// Apply one agreed round: tick, then cancellations, then completions. The completions
     /// are validated first, all of them, so an invalid record changes nothing.
     pub fn apply_round(&mut self, input: RoundInput) -> Result<RoundEffects, ProtocolError> {
+        let mut fx = RoundEffects::default();
+        self.apply_round_into(input, &mut fx)?;
+        Ok(fx)
+    }
+
+    /// `apply_round`, its effects appended to `fx` (nothing is appended when the round is
+    /// invalid).
+    pub(super) fn apply_round_into(
+        &mut self,
+        input: RoundInput,
+        fx: &mut RoundEffects,
+    ) -> Result<(), ProtocolError> {
         let mut completions = input.completions;
         completions.sort_by_key(|d| d.op);
         self.validate_completions(&completions)?;
-        let mut fx = std::mem::take(&mut self.spare);
-        self.apply_tick(input.tick_us, input.pressure, &mut fx);
+        self.apply_tick(input.tick_us, input.pressure, fx);
         for request in input.cancellations {
-            self.cancel_into(request, &mut fx);
+            self.cancel_into(request, fx);
         }
         for done in &completions {
-            self.apply_completion(done, &mut fx);
+            self.apply_completion(done, fx);
         }
-        Ok(fx)
+        Ok(())
     }
 
     /// Validates the round's completions, sorted by operation (so a twice-completed
@@ -347,9 +358,11 @@ impl StorageTransferManager {
 
     /// Takes back a round's effects once the scheduler has applied them: emptied, their
     /// buffers serve the next round (a steady state allocates no effect lists).
-    pub fn recycle(&mut self, mut fx: RoundEffects) {
-        fx.clear();
-        self.spare = fx;
+    pub fn recycle(&mut self, mut fx: Box<RoundEffects>) {
+        if !fx.is_empty() {
+            fx.clear();
+        }
+        self.spare = Some(fx);
     }
 
     fn apply_tick(&mut self, tick_us: u64, pressure: PressureObservation, fx: &mut RoundEffects) {

@@ -247,7 +247,7 @@ impl Harness {
                         ..Default::default()
                     })
                     .expect("no completions");
-                self.absorb(report.effects);
+                self.absorb(*report.effects);
                 let planned = self.m.plan_backups_keyed(&mut res);
                 let puts: Vec<_> = self
                     .m

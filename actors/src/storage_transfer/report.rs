@@ -26,7 +26,9 @@ pub enum BackendTrouble {
 /// Manager → scheduler, once per round, after the agreed round is applied.
 #[derive(Debug)]
 pub struct StorageReport {
-    pub effects: RoundEffects,
+    /// Boxed: the report moves through the round by pointer, and the scheduler hands the
+    /// emptied box back (`StorageTransferManager::recycle`).
+    pub effects: Box<RoundEffects>,
     /// Requests whose attached read (as of before this round) met backend trouble.
     pub trouble: Vec<(RequestId, BackendTrouble)>,
 }

@@ -77,17 +77,25 @@ impl StorageTransferManager {
             .filter(|d| self.trace.traces(d.op))
             .cloned()
             .collect();
-        let fx = self.apply_round(input)?;
+        // The effects of the last plan's hand-backs first, then this round's, in the lists
+        // the scheduler handed back last round (`recycle`).
+        let mut effects = self.spare.take().unwrap_or_default();
+        if !self.deferred.is_empty() {
+            effects.move_from(&mut self.deferred);
+        }
+        if let Err(e) = self.apply_round_into(input, &mut effects) {
+            // An invalid round appended nothing: the deferred effects wait for the next.
+            self.deferred.move_from(&mut effects);
+            return Err(e);
+        }
         for done in &traced {
             let was_attached = attached.iter().any(|(op, _)| *op == done.op);
-            self.trace.agreed(done, was_attached, &fx);
+            self.trace.agreed(done, was_attached, &effects);
         }
-        let mut effects = std::mem::take(&mut self.deferred);
-        effects.extend(fx);
         self.outbox.append(&mut effects.cancels);
         // A plan that never ended keeps its operations for the next `end_plan`.
         debug_assert!(self.planning.ops.is_empty(), "the last plan did not end");
-        effects.forgotten.extend(self.backups.take_forgotten());
+        self.backups.drain_forgotten_into(&mut effects.forgotten);
         Ok(StorageReport { effects, trouble })
     }
 
@@ -223,15 +231,17 @@ impl StorageTransferManager {
             .collect();
         ops.extend(planning.ops);
         if !handbacks.is_empty() {
-            let mut fx = RoundEffects::default();
+            // Written straight into the deferred effects (their lists keep their buffers).
+            let mut fx = std::mem::take(&mut self.deferred);
+            let before = fx.cancels.len();
             for h in handbacks {
                 match h {
                     HandBack::Detach(lease) => self.detach_into(lease, &mut fx),
                     HandBack::Cancel(request) => self.cancel_into(request, &mut fx),
                 }
             }
-            ops.extend(fx.cancels.drain(..).map(StorageOp::Cancel));
-            self.deferred.extend(fx);
+            ops.extend(fx.cancels.drain(before..).map(StorageOp::Cancel));
+            self.deferred = fx;
         }
         let parents = planning.parents;
         self.trace.issued(&ops, |op| parents.get(&op));
@@ -258,7 +268,7 @@ impl StorageTransferManager {
         cancels.append(&mut fx.cancels);
         let mut effects = std::mem::take(&mut self.deferred);
         effects.extend(fx);
-        effects.forgotten.extend(self.backups.take_forgotten());
+        self.backups.drain_forgotten_into(&mut effects.forgotten);
         let tickets = &self.tickets;
         self.trace
             .retain_outstanding(|op| tickets.contains_key(&op));

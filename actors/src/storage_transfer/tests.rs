@@ -96,16 +96,24 @@ fn recycled_effects_come_back_empty_with_their_buffers() {
     let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms
     m.apply_round(round(10 * MS)).unwrap();
     let (_lease, get) = to_get(&mut m, 1, 2, 100, 60 * MS);
-    let fx = m.apply_round(round(110 * MS)).unwrap();
+    let fx = m.begin_round(round(110 * MS)).unwrap().effects;
     assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::SoftTimeout)]);
-    assert_eq!(fx.cancels, vec![messages::StorageCancelOp { op: get }]);
+    // The round's cancellation went to the outbox (submitted with the next plan).
+    assert!(fx.cancels.is_empty());
+    assert_eq!(
+        m.end_plan(Vec::new()),
+        vec![StorageOp::Cancel(messages::StorageCancelOp { op: get })]
+    );
     let room = fx.waits_ended.capacity();
+    let boxed: *const RoundEffects = &*fx;
     m.recycle(fx);
-    // The next (quiet) round reuses the lists: nothing of the last round's effects is
-    // reported again, and the buffer kept its room.
-    let fx = m.apply_round(round(120 * MS)).unwrap();
+    // The next (quiet) round reuses the box and its lists: nothing of the last round's
+    // effects is reported again, and the buffer kept its room.
+    let fx = m.begin_round(round(120 * MS)).unwrap().effects;
     assert!(fx.is_empty(), "recycled effects leaked entries: {fx:?}");
+    assert!(std::ptr::eq(boxed, &*fx), "the recycled box was not reused");
     assert!(fx.waits_ended.capacity() >= room.max(1));
+    m.end_plan(Vec::new());
     // A burst's buffer is given back down to the recycled capacity.
     let mut burst = RoundEffects {
         settled: (0..RECYCLED_CAPACITY as u64 * 4).map(OperationId).collect(),
