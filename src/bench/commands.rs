@@ -39,8 +39,9 @@ pub enum BenchCommand {
     Promotion(PromotionArgs),
     /// Round cost (apply + plan + d2h_done) of the real Scheduler with waiting requests and
     /// outstanding storage operations, beside the same round with storage disabled, and
-    /// storage enabled with nothing to do beside its disabled twin: µs and allocations per
-    /// round (median of alternating trials), the idle ratio, then the loaded ratio last.
+    /// storage enabled with nothing to do beside its disabled twin, and the loaded storage
+    /// round beside itself holding a tenth of the GETs: µs and allocations per round (median
+    /// of alternating trials), the idle ratio, the scaling ratio, then the loaded ratio last.
     Scheduler(SchedulerArgs),
     /// StorageTransferManager::apply_round alone with outstanding operations and waiting
     /// requests.

@@ -4,7 +4,10 @@
 //! side in one run (µs and, when the binary counts them, allocations per round). A second
 //! pair measures storage enabled with nothing to do: every arrival repeats one prompt the
 //! Device already holds, its reusable bound block-aligned (no QUERY, no GET, no new block
-//! to back up), beside the same workload with storage disabled. Each pair runs `trials`
+//! to back up), beside the same workload with storage disabled. A third pair runs the
+//! loaded storage side beside itself holding a tenth of the GETs (same arrivals, same
+//! operations per round): its ratio shows whether a round's cost follows what changed in it
+//! or what is outstanding. Each pair runs `trials`
 //! times, alternating which side goes first, and reports the trial with the median mean of
 //! each side, so a noisy VM's drift falls on both sides alike.
 //!
@@ -110,6 +113,13 @@ fn ratio(a: &RoundFigures, b: &RoundFigures) -> f64 {
     a.mean_us / b.mean_us.max(f64::MIN_POSITIVE)
 }
 
+/// The lowest and the highest trial ratio.
+fn spread(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
 impl PairFigures {
     /// Round cost with storage over round cost without (median trials' mean µs).
     pub fn time_ratio(&self) -> f64 {
@@ -126,8 +136,7 @@ impl PairFigures {
             _ => String::new(),
         };
         let v = &self.trial_ratios;
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (lo, hi) = spread(v);
         writeln!(
             f,
             "ratio storage/disabled{what}: {:.2}x us/round{allocs} (trials {lo:.2}x-{hi:.2}x over {} trials)",
@@ -137,7 +146,31 @@ impl PairFigures {
     }
 }
 
-/// Both pairs of one run; `Display` prints the idle ratio, then the loaded ratio last.
+/// How many times fewer GETs the scaling pair's second side holds.
+pub const SCALING_FACTOR: usize = 10;
+
+/// The loaded storage side beside itself holding `SCALING_FACTOR` times fewer GETs (same
+/// arrivals, same operations per round): a round's storage cost follows what changed in it,
+/// not what is outstanding, so the ratio stays near 1.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScalingFigures {
+    /// Storage enabled, `outstanding` GETs held.
+    pub held: RoundFigures,
+    /// Storage enabled, `outstanding / SCALING_FACTOR` GETs held.
+    pub fewer: RoundFigures,
+    /// Held ÷ fewer mean µs of each trial, in trial order.
+    pub trial_ratios: Vec<f64>,
+}
+
+impl ScalingFigures {
+    /// Round cost holding every GET over round cost holding a tenth of them.
+    pub fn time_ratio(&self) -> f64 {
+        ratio(&self.held, &self.fewer)
+    }
+}
+
+/// The pairs of one run; `Display` prints the idle ratio, the scaling ratio, then the
+/// loaded ratio last.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchedulerBenchReport {
     pub config: SchedulerBenchConfig,
@@ -145,6 +178,8 @@ pub struct SchedulerBenchReport {
     pub loaded: PairFigures,
     /// Storage enabled with nothing to do (one Device-held prompt).
     pub idle: PairFigures,
+    /// The loaded storage side with all and with a tenth of the held GETs.
+    pub scaling: ScalingFigures,
 }
 
 impl fmt::Display for RoundFigures {
@@ -185,7 +220,18 @@ impl fmt::Display for SchedulerBenchReport {
         )?;
         write!(f, "{}{}", self.idle.storage, self.idle.disabled)?;
         write!(f, "{}{}", self.loaded.storage, self.loaded.disabled)?;
+        write!(f, "{}", self.scaling.fewer)?;
         self.idle.ratio_line(f, ", nothing to do")?;
+        let s = &self.scaling;
+        let (lo, hi) = spread(&s.trial_ratios);
+        writeln!(
+            f,
+            "ratio storage enabled, {} / {} GETs held: {:.2}x us/round (trials {lo:.2}x-{hi:.2}x over {} trials)",
+            c.outstanding,
+            c.outstanding / SCALING_FACTOR,
+            s.time_ratio(),
+            s.trial_ratios.len()
+        )?;
         self.loaded.ratio_line(f, "")
     }
 }
@@ -657,10 +703,25 @@ pub fn bench_scheduler(
     let loaded = run_pair(&loaded_cfg, Workload::Loaded, allocations)?;
     let idle_cfg = workload_config(cfg, Workload::NothingToDo)?;
     let idle = run_pair(&idle_cfg, Workload::NothingToDo, allocations)?;
+    let fewer_cfg = SchedulerBenchConfig {
+        outstanding: loaded_cfg.outstanding / SCALING_FACTOR,
+        ..loaded_cfg.clone()
+    };
+    let (held, mut fewer, trial_ratios) = alternate(
+        cfg.trials,
+        || run_scenario(&loaded_cfg, true, Workload::Loaded, allocations),
+        || run_scenario(&fewer_cfg, true, Workload::Loaded, allocations),
+    )?;
+    fewer.label = "storage enabled, a tenth of the GETs held";
     Ok(SchedulerBenchReport {
         config: cfg.clone(),
         loaded,
         idle,
+        scaling: ScalingFigures {
+            held,
+            fewer,
+            trial_ratios,
+        },
     })
 }
 
@@ -729,26 +790,44 @@ fn run_pair(
     workload: Workload,
     allocations: Option<fn() -> u64>,
 ) -> Result<PairFigures, String> {
-    let trials = cfg.trials.max(1);
-    let (mut on, mut off, mut ratios) = (vec![], vec![], vec![]);
-    for t in 0..trials {
-        let (s, d) = if t % 2 == 0 {
-            let s = run_scenario(cfg, true, workload, allocations)?;
-            (s, run_scenario(cfg, false, workload, allocations)?)
+    let (storage, disabled, trial_ratios) = alternate(
+        cfg.trials,
+        || run_scenario(cfg, true, workload, allocations),
+        || run_scenario(cfg, false, workload, allocations),
+    )?;
+    Ok(PairFigures {
+        storage,
+        disabled,
+        trial_ratios,
+    })
+}
+
+/// Runs `trials` trials of sides `a` and `b` (even trials run `a` first, odd ones `b`):
+/// each side's median trial and the a ÷ b ratio of each trial.
+fn alternate(
+    trials: usize,
+    mut a: impl FnMut() -> Result<RoundFigures, String>,
+    mut b: impl FnMut() -> Result<RoundFigures, String>,
+) -> Result<(RoundFigures, RoundFigures, Vec<f64>), String> {
+    let (mut xs, mut ys, mut ratios) = (vec![], vec![], vec![]);
+    for t in 0..trials.max(1) {
+        let (x, y) = if t % 2 == 0 {
+            let x = a()?;
+            (x, b()?)
         } else {
-            let d = run_scenario(cfg, false, workload, allocations)?;
-            (run_scenario(cfg, true, workload, allocations)?, d)
+            let y = b()?;
+            (a()?, y)
         };
-        ratios.push(ratio(&s, &d));
-        on.push(s);
-        off.push(d);
+        ratios.push(ratio(&x, &y));
+        xs.push(x);
+        ys.push(y);
     }
     let none = || "no trial ran".to_string();
-    Ok(PairFigures {
-        storage: median_trial(on).ok_or_else(none)?,
-        disabled: median_trial(off).ok_or_else(none)?,
-        trial_ratios: ratios,
-    })
+    Ok((
+        median_trial(xs).ok_or_else(none)?,
+        median_trial(ys).ok_or_else(none)?,
+        ratios,
+    ))
 }
 
 #[cfg(test)]
@@ -815,7 +894,33 @@ mod tests {
         assert_eq!(r.idle.trial_ratios.len(), 2);
         let text = r.to_string();
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[lines.len() - 2].starts_with("ratio storage/disabled, nothing to do"));
+        assert!(lines[lines.len() - 3].starts_with("ratio storage/disabled, nothing to do"));
+    }
+
+    #[test]
+    fn the_scaling_pair_holds_a_tenth_of_the_gets_for_the_same_flow() {
+        let cfg = SchedulerBenchConfig {
+            outstanding: 50,
+            ..small()
+        };
+        let r = bench_scheduler(&cfg, None).unwrap();
+        let s = &r.scaling;
+        assert_eq!(s.trial_ratios.len(), 2);
+        assert_eq!(s.fewer.label, "storage enabled, a tenth of the GETs held");
+        // Ten times the held GETs means more requests waiting on storage, but the same
+        // arrivals and storage operations per round.
+        assert!(
+            s.held.storage_waiting_requests >= s.fewer.storage_waiting_requests + 40.0,
+            "{r}"
+        );
+        assert!(s.held.storage_ops_per_round > 0.0 && s.fewer.storage_ops_per_round > 0.0);
+        assert_eq!(s.held.admitted_per_round, s.fewer.admitted_per_round, "{r}");
+        let text = r.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[lines.len() - 2].starts_with("ratio storage enabled, 50 / 5 GETs held"),
+            "{text}"
+        );
     }
 
     #[test]
