@@ -12,6 +12,7 @@ use super::credits::{CreditClass, Credits};
 use super::deadline::{ready_expiry_us, soft_deadline_us, DeadlineQueue};
 use super::effects::{PublishRow, QueryResult, RoundEffects};
 use super::gate::{GateTransition, PressureGate};
+use super::id_map::{id_map, sorted_keys, IdMap};
 use super::lease::{StorageLease, Wait, WaitEnd, WaitPhase};
 use super::negative::NegativeMetadata;
 use super::round::Planning;
@@ -25,8 +26,7 @@ use messages::{
     StorageCancelOp, StorageDone, StorageGetOp, StorageKey, StorageOpKind, StoragePutOp,
     StorageQueryOp,
 };
-use std::collections::btree_map::Entry;
-use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
 
 /// The agreed inputs of one round, as the control plane delivers them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,8 +68,10 @@ pub enum Refusal {
 pub struct StorageTransferManager {
     pub(super) cfg: StorageConfig,
     ids: OperationIdAllocator,
-    pub(super) tickets: BTreeMap<OperationId, Ticket>,
-    waits: BTreeMap<RequestId, Wait>,
+    /// Unsettled tickets by operation (a hash table: walks in operation order sort first).
+    pub(super) tickets: IdMap<OperationId, Ticket>,
+    /// Waits and Ready holds by request (likewise).
+    waits: IdMap<RequestId, Wait>,
     deadlines: DeadlineQueue,
     ready_expiry: DeadlineQueue,
     pub(super) credits: Credits,
@@ -126,8 +128,8 @@ impl StorageTransferManager {
             negative: NegativeMetadata::new(cfg.negative_metadata_capacity),
             cfg,
             ids: OperationIdAllocator::new(),
-            tickets: BTreeMap::new(),
-            waits: BTreeMap::new(),
+            tickets: id_map(),
+            waits: id_map(),
             deadlines: DeadlineQueue::new(),
             ready_expiry: DeadlineQueue::new(),
             pending_put_keys: Default::default(),
@@ -191,7 +193,9 @@ impl StorageTransferManager {
     }
     /// Unsettled tickets, in operation order.
     pub fn tickets(&self) -> impl Iterator<Item = &Ticket> {
-        self.tickets.values()
+        sorted_keys(&self.tickets)
+            .into_iter()
+            .filter_map(|op| self.tickets.get(&op))
     }
     /// The request attached to a ticket, if any. A detached ticket never publishes.
     pub fn attached_waiter(&self, op: OperationId) -> Option<RequestId> {
@@ -207,11 +211,14 @@ impl StorageTransferManager {
     }
     /// Requests still waiting, in request order.
     pub fn waiting_requests(&self) -> Vec<RequestId> {
-        self.waits
+        let mut waiting: Vec<RequestId> = self
+            .waits
             .iter()
             .filter(|(_, w)| w.is_waiting())
             .map(|(r, _)| *r)
-            .collect()
+            .collect();
+        waiting.sort_unstable();
+        waiting
     }
     /// The references a request's Ready hold keeps, in key order.
     pub fn ready_refs(&self, request: RequestId) -> Vec<HostRef> {
@@ -902,12 +909,14 @@ impl StorageTransferManager {
     /// drop Ready holds and candidates, cancel outstanding tickets. In-flight tickets keep
     /// their references until retirement; quarantined tickets keep theirs forever.
     pub(crate) fn reject_outstanding(&mut self, fx: &mut RoundEffects) {
-        let requests: Vec<RequestId> = self.waits.keys().copied().collect();
-        for request in requests {
+        for request in sorted_keys(&self.waits) {
             self.cancel_into(request, fx);
         }
         self.backups.drop_all(DropReason::Cleanup);
-        for t in self.tickets.values_mut() {
+        for op in sorted_keys(&self.tickets) {
+            let Some(t) = self.tickets.get_mut(&op) else {
+                continue;
+            };
             if t.state == TicketState::Issued && !t.cancel_sent {
                 t.cancel_sent = true;
                 fx.cancels.push(StorageCancelOp { op: t.op });

@@ -20,6 +20,7 @@ pub mod credits;
 pub mod deadline;
 pub mod effects;
 pub mod gate;
+pub mod id_map;
 pub mod lease;
 pub mod manager;
 pub mod negative;
