@@ -26,6 +26,7 @@ pub mod engine;
 pub mod frontend;
 pub mod fuzz;
 pub mod host;
+pub mod id_map;
 pub mod l3;
 pub mod metrics;
 pub mod model;

@@ -41,6 +41,7 @@ use crate::cache::coordinator::{
 use crate::cache::keys::BlockAddr;
 use crate::device::{DecodeStep, DeviceSlot};
 use crate::frontend::FallbackReason;
+use crate::id_map::IdMap;
 use crate::model::{RankDigest, SyntheticModel};
 use crate::storage_transfer::trace::RequestTrace;
 use crate::storage_transfer::{HandBack, HostRef};
@@ -50,8 +51,7 @@ use messages::{
     Namespace, PressureObservation, RequestId, SamplingParams, StorageDone, TokenLogprobs,
 };
 use request::{PrefixSplit, Request};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Static configuration of one rank's scheduler.
 #[derive(Clone, Debug)]
@@ -145,39 +145,6 @@ pub(crate) fn tail_kind(kind: crate::cache::GroupKind) -> usize {
     }
 }
 
-/// A map keyed by a sequential ID (HostRef, read number) that is only looked up, inserted
-/// and removed, never iterated: its order cannot reach a decision, so it hashes instead of
-/// keeping a tree (O(1) per reference the manager takes or releases).
-type IdMap<K, V> = HashMap<K, V, BuildIdHasher>;
-
-/// Builds `IdHasher`s (fixed: the same on every rank and run).
-#[derive(Clone, Copy, Debug, Default)]
-struct BuildIdHasher;
-
-impl BuildHasher for BuildIdHasher {
-    type Hasher = IdHasher;
-    fn build_hasher(&self) -> IdHasher {
-        IdHasher(0)
-    }
-}
-
-/// A multiplicative hash of integer IDs: sequential IDs spread over the table's buckets.
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(u64::from(*b));
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
 /// What a Host reference handed to the StorageTransferManager stands for.
 #[derive(Clone, Copy, Debug)]
 enum RefUse {
@@ -217,6 +184,7 @@ pub struct Scheduler {
     unprepared: Vec<RequestId>,
     free_scratch: Vec<u32>,
     /// What each Host reference handed to the manager stands for (lookups only).
+    /// Looked up, inserted and removed, never walked (its order reaches no decision).
     refs: IdMap<HostRef, RefUse>,
     /// Reads in flight or held Ready, by read number (lookups only).
     reads: IdMap<u64, ReadRecord>,

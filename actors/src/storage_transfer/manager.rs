@@ -12,7 +12,6 @@ use super::credits::{CreditClass, Credits};
 use super::deadline::{ready_expiry_us, soft_deadline_us, DeadlineQueue};
 use super::effects::{PublishRow, QueryResult, RoundEffects};
 use super::gate::{GateTransition, PressureGate};
-use super::id_map::{id_map, sorted_keys, IdMap};
 use super::lease::{StorageLease, Wait, WaitEnd, WaitPhase};
 use super::negative::NegativeMetadata;
 use super::round::Planning;
@@ -20,6 +19,7 @@ use super::stats::StmStats;
 use super::ticket::{Ticket, TicketState};
 use super::trace::OperationTrace;
 use super::HostRef;
+use crate::id_map::{id_map, sorted_keys, IdMap};
 use messages::settings::StorageConfig;
 use messages::{
     HostRange, OperationId, OperationIdAllocator, PressureObservation, ProtocolError, RequestId,

@@ -20,7 +20,6 @@ pub mod credits;
 pub mod deadline;
 pub mod effects;
 pub mod gate;
-pub mod id_map;
 pub mod lease;
 pub mod manager;
 pub mod negative;

@@ -1,5 +1,6 @@
-//! The hash the manager's ID-keyed tables (tickets by OperationId, waits by RequestId) are
-//! built with: one multiply per lookup. IDs are sequential integers, so a keyed SipHash
+//! The hash of the tables keyed by a sequential ID (the StorageTransferManager's tickets by
+//! OperationId and waits by RequestId, the Scheduler's Host references and reads): one
+//! multiply per lookup. IDs are sequential integers, so a keyed SipHash
 //! costs more than it protects (no ID comes from a client), and an ordered map pays a tree
 //! walk and node copies of large tickets on every insert and removal.
 //!
@@ -38,15 +39,16 @@ impl Hasher for IdHasher {
     }
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(GOLDEN);
+            self.write_u64(u64::from(*b));
         }
     }
     fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(GOLDEN);
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(GOLDEN);
     }
 }
 
-#[derive(Clone, Copy, Default)]
+/// Builds `IdHasher`s (fixed: the same on every rank and run).
+#[derive(Clone, Copy, Debug, Default)]
 pub struct BuildIdHasher;
 
 impl BuildHasher for BuildIdHasher {
