@@ -8,7 +8,7 @@
 //! only stand in for the matcher's masks), never free a referenced or pinned block, and never
 //! let a map's iteration order shape a result.
 
-use super::credits::{pack, QueryCredits};
+use super::credits::{pack_in, PackScratch, QueryCredits};
 use super::geometry::CacheGeometry;
 use super::keys::{page_key, BlockAddr, ContentHash, PromptIndex};
 use super::matcher::{requirement, BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
@@ -221,15 +221,17 @@ pub struct CacheCoordinator {
 }
 
 /// The coordinator's match buffers, lent to one call at a time (`take`, then `set` back).
+/// Boxed, so a loan moves one pointer, not the buffers' headers; a call made while the
+/// buffers are out (none is today) would get fresh ones.
 #[derive(Default)]
-struct SpareMatch(std::cell::Cell<MatchScratch>);
+struct SpareMatch(std::cell::Cell<Option<Box<MatchScratch>>>);
 
 impl SpareMatch {
-    fn take(&self) -> MatchScratch {
-        self.0.take()
+    fn take(&self) -> Box<MatchScratch> {
+        self.0.take().unwrap_or_default()
     }
-    fn set(&self, m: MatchScratch) {
-        self.0.set(m)
+    fn set(&self, m: Box<MatchScratch>) {
+        self.0.set(Some(m))
     }
     /// Lends the buffers to `f` and takes them back.
     fn lend<R>(&self, f: impl FnOnce(&mut MatchScratch) -> R) -> R {
@@ -252,6 +254,8 @@ struct MatchScratch {
     table: MatchTable,
     tails: Vec<TailCandidate>,
     required: Vec<RequiredBlock>,
+    candidates: Vec<Candidate>,
+    pack: PackScratch,
 }
 
 impl CacheCoordinator {
@@ -439,6 +443,7 @@ impl CacheCoordinator {
             table,
             tails,
             required,
+            ..
         } = m;
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
@@ -569,7 +574,13 @@ impl CacheCoordinator {
         credits: QueryCredits,
         limits: QueryLimits,
     ) -> QueryPlan {
-        let MatchScratch { table, tails, .. } = m;
+        let MatchScratch {
+            table,
+            tails,
+            candidates,
+            pack: pack_scratch,
+            ..
+        } = m;
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
         self.tail_candidates(tails, &index, tokens, 0, bound, &[]);
@@ -595,10 +606,8 @@ impl CacheCoordinator {
         } else {
             bound.min(local.saturating_add(limits.lookahead_tokens))
         };
-        let candidates: Vec<Candidate> = table
-            .candidates_iter(local)
-            .filter(|c| c.boundary <= hi)
-            .collect();
+        candidates.clear();
+        candidates.extend(table.candidates_iter(local).filter(|c| c.boundary <= hi));
         match candidates.first() {
             Some(c) if c.boundary - local >= limits.min_extension_tokens.max(1) => {}
             _ => {
@@ -606,7 +615,7 @@ impl CacheCoordinator {
                 return plan;
             }
         }
-        let Some(packing) = pack(table, &index, &candidates, credits) else {
+        let Some(packing) = pack_in(pack_scratch, table, &index, candidates, credits) else {
             plan.bypass = Some(Bypass::NoCreditFit);
             return plan;
         };
@@ -707,6 +716,7 @@ impl CacheCoordinator {
             table,
             tails,
             required,
+            ..
         } = m;
         let known = if queried.len() == keys.len() {
             queried

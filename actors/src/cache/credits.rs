@@ -42,7 +42,16 @@ pub struct Packing {
     pub host_blocks: u32,
 }
 
+/// Buffers one packing reuses from the last (lent by the coordinator's match scratch):
+/// the included-block record and the extra-blocks list.
+#[derive(Debug, Default)]
+pub struct PackScratch {
+    inc: Included,
+    extra: Vec<RequiredBlock>,
+}
+
 /// Per-group record of the complete blocks already asked for.
+#[derive(Debug, Default)]
 struct Included {
     /// One flag per complete block of every group, group after group (`offset`).
     bits: Vec<bool>,
@@ -53,30 +62,27 @@ struct Included {
     tails: Vec<(u32, ContentHash)>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct IncludedGroup {
     offset: usize,
     covered: (u32, u32),
 }
 
 impl Included {
-    fn new(table: &MatchTable) -> Self {
+    /// Empties the record for `table`'s groups, in the buffers it already has.
+    fn reset(&mut self, table: &MatchTable) {
+        self.groups.clear();
+        self.tails.clear();
         let mut offset = 0;
-        let groups = (0..table.group_count())
-            .map(|g| {
-                let at = offset;
-                offset += table.blocks(g) as usize;
-                IncludedGroup {
-                    offset: at,
-                    covered: (0, 0),
-                }
-            })
-            .collect();
-        Self {
-            bits: vec![false; offset],
-            groups,
-            tails: Vec::new(),
+        for g in 0..table.group_count() {
+            self.groups.push(IncludedGroup {
+                offset,
+                covered: (0, 0),
+            });
+            offset += table.blocks(g) as usize;
         }
+        self.bits.clear();
+        self.bits.resize(offset, false);
     }
 
     fn has(&self, g: usize, k: u32) -> bool {
@@ -91,6 +97,23 @@ impl Included {
 
 /// Packs the candidates (longest first, all above the complete local hit).
 pub fn pack(
+    table: &MatchTable,
+    index: &PromptIndex,
+    candidates: &[Candidate],
+    credits: QueryCredits,
+) -> Option<Packing> {
+    pack_in(
+        &mut PackScratch::default(),
+        table,
+        index,
+        candidates,
+        credits,
+    )
+}
+
+/// `pack` in the buffers of `scratch`.
+pub fn pack_in(
+    scratch: &mut PackScratch,
     table: &MatchTable,
     index: &PromptIndex,
     candidates: &[Candidate],
@@ -112,7 +135,8 @@ pub fn pack(
         .enumerate()
         .map(|(i, c)| (i, fits(*c)))
         .find(|(_, f)| f.0)?;
-    let mut inc = Included::new(table);
+    let PackScratch { inc, extra } = scratch;
+    inc.reset(table);
     let mut packing = Packing {
         boundaries: Vec::with_capacity(candidates.len() - pi),
         // The primary's missing blocks (at most one per key); fallbacks seldom add more.
@@ -121,13 +145,12 @@ pub fn pack(
         host_blocks: charge,
     };
     // One scratch list for every candidate's extra blocks.
-    let mut extra = Vec::new();
     for &c in &candidates[pi..] {
         // A fallback is reserved alone: its own Host charge must fit.
         if !packing.boundaries.is_empty() && fits(c).2 > credits.host_blocks {
             continue;
         }
-        extra_blocks(table, index, &inc, c, &mut extra);
+        extra_blocks(table, index, inc, c, extra);
         let extra_keys: u32 = extra
             .iter()
             .map(|b| table.pages(b.addr.group as usize))
@@ -135,9 +158,9 @@ pub fn pack(
         if packing.keys + extra_keys > credits.keys {
             continue;
         }
-        include(table, &mut inc, c, &extra);
+        include(table, inc, c, extra);
         packing.keys += extra_keys;
-        packing.blocks.extend_from_slice(&extra);
+        packing.blocks.extend_from_slice(extra);
         packing.boundaries.push(PackedBoundary {
             candidate: c,
             new_keys: extra_keys,

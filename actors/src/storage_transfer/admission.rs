@@ -9,7 +9,6 @@ use super::manager::Refusal;
 use super::HostRef;
 use messages::settings::StorageConfig;
 use messages::HostRange;
-use std::collections::BTreeSet;
 
 /// The manager's planning gates at the start of a plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,8 +89,7 @@ pub fn admit_get(
     if destinations.iter().any(|(_, r)| r.len == 0) {
         return Err(Refusal::Malformed("empty Host range".into()));
     }
-    let distinct: BTreeSet<HostRef> = destinations.iter().map(|(h, _)| *h).collect();
-    if distinct.len() != destinations.len() {
+    if !distinct_refs(destinations) {
         return Err(Refusal::Malformed("a Host reference appears twice".into()));
     }
     if gates.gate_closed {
@@ -113,4 +111,51 @@ pub fn backup_room(credits: &Credits, cfg: &StorageConfig) -> usize {
         return 0;
     }
     (credits.backup_hosts_available() as usize).min(cfg.max_keys_per_operation as usize)
+}
+
+/// Whether no Host reference appears twice. The scheduler hands out references in
+/// ascending order, so one pass usually decides; any other order is sorted in a copy.
+fn distinct_refs(destinations: &[(HostRef, HostRange)]) -> bool {
+    if destinations.windows(2).all(|w| w[0].0 < w[1].0) {
+        return true;
+    }
+    let mut refs: Vec<HostRef> = destinations.iter().map(|(h, _)| *h).collect();
+    refs.sort_unstable();
+    refs.windows(2).all(|w| w[0] != w[1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage_transfer::tests_support::config;
+
+    fn dests(refs: &[u64]) -> Vec<(HostRef, HostRange)> {
+        refs.iter()
+            .map(|r| (HostRef(*r), HostRange::new(*r * 64, 64)))
+            .collect()
+    }
+
+    #[test]
+    fn a_get_naming_one_reference_twice_is_malformed_in_any_order() {
+        let cfg = config();
+        for refs in [&[3u64, 9, 3][..], &[1, 1], &[9, 4, 7, 4]] {
+            let mut credits = Credits::new(&cfg);
+            let d = dests(refs);
+            let r = admit_get(Gates::default(), &mut credits, &cfg, d.len(), &d);
+            assert!(
+                matches!(&r, Err(Refusal::Malformed(m)) if m.contains("appears twice")),
+                "{refs:?}: {r:?}"
+            );
+        }
+        // Distinct references pass, ascending (the scheduler's order) or not.
+        for refs in [&[1u64, 2, 3][..], &[7, 2, 5], &[4]] {
+            let mut credits = Credits::new(&cfg);
+            let d = dests(refs);
+            assert_eq!(
+                admit_get(Gates::default(), &mut credits, &cfg, d.len(), &d),
+                Ok(()),
+                "{refs:?}"
+            );
+        }
+    }
 }

@@ -487,14 +487,13 @@ impl StorageTransferManager {
         let Entry::Occupied(mut e) = self.tickets.entry(op) else {
             return None;
         };
-        let (refs, ops, hosts) = e.get_mut().settle()?;
+        let (ops, hosts) = e.get_mut().settle_into(&mut fx.release)?;
         let t = e.remove();
         if t.kind == StorageOpKind::Put {
             let bytes: u64 = t.ranges.iter().map(|r| r.len).sum();
             self.backup_bytes_outstanding = self.backup_bytes_outstanding.saturating_sub(bytes);
         }
         self.credits.release(t.class, ops, hosts);
-        fx.release.extend(refs);
         fx.settled.push(op);
         Some(t)
     }

@@ -121,19 +121,34 @@ impl Ticket {
     /// credits, Host credits) to return, or None when the ticket cannot settle (already
     /// settled or quarantined).
     pub fn settle(&mut self) -> Option<(Vec<HostRef>, u32, u32)> {
+        let mut released = Vec::new();
+        let (ops, hosts) = self.settle_into(&mut released)?;
+        Some((released, ops, hosts))
+    }
+
+    /// `settle`, the released references appended to `released` (nothing appended when the
+    /// ticket cannot settle).
+    pub fn settle_into(&mut self, released: &mut Vec<HostRef>) -> Option<(u32, u32)> {
         if self.state == TicketState::Settled || self.state == TicketState::Quarantined {
             return None;
         }
-        let released = self.held_refs();
+        let before = released.len();
+        released.extend(
+            self.refs
+                .iter()
+                .zip(&self.held)
+                .filter(|(_, h)| **h)
+                .map(|(r, _)| *r),
+        );
         let hosts = self.charged_hosts;
         let ops = self.charged_operations;
         // charged_hosts always equals the number of held references.
-        debug_assert_eq!(hosts as usize, released.len());
+        debug_assert_eq!(hosts as usize, released.len() - before);
         self.held.iter_mut().for_each(|h| *h = false);
         self.charged_hosts = 0;
         self.charged_operations = 0;
         self.state = TicketState::Settled;
-        Some((released, ops, hosts))
+        Some((ops, hosts))
     }
 
     /// Quarantine: keep every held reference and every charged credit for good.
@@ -177,6 +192,12 @@ mod tests {
         assert_eq!((ops, hosts), (1, 1));
         assert_eq!(t.state, TicketState::Settled);
         assert!(t.settle().is_none());
+        let mut kept = vec![HostRef(99)];
+        assert_eq!(t.settle_into(&mut kept), None);
+        assert_eq!(kept, vec![HostRef(99)], "a settled ticket appends nothing");
+        let mut t = get_ticket();
+        assert_eq!(t.settle_into(&mut kept), Some((1, 2)));
+        assert_eq!(kept, vec![HostRef(99), HostRef(10), HostRef(11)]);
     }
 
     #[test]
