@@ -122,20 +122,24 @@ impl QueryPlan {
                 got: exists.len(),
             });
         }
-        // A block exists when every one of its rows does: rows sorted by block (a missing
-        // row first), one pass.
-        let mut rows: Vec<(BlockAddr, bool)> = self
+        // A block exists when every one of its rows does: the blocks of existing rows,
+        // sorted and distinct, less those of any missing row.
+        let mut blocks: Vec<BlockAddr> = self
             .rows
             .iter()
             .zip(exists)
-            .map(|(row, ok)| (row.block, *ok))
+            .filter(|(_, ok)| **ok)
+            .map(|(row, _)| row.block)
             .collect();
-        rows.sort_unstable();
-        let blocks = rows
-            .chunk_by(|a, b| a.0 == b.0)
-            .filter(|rows| rows[0].1)
-            .map(|rows| rows[0].0)
-            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        for (row, ok) in self.rows.iter().zip(exists) {
+            if !ok {
+                if let Ok(i) = blocks.binary_search(&row.block) {
+                    blocks.remove(i);
+                }
+            }
+        }
         Ok(ExistenceHints {
             blocks,
             tails: self.boundaries.iter().filter_map(|b| b.tail).collect(),
@@ -800,47 +804,44 @@ impl CacheCoordinator {
         known: &[QueryRow],
         keys: &[StorageKey],
     ) -> Result<Option<Reservation>, CacheError> {
-        let warm: Vec<BlockAddr> = required
-            .iter()
-            .filter(|b| b.have == Have::Host)
-            .map(|b| b.addr)
-            .collect();
-        for a in &warm {
-            self.host.pin(*a)?;
+        // Walked in place (no lists of their own): the warm Host dependencies, and the
+        // destinations (every Assumed block), allocated in order.
+        let warm = || {
+            required
+                .iter()
+                .filter(|b| b.have == Have::Host)
+                .map(|b| b.addr)
+        };
+        for a in warm() {
+            self.host.pin(a)?;
         }
-        let dests: Vec<&RequiredBlock> = required
-            .iter()
-            .filter(|b| b.have == Have::Assumed)
-            .collect();
-        let mut per_group = vec![0u64; self.geometry.group_count()];
-        for b in &dests {
-            per_group[b.addr.group as usize] += 1;
-        }
-        let enough = per_group
-            .iter()
-            .enumerate()
-            .all(|(g, n)| self.host.available(g as u32) >= *n);
-        let mut allocated = Vec::new();
+        let dests = || required.iter().filter(|b| b.have == Have::Assumed);
+        let enough = (0..self.geometry.group_count()).all(|g| {
+            let n = dests().filter(|b| b.addr.group as usize == g).count() as u64;
+            self.host.available(g as u32) >= n
+        });
+        // The first `taken` destinations are allocated.
+        let mut taken = 0;
         let mut ok = enough;
         if enough {
-            for b in &dests {
+            for b in dests() {
                 if self.host.allocate(b.addr).is_err() {
                     ok = false;
                     break;
                 }
-                allocated.push(**b);
+                taken += 1;
             }
         }
+        let allocated = || dests().take(taken);
         let result = if ok {
-            let pages: usize = allocated
-                .iter()
+            let pages: usize = allocated()
                 .map(|b| self.geometry.group(b.addr.group as usize).pages_per_block as usize)
                 .sum();
             let mut rows = Vec::with_capacity(pages);
             // The QUERY's rows come in the order the reservation allocates them, so the next
             // known row is checked first (one pass); a row out of that order is searched for.
             let mut next_known = 0;
-            for b in &allocated {
+            for b in allocated() {
                 let g = b.addr.group as usize;
                 let spec = self.geometry.group(g);
                 for page in 0..spec.pages_per_block {
@@ -874,24 +875,23 @@ impl CacheCoordinator {
                 device_tokens: 0,
                 tail: None,
                 rows,
-                destinations: allocated.iter().map(|b| b.addr).collect(),
+                destinations: allocated().map(|b| b.addr).collect(),
                 charged_host_blocks: charge,
                 shortened: false,
                 tail_hint: None,
-                tail_destinations: allocated
-                    .iter()
+                tail_destinations: allocated()
                     .filter(|b| b.slot == BlockSlot::Tail)
                     .map(|b| b.addr)
                     .collect(),
             })
         } else {
-            for b in &allocated {
+            for b in allocated() {
                 self.host.release(b.addr)?;
             }
             None
         };
-        for a in &warm {
-            self.host.unpin(*a)?;
+        for a in warm() {
+            self.host.unpin(a)?;
         }
         Ok(result)
     }

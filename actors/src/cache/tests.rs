@@ -844,3 +844,39 @@ fn the_one_pass_longest_pair_agrees_with_two_scans() {
         }
     }
 }
+
+#[test]
+fn a_block_exists_only_when_every_one_of_its_pages_does_in_any_row_order() {
+    let block = |n: u128, g: usize| BlockAddr::new(g, ContentHash::from_u128(n));
+    let row = |n: u128, g: usize, page: u32| QueryRow {
+        block: block(n, g),
+        page,
+    };
+    // Two pages per block; block 2's pages are apart, and block 3 misses its second page.
+    let plan = QueryPlan {
+        local_tokens: 0,
+        device_tokens: 0,
+        bypass: None,
+        boundaries: Vec::new(),
+        keys: Vec::new(),
+        rows: vec![
+            row(2, 0, 0),
+            row(1, 0, 0),
+            row(1, 0, 1),
+            row(3, 0, 0),
+            row(2, 0, 1),
+            row(3, 0, 1),
+            row(4, 1, 0),
+        ],
+        host_blocks: 0,
+    };
+    let h = plan
+        .existence_hints(&[true, true, true, true, true, false, true])
+        .unwrap();
+    assert_eq!(h.blocks, vec![block(1, 0), block(2, 0), block(4, 1)]);
+    let h = plan
+        .existence_hints(&[true, true, true, true, false, true, false])
+        .unwrap();
+    assert_eq!(h.blocks, vec![block(1, 0), block(3, 0)]);
+    assert!(plan.existence_hints(&[true]).is_err());
+}
