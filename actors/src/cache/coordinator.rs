@@ -741,7 +741,11 @@ impl CacheCoordinator {
         );
         let device_tokens = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
         let mut longest_legal = None;
+        let ceiling = table.legal_ceiling(Have::Assumed);
         for c in table.candidates_iter(device_tokens) {
+            if c.boundary > ceiling {
+                continue;
+            }
             let t = table.tally(c);
             if !t.legal_at(Have::Assumed) {
                 continue;

@@ -338,7 +338,36 @@ impl MatchTable {
 
     /// The longest legal candidate above `lo` at level `min` (boundary 0 when none).
     pub fn longest(&self, lo: u32, min: Have) -> Option<Candidate> {
-        self.candidates_iter(lo).find(|c| self.legal(*c, min))
+        let ceiling = self.legal_ceiling(min);
+        self.candidates_iter(lo)
+            .filter(|c| c.boundary <= ceiling)
+            .find(|c| self.legal(*c, min))
+    }
+
+    /// The highest boundary a candidate legal at `min` can have: a Full-history group needs
+    /// every complete block below the boundary at `min` or better (and its tail block, in
+    /// the block after them), so no boundary past its first block below `min` is legal.
+    /// Candidates above it are passed over without a tally (u32::MAX: no Full group).
+    pub fn legal_ceiling(&self, min: Have) -> u32 {
+        let mut ceiling = u32::MAX;
+        for gt in self.groups.iter().filter(|g| g.kind == GroupKind::Full) {
+            // counts[i][h] is cumulative: the leading run at `min` or better is the largest
+            // i with no block below `min` among [0, i) (binary search).
+            let below = |i: usize| -> u32 { gt.counts[i][..min as usize].iter().sum() };
+            let (mut run, mut hi) = (0usize, gt.counts.len().saturating_sub(1));
+            while run < hi {
+                let mid = (run + hi).div_ceil(2);
+                if below(mid) == 0 {
+                    run = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            let bt = gt.block_tokens.max(1);
+            let limit = (run as u32).saturating_add(1).saturating_mul(bt) - 1;
+            ceiling = ceiling.min(limit);
+        }
+        ceiling
     }
 
     /// `(longest(lo, min), longest(lo, strict))` for `strict` at or above `min`, in one
@@ -351,13 +380,17 @@ impl MatchTable {
         strict: Have,
     ) -> (Option<Candidate>, Option<Candidate>) {
         debug_assert!(strict >= min);
+        let (ceiling_min, ceiling_strict) = (self.legal_ceiling(min), self.legal_ceiling(strict));
         let mut first = None;
         for c in self.candidates_iter(lo) {
+            if c.boundary > ceiling_min {
+                continue;
+            }
             let t = self.tally(c);
             if first.is_none() && t.legal_at(min) {
                 first = Some(c);
             }
-            if t.legal_at(strict) {
+            if c.boundary <= ceiling_strict && t.legal_at(strict) {
                 return (first.or(Some(c)), Some(c));
             }
         }

@@ -840,6 +840,16 @@ fn the_one_pass_longest_pair_agrees_with_two_scans() {
                     (table.longest(lo, min), table.longest(lo, strict)),
                     "seed {seed} lo {lo} {min:?}/{strict:?}"
                 );
+                // The ceiling only passes over candidates a tally would find illegal.
+                for level in [min, strict] {
+                    let scanned = table.candidates_iter(lo).find(|c| table.legal(*c, level));
+                    assert_eq!(table.longest(lo, level), scanned, "seed {seed} lo {lo}");
+                    let ceiling = table.legal_ceiling(level);
+                    assert!(table
+                        .candidates_iter(lo)
+                        .filter(|c| c.boundary > ceiling)
+                        .all(|c| !table.legal(c, level)));
+                }
             }
         }
     }
