@@ -1,11 +1,17 @@
-//! Soft deadlines and Ready-hold expiry, processed only at agreed ticks. A deadline is an
-//! ordered set of (due tick, request); `pop_due(now)` yields every entry due at or before
-//! the tick in a deterministic order. This module never reads a clock and never ends
-//! native I/O: an expiry is only a scheduling decision.
+//! Soft deadlines and Ready-hold expiry, processed only at agreed ticks. A queue holds
+//! (due tick, request) entries in due order; `pop_due(now)` yields every entry due at or
+//! before the tick in a deterministic order (due, then request). This module never reads a
+//! clock and never ends native I/O: an expiry is only a scheduling decision.
+//!
+//! A deadline that ends early (its wait completed, detached or expired) is not searched for
+//! and removed: its entry stays until it comes due, and the owner checks each popped entry
+//! against its own record (the request still waits, with that very due tick). Due ticks are
+//! the agreed tick plus a fixed delay, so entries arrive in due order and an insertion is a
+//! push at the back; `retain` drops ended entries when they outnumber the live ones.
 
 use messages::settings::StorageConfig;
 use messages::RequestId;
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
 
 /// The soft deadline of a read whose QUERY is issued at `issued_us` (queue wait included).
 pub fn soft_deadline_us(cfg: &StorageConfig, issued_us: u64) -> u64 {
@@ -17,34 +23,56 @@ pub fn ready_expiry_us(cfg: &StorageConfig, published_us: u64) -> u64 {
     published_us.saturating_add(cfg.ready_hold_ms.saturating_mul(1000))
 }
 
-/// Due times keyed by request, ordered by (due, request).
+/// The entries a queue keeps before `retain` is worth a pass: ended entries are dropped
+/// when the queue holds more than twice the live deadlines and this many besides.
+pub const RETAIN_SLACK: usize = 1024;
+
+/// Due times of requests, in due order (entries of ended deadlines included until they
+/// come due or are retained away).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeadlineQueue {
-    due: BTreeSet<(u64, RequestId)>,
+    due: VecDeque<(u64, RequestId)>,
 }
 
 impl DeadlineQueue {
     pub fn new() -> Self {
         Self::default()
     }
+    /// Adds `request` due at `due_us`: a push at the back unless an entry is due later
+    /// (then it goes in order, after the entries due at the same tick).
     pub fn insert(&mut self, due_us: u64, request: RequestId) {
-        self.due.insert((due_us, request));
-    }
-    pub fn remove(&mut self, due_us: u64, request: RequestId) -> bool {
-        self.due.remove(&(due_us, request))
-    }
-    /// Every request due at or before `now_us`, earliest first, removed from the queue.
-    pub fn pop_due(&mut self, now_us: u64) -> Vec<RequestId> {
-        let mut out = Vec::new();
-        while let Some(&(due, req)) = self.due.first() {
-            if due > now_us {
-                break;
+        match self.due.back() {
+            Some(&(last, _)) if last > due_us => {
+                let at = self.due.partition_point(|&(d, _)| d <= due_us);
+                self.due.insert(at, (due_us, request));
             }
-            self.due.pop_first();
-            out.push(req);
+            _ => self.due.push_back((due_us, request)),
         }
+    }
+    /// Every entry due at or before `now_us`, earliest first (ties by request), removed
+    /// from the queue. Entries of deadlines that ended early come back too: the owner
+    /// checks each against its record.
+    pub fn pop_due(&mut self, now_us: u64) -> Vec<(u64, RequestId)> {
+        let n = self.due.partition_point(|&(d, _)| d <= now_us);
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut out: Vec<(u64, RequestId)> = self.due.drain(..n).collect();
+        out.sort_unstable();
         out
     }
+    /// Keeps only the entries `live` accepts, when the queue holds more than twice `live_count`
+    /// entries and `RETAIN_SLACK` besides (so a pass costs at most two entries per ended one).
+    pub fn retain_if_stale(
+        &mut self,
+        live_count: usize,
+        mut live: impl FnMut(u64, RequestId) -> bool,
+    ) {
+        if self.due.len() > live_count.saturating_mul(2).saturating_add(RETAIN_SLACK) {
+            self.due.retain(|&(d, r)| live(d, r));
+        }
+    }
+    /// Entries held, ended deadlines included.
     pub fn len(&self) -> usize {
         self.due.len()
     }
@@ -71,10 +99,27 @@ mod tests {
         assert!(q.pop_due(9).is_empty());
         assert_eq!(
             q.pop_due(30),
-            vec![RequestId(0), RequestId(2), RequestId(1)]
+            vec![(10, RequestId(0)), (10, RequestId(2)), (30, RequestId(1))]
         );
-        assert!(q.remove(31, RequestId(3)));
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.pop_due(u64::MAX), vec![(31, RequestId(3))]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn ended_entries_are_retained_away_only_when_they_outnumber_the_live_ones() {
+        let mut q = DeadlineQueue::new();
+        let n = RETAIN_SLACK as u64 + 10;
+        for i in 0..n {
+            q.insert(100 + i, RequestId(i));
+        }
+        // Ten live deadlines: 1034 entries is not above 2 * 10 + 1024.
+        let live = |_: u64, r: RequestId| r.0 % 100 == 0;
+        q.retain_if_stale(10, live);
+        assert_eq!(q.len() as u64, n);
+        q.retain_if_stale(4, live);
+        assert_eq!(q.len(), 11, "only the live entries stay");
+        assert_eq!(q.pop_due(100), vec![(100, RequestId(0))]);
     }
 
     #[test]

@@ -375,23 +375,40 @@ impl StorageTransferManager {
     fn apply_tick(&mut self, tick_us: u64, pressure: PressureObservation, fx: &mut RoundEffects) {
         self.now_us = self.now_us.max(tick_us);
         let now = self.now_us;
-        for request in self.deadlines.pop_due(now) {
-            // The entry was removed by pop_due; end_wait's removal is then a no-op.
-            if self.is_waiting(request) {
+        // A popped entry counts only while its request still waits with that due tick (an
+        // ended deadline's entry stays in the queue until it comes due).
+        for (due, request) in self.deadlines.pop_due(now) {
+            if self
+                .waits
+                .get(&request)
+                .is_some_and(|w| w.is_waiting() && w.deadline_us == due)
+            {
                 self.soft_timeouts += 1;
                 self.end_wait(request, WaitEnd::SoftTimeout, fx);
             }
         }
-        for request in self.ready_expiry.pop_due(now) {
+        for (due, request) in self.ready_expiry.pop_due(now) {
             if matches!(
                 self.waits.get(&request).map(|w| w.phase),
-                Some(WaitPhase::Ready { .. })
+                Some(WaitPhase::Ready { expires_us, .. }) if expires_us == due
             ) {
                 self.ready_expirations += 1;
                 fx.ready_expired.push(request);
                 self.end_ready(request, fx);
             }
         }
+        let waits = &self.waits;
+        self.deadlines.retain_if_stale(waits.len(), |due, r| {
+            waits
+                .get(&r)
+                .is_some_and(|w| w.is_waiting() && w.deadline_us == due)
+        });
+        self.ready_expiry.retain_if_stale(waits.len(), |due, r| {
+            matches!(
+                waits.get(&r).map(|w| w.phase),
+                Some(WaitPhase::Ready { expires_us, .. }) if expires_us == due
+            )
+        });
         if self.gate.observe_at(pressure, now) == GateTransition::Closed {
             let in_query: Vec<RequestId> = self
                 .waits
@@ -414,7 +431,6 @@ impl StorageTransferManager {
             return;
         };
         debug_assert!(w.is_waiting());
-        self.deadlines.remove(w.deadline_us, request);
         if let Some(op) = w.ticket() {
             if let Some(t) = self.tickets.get_mut(&op) {
                 if t.waiter == Some(request) {
@@ -434,8 +450,7 @@ impl StorageTransferManager {
         let Some(w) = self.waits.remove(&request) else {
             return;
         };
-        if let WaitPhase::Ready { op, expires_us } = w.phase {
-            self.ready_expiry.remove(expires_us, request);
+        if let WaitPhase::Ready { op, .. } = w.phase {
             self.ready_holds = self.ready_holds.saturating_sub(1);
             if let Some(t) = self.tickets.get_mut(&op) {
                 t.waiter = None;
@@ -604,7 +619,6 @@ impl StorageTransferManager {
                 }
                 let expires_us = ready_expiry_us(&self.cfg, self.now_us);
                 if let Some(w) = self.waits.get_mut(&request) {
-                    self.deadlines.remove(w.deadline_us, request);
                     w.phase = WaitPhase::Ready { op, expires_us };
                 }
                 self.ready_expiry.insert(expires_us, request);
@@ -646,8 +660,7 @@ impl StorageTransferManager {
 
     /// End an attached wait because its operation completed without a Ready hold.
     fn finish_wait(&mut self, request: RequestId, fx: &mut RoundEffects) {
-        if let Some(w) = self.waits.remove(&request) {
-            self.deadlines.remove(w.deadline_us, request);
+        if self.waits.remove(&request).is_some() {
             fx.waits_ended.push((request, WaitEnd::Completed));
         }
     }

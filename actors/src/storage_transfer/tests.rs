@@ -125,6 +125,33 @@ fn recycled_effects_come_back_empty_with_their_buffers() {
 }
 
 #[test]
+fn an_ended_deadline_never_fires_for_the_same_requests_later_wait() {
+    let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms
+    m.apply_round(round(10 * MS)).unwrap();
+    let (q, _lease) = m.issue_query(RequestId(1), keys("a-", 2)).unwrap();
+    // The client cancels at 20 ms; the request waits again from 50 ms (deadline 150 ms).
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: 20 * MS,
+            cancellations: vec![RequestId(1)],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::Detached)]);
+    assert_eq!(fx.cancels, vec![messages::StorageCancelOp { op: q.op }]);
+    m.apply_round(round(50 * MS)).unwrap();
+    let (_q, _lease) = m.issue_query(RequestId(1), keys("b-", 2)).unwrap();
+    // 110 ms: the first wait's deadline comes due, but that wait has ended.
+    let fx = m.apply_round(round(110 * MS)).unwrap();
+    assert!(fx.waits_ended.is_empty(), "{fx:?}");
+    assert!(m.is_waiting(RequestId(1)));
+    assert_eq!(m.stats().soft_timeouts, 0);
+    let fx = m.apply_round(round(150 * MS)).unwrap();
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::SoftTimeout)]);
+    assert_eq!(m.stats().soft_timeouts, 1);
+}
+
+#[test]
 fn soft_deadline_counts_from_query_issue_and_includes_queue_wait() {
     let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms
     m.apply_round(round(10 * MS)).unwrap();
