@@ -114,7 +114,7 @@ mod tests {
             q.insert(100 + i, RequestId(i));
         }
         // Ten live deadlines: 1034 entries is not above 2 * 10 + 1024.
-        let live = |_: u64, r: RequestId| r.0 % 100 == 0;
+        let live = |_: u64, r: RequestId| r.0.is_multiple_of(100);
         q.retain_if_stale(10, live);
         assert_eq!(q.len() as u64, n);
         q.retain_if_stale(4, live);
