@@ -220,7 +220,7 @@ impl fmt::Display for SchedulerBenchReport {
         )?;
         write!(f, "{}{}", self.idle.storage, self.idle.disabled)?;
         write!(f, "{}{}", self.loaded.storage, self.loaded.disabled)?;
-        write!(f, "{}", self.scaling.fewer)?;
+        write!(f, "{}{}", self.scaling.held, self.scaling.fewer)?;
         self.idle.ratio_line(f, ", nothing to do")?;
         let s = &self.scaling;
         let (lo, hi) = spread(&s.trial_ratios);
@@ -707,12 +707,13 @@ pub fn bench_scheduler(
         outstanding: loaded_cfg.outstanding / SCALING_FACTOR,
         ..loaded_cfg.clone()
     };
-    let (held, mut fewer, trial_ratios) = alternate(
+    let (mut held, mut fewer, trial_ratios) = alternate(
         cfg.trials,
         || run_scenario(&loaded_cfg, true, Workload::Loaded, allocations),
         || run_scenario(&fewer_cfg, true, Workload::Loaded, allocations),
     )?;
-    fewer.label = "storage enabled, a tenth of the GETs held";
+    held.label = "storage enabled, scaling pair, every GET held";
+    fewer.label = "storage enabled, scaling pair, a tenth of the GETs held";
     Ok(SchedulerBenchReport {
         config: cfg.clone(),
         loaded,
@@ -906,7 +907,14 @@ mod tests {
         let r = bench_scheduler(&cfg, None).unwrap();
         let s = &r.scaling;
         assert_eq!(s.trial_ratios.len(), 2);
-        assert_eq!(s.fewer.label, "storage enabled, a tenth of the GETs held");
+        assert_eq!(
+            s.fewer.label,
+            "storage enabled, scaling pair, a tenth of the GETs held"
+        );
+        assert_eq!(
+            s.held.label,
+            "storage enabled, scaling pair, every GET held"
+        );
         // Ten times the held GETs means more requests waiting on storage, but the same
         // arrivals and storage operations per round.
         assert!(
