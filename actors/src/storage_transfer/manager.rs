@@ -410,12 +410,14 @@ impl StorageTransferManager {
             )
         });
         if self.gate.observe_at(pressure, now) == GateTransition::Closed {
-            let in_query: Vec<RequestId> = self
+            // In request order (the table's own order is not).
+            let mut in_query: Vec<RequestId> = self
                 .waits
                 .iter()
                 .filter(|(_, w)| matches!(w.phase, WaitPhase::Query(_) | WaitPhase::QueryDone))
                 .map(|(r, _)| *r)
                 .collect();
+            in_query.sort_unstable();
             for request in in_query {
                 self.pressure_bypasses += 1;
                 self.end_wait(request, WaitEnd::Pressure, fx);

@@ -415,6 +415,37 @@ fn one_credit_budget_admits_reads_and_no_backups() {
 }
 
 #[test]
+fn a_closing_gate_ends_the_query_waits_in_request_order() {
+    let mut m = StorageTransferManager::new(StorageConfig {
+        operation_credits: 64,
+        ..config() // high 10 jobs, low 5
+    });
+    let ids: Vec<u64> = (0..40u64).map(|i| (i * 17) % 41 + 1).collect();
+    let mut leases = Vec::new();
+    for &r in &ids {
+        let (_, lease) = m
+            .issue_query(RequestId(r), keys(&format!("r{r}-"), 1))
+            .unwrap();
+        leases.push(lease);
+    }
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: MS,
+            pressure: pressure(10),
+            ..Default::default()
+        })
+        .unwrap();
+    let ended: Vec<u64> = fx.waits_ended.iter().map(|(r, _)| r.0).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(ended, sorted);
+    let mut ops: Vec<OperationId> = fx.cancels.iter().map(|c| c.op).collect();
+    assert_eq!(ops.len(), ids.len());
+    ops.dedup();
+    assert_eq!(ops.len(), ids.len());
+}
+
+#[test]
 fn gate_hysteresis_detaches_queries_and_keeps_gets() {
     let mut m = StorageTransferManager::new(config()); // high 10 jobs, low 5
     let (_l1, q1) = m
