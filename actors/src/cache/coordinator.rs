@@ -122,24 +122,32 @@ impl QueryPlan {
                 got: exists.len(),
             });
         }
-        // A block exists when every one of its rows does: the blocks of existing rows,
-        // sorted and distinct, less those of any missing row.
-        let mut blocks: Vec<BlockAddr> = self
-            .rows
-            .iter()
-            .zip(exists)
-            .filter(|(_, ok)| **ok)
-            .map(|(row, _)| row.block)
-            .collect();
-        blocks.sort_unstable();
-        blocks.dedup();
-        for (row, ok) in self.rows.iter().zip(exists) {
-            if !ok {
-                if let Ok(i) = blocks.binary_search(&row.block) {
-                    blocks.remove(i);
-                }
+        // A block exists when every one of its rows does. One list: the blocks of existing
+        // rows, then those of missing rows, each half sorted; one merge pass keeps the
+        // distinct existing blocks that no missing row names.
+        let rows = || self.rows.iter().zip(exists);
+        let mut blocks: Vec<BlockAddr> = Vec::with_capacity(self.rows.len());
+        blocks.extend(rows().filter(|(_, ok)| **ok).map(|(r, _)| r.block));
+        let present = blocks.len();
+        blocks.extend(rows().filter(|(_, ok)| !**ok).map(|(r, _)| r.block));
+        blocks[..present].sort_unstable();
+        blocks[present..].sort_unstable();
+        let (mut kept, mut missing) = (0, present);
+        for i in 0..present {
+            let b = blocks[i];
+            if kept > 0 && blocks[kept - 1] == b {
+                continue;
             }
+            while missing < blocks.len() && blocks[missing] < b {
+                missing += 1;
+            }
+            if blocks.get(missing) == Some(&b) {
+                continue;
+            }
+            blocks[kept] = b;
+            kept += 1;
         }
+        blocks.truncate(kept);
         Ok(ExistenceHints {
             blocks,
             tails: self.boundaries.iter().filter_map(|b| b.tail).collect(),
@@ -252,7 +260,8 @@ impl std::fmt::Debug for SpareMatch {
     }
 }
 
-/// Buffers a match reuses: the table, the tail candidates and the required blocks.
+/// Buffers a match reuses: the table, the tail candidates, the required blocks, the
+/// candidate list and the packing's records.
 #[derive(Debug, Default)]
 struct MatchScratch {
     table: MatchTable,

@@ -95,23 +95,8 @@ impl Included {
     }
 }
 
-/// Packs the candidates (longest first, all above the complete local hit).
-pub fn pack(
-    table: &MatchTable,
-    index: &PromptIndex,
-    candidates: &[Candidate],
-    credits: QueryCredits,
-) -> Option<Packing> {
-    pack_in(
-        &mut PackScratch::default(),
-        table,
-        index,
-        candidates,
-        credits,
-    )
-}
-
-/// `pack` in the buffers of `scratch`.
+/// Packs the candidates (longest first, all above the complete local hit), in the buffers
+/// of `scratch`.
 pub fn pack_in(
     scratch: &mut PackScratch,
     table: &MatchTable,
