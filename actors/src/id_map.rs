@@ -1,8 +1,8 @@
 //! The hash of the tables keyed by a sequential ID (the StorageTransferManager's tickets by
 //! OperationId and waits by RequestId, the Scheduler's Host references and reads): one
-//! multiply per lookup. IDs are sequential integers, so a keyed SipHash
-//! costs more than it protects (no ID comes from a client), and an ordered map pays a tree
-//! walk and node copies of large tickets on every insert and removal.
+//! multiply per lookup. IDs are sequential integers, so a keyed SipHash costs more than it
+//! protects (no ID comes from a client), and an ordered map pays a tree walk and node copies
+//! of large tickets on every insert and removal.
 //!
 //! It owns no table and must never be used where iteration order reaches a decision: the
 //! order of a hash table is not the ID order, so a caller that walks one in order sorts the
