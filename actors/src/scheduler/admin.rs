@@ -112,6 +112,26 @@ mod tests {
     }
 
     #[test]
+    fn an_arrival_during_an_admin_command_is_prepared_and_queued_after_it() {
+        let mut rig = rig(true);
+        rig.s.admin(AdminCommand::ClearCache);
+        let p = prompt(32, 5);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        assert!(plan.storage.is_empty() && plan.forwards.is_empty());
+        // Neither prepared nor in the admission line while the command waits.
+        assert!(!rig.s.queue.contains(&RequestId(1)));
+        rig.s.refuse_admin();
+        let plan = rig.round(Default::default());
+        assert!(
+            matches!(plan.storage[..], [messages::StorageOp::Query(_)]),
+            "{:?}",
+            plan.storage
+        );
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefetching"));
+        assert!(!rig.s.queue.contains(&RequestId(1)), "waits on its QUERY");
+    }
+
+    #[test]
     fn commands_apply_in_order_one_at_a_time() {
         let mut rig = rig(false);
         rig.s.admin(AdminCommand::ClearCache);

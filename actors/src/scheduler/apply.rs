@@ -95,8 +95,13 @@ impl Scheduler {
                 id,
                 Request::sampled(id, prompt, max_tokens.max(1), sampling),
             );
-            self.queue.insert(id);
-            self.unprepared.push(id);
+            // With storage, an arrival joins the admission queue once prepared (unless its
+            // QUERY takes it out of the line first: no insertion to undo).
+            if self.cfg.storage.is_some() {
+                self.unprepared.push(id);
+            } else {
+                self.queue.insert(id);
+            }
         }
         let mut logprobs: BTreeMap<RequestId, TokenLogprobs> = logprobs.into_iter().collect();
         for (id, parts) in digests {

@@ -176,11 +176,13 @@ pub struct Scheduler {
     requests: BTreeMap<RequestId, Request>,
     /// Submitted and Admissible requests, in arrival order (request IDs are assigned in
     /// arrival order, so the ordered set is the queue: O(log n) to leave or re-enter it).
+    /// With storage, an arrival joins it when the plan has prepared it, unless a QUERY
+    /// took it out of the line.
     queue: BTreeSet<RequestId>,
     /// Admitted requests (Prefill or Decode): the forward candidates of each round.
     running: BTreeSet<RequestId>,
     /// New arrivals not yet considered for storage preparation (each is considered once:
-    /// `storage_prepared` is one-shot).
+    /// `storage_prepared` is one-shot), not yet in `queue`.
     unprepared: Vec<RequestId>,
     free_scratch: Vec<u32>,
     /// What each Host reference handed to the manager stands for (lookups only).

@@ -118,7 +118,14 @@ impl Scheduler {
         if self.pending_admin.is_empty() {
             match storage.as_deref_mut() {
                 Some(stm) => self.prepare_storage(stm),
-                None => self.unprepared.clear(), // nothing is storage-eligible
+                // No manager to ask: every arrival waits for admission as it is.
+                None => {
+                    for id in self.unprepared.drain(..) {
+                        if self.requests.contains_key(&id) {
+                            self.queue.insert(id);
+                        }
+                    }
+                }
             }
             self.admit(&mut plan);
         }

@@ -73,14 +73,16 @@ impl Scheduler {
                 for (&id, r) in requests.range_mut(first..=last) {
                     // Arrivals the table no longer holds (or duplicates) are passed over.
                     while next.next_if(|n| *n < id).is_some() {}
-                    if next.next_if_eq(&id).is_some() {
-                        p.prepare(stm, id, r);
+                    if next.next_if_eq(&id).is_some() && !p.prepare(stm, id, r) {
+                        p.queue.insert(id);
                     }
                 }
             } else {
                 for &id in &ids {
                     if let Some(r) = requests.get_mut(&id) {
-                        p.prepare(stm, id, r);
+                        if !p.prepare(stm, id, r) {
+                            p.queue.insert(id);
+                        }
                     }
                 }
             }
@@ -203,10 +205,16 @@ struct Preparer<'a> {
 
 impl Preparer<'_> {
     /// One arrival: the bound check, then the QUERY the manager admits (or the refusal the
-    /// request falls back with).
-    fn prepare(&mut self, stm: &mut StorageTransferManager, id: RequestId, r: &mut Request) {
+    /// request falls back with). True when a QUERY was planned: the request then waits on
+    /// storage, out of the admission queue; otherwise the caller queues it.
+    fn prepare(
+        &mut self,
+        stm: &mut StorageTransferManager,
+        id: RequestId,
+        r: &mut Request,
+    ) -> bool {
         if !Scheduler::eligible(self.l3_enabled, r) {
-            return;
+            return false;
         }
         r.resources.storage_prepared = true;
         // Credits exhausted: every QUERY would be refused, so none is planned (a
@@ -215,7 +223,7 @@ impl Preparer<'_> {
         if let Some(e) = stm.query_credits_refusal() {
             r.resources.storage_refused = Some(refusal_reason(&e));
             r.state = RequestState::Admissible;
-            return;
+            return false;
         }
         // The page keys are made only for a QUERY the manager admits (most refusals,
         // e.g. exhausted credits, then cost no key strings).
@@ -227,7 +235,7 @@ impl Preparer<'_> {
             .local_covers_bound(&whole, &r.prompt, r.reusable())
         {
             r.state = RequestState::Admissible;
-            return;
+            return false;
         }
         let cfg = stm.config();
         let q = QueryCredits {
@@ -243,7 +251,7 @@ impl Preparer<'_> {
             .plan_query_rows_in(Some(&whole), &r.prompt, r.reusable(), q, limits);
         if qp.bypass.is_some() || qp.rows.is_empty() {
             r.state = RequestState::Admissible;
-            return;
+            return false;
         }
         r.resources.local_at_plan = qp.local_tokens;
         r.resources.planned_boundary = qp.boundaries.first().map_or(0, |b| b.boundary);
@@ -265,11 +273,12 @@ impl Preparer<'_> {
                     phase: PrefetchPhase::Query(qp),
                     lease,
                 };
-                self.queue.remove(&id);
+                true
             }
             Err(e) => {
                 r.resources.fallback = Some(refusal_reason(&e));
                 r.state = RequestState::Admissible;
+                false
             }
         }
     }
