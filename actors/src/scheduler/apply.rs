@@ -199,10 +199,11 @@ impl Scheduler {
         let Some(res) = rec.reservation.take() else {
             return;
         };
-        let ok: Vec<bool> = rec
-            .rows
-            .iter()
-            .map(|h| rows.binary_search_by(|(_, r)| r.cmp(h)).is_ok())
+        let ok: Vec<bool> = (0..rec.released_rows.len())
+            .map(|i| {
+                let h = super::get_row_ref(read, i);
+                rows.binary_search_by(|(_, r)| r.cmp(&h)).is_ok()
+            })
             .collect();
         match self.cache.publish_host(res, &ok) {
             Ok(hold) => rec.hold = Some(hold),
@@ -275,27 +276,32 @@ impl Scheduler {
     /// The manager no longer holds `h`. A re-queued PUT source keeps its candidate record
     /// (the Host pin is released; dispatch rechecks residency).
     fn on_release(&mut self, h: HostRef, reoffered: bool) {
-        match self.refs.get(&h).copied() {
-            Some(RefUse::GetRow { read }) => {
-                self.refs.remove(&h);
-                let done = match self.reads.get_mut(&read) {
-                    Some(rec) => {
+        if let Some((read, row)) = super::get_row_of(h) {
+            // Each row counts once (a repeated release of one row changes nothing).
+            let done = match self.reads.get_mut(&read) {
+                Some(rec) => match rec.released_rows.get_mut(row) {
+                    Some(released) if !*released => {
+                        *released = true;
                         rec.released += 1;
-                        rec.released >= rec.rows.len()
+                        rec.released >= rec.released_rows.len()
                     }
-                    None => false,
-                };
-                if done {
-                    if let Some(rec) = self.reads.remove(&read) {
-                        if let Some(res) = rec.reservation {
-                            let _ = self.cache.abandon(res);
-                        }
-                        if let Some(hold) = rec.hold {
-                            let _ = self.cache.release_hold(hold);
-                        }
+                    _ => false,
+                },
+                None => false,
+            };
+            if done {
+                if let Some(rec) = self.reads.remove(&read) {
+                    if let Some(res) = rec.reservation {
+                        let _ = self.cache.abandon(res);
+                    }
+                    if let Some(hold) = rec.hold {
+                        let _ = self.cache.release_hold(hold);
                     }
                 }
             }
+            return;
+        }
+        match self.refs.get(&h).copied() {
             Some(RefUse::PutSource(addr, _)) => {
                 if !reoffered {
                     self.refs.remove(&h);
@@ -510,5 +516,48 @@ mod tests {
         assert_ne!(t.context.last(), t.written.first());
         assert_eq!(r.fallback, FallbackReason::None);
         assert!(r.resources.ready.is_none(), "admission took the Ready hold");
+    }
+
+    #[test]
+    fn a_get_row_reference_names_its_read_and_row_and_counts_once_when_released() {
+        assert_eq!(
+            super::super::get_row_of(crate::storage_transfer::HostRef(7)),
+            None,
+            "a PUT source's"
+        );
+        let h = super::super::get_row_ref(12_345, 678);
+        assert_eq!(super::super::get_row_of(h), Some((12_345, 678)));
+        // A GET planned from an answered QUERY: its rows are the read's references.
+        let mut rig = rig(true);
+        let p = prompt(32, 8);
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let exists = vec![true; q.keys.len()];
+        let plan = rig.round(AgreedInputs {
+            completions: vec![StorageDone::query(q.op, exists, true)],
+            ..AgreedInputs::default()
+        });
+        let [StorageOp::Get(g)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let refs = rig.stm.as_ref().unwrap().ticket(g.op).unwrap().refs.clone();
+        let rows: Vec<(u64, usize)> = refs
+            .iter()
+            .map(|h| super::super::get_row_of(*h).unwrap())
+            .collect();
+        let read = rows[0].0;
+        assert_eq!(rows, (0..refs.len()).map(|i| (read, i)).collect::<Vec<_>>());
+        assert!(rig.s.refs.is_empty(), "GET rows take no reference entries");
+        // Releasing one row twice counts it once: the read stays until every row is back.
+        rig.s.on_release(refs[0], false);
+        rig.s.on_release(refs[0], false);
+        for h in &refs[1..refs.len() - 1] {
+            rig.s.on_release(*h, false);
+        }
+        assert!(rig.s.reads.contains_key(&read), "one row still out");
+        rig.s.on_release(refs[refs.len() - 1], false);
+        assert!(!rig.s.reads.contains_key(&read));
     }
 }

@@ -148,16 +148,38 @@ pub(crate) fn tail_kind(kind: crate::cache::GroupKind) -> usize {
 /// What a Host reference handed to the StorageTransferManager stands for.
 #[derive(Clone, Copy, Debug)]
 enum RefUse {
-    /// A GET destination row of read `read`.
-    GetRow { read: u64 },
     /// A PUT source (or a backup candidate): one page of a published Host block.
     PutSource(BlockAddr, u32),
+}
+
+/// A GET destination row's reference names its read and row itself (the top bit set, the
+/// read above `GET_ROW_BITS`, the row below), so a read's rows take no entry in `refs`;
+/// PUT sources count up from 1 below the top bit.
+const GET_ROW: u64 = 1 << 63;
+const GET_ROW_BITS: u32 = 24;
+/// The most rows one GET may have (its row index must fit below the read).
+const GET_ROWS_MAX: usize = 1 << GET_ROW_BITS;
+
+/// The reference of row `row` of read `read` (`row < GET_ROWS_MAX`).
+fn get_row_ref(read: u64, row: usize) -> HostRef {
+    debug_assert!(row < GET_ROWS_MAX && read < 1 << (63 - GET_ROW_BITS));
+    HostRef(GET_ROW | read << GET_ROW_BITS | row as u64)
+}
+
+/// The read and row a GET destination reference names (None: a PUT source's).
+fn get_row_of(h: HostRef) -> Option<(u64, usize)> {
+    (h.0 & GET_ROW != 0).then(|| {
+        let v = h.0 & !GET_ROW;
+        (v >> GET_ROW_BITS, (v & (GET_ROWS_MAX as u64 - 1)) as usize)
+    })
 }
 
 /// A read's Host destinations: reserved until publication, then the Ready hold's blocks.
 #[derive(Debug)]
 struct ReadRecord {
-    rows: Vec<HostRef>,
+    /// Per destination row (its reference is `get_row_ref(read, row)`): whether the
+    /// manager has released it.
+    released_rows: Vec<bool>,
     released: usize,
     reservation: Option<Reservation>,
     hold: Option<ReadyHold>,

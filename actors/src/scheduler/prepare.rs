@@ -8,7 +8,7 @@
 //! not prepare goes on to ordinary admission.
 
 use super::request::{Continuation, PrefetchPhase, Request, RequestState};
-use super::{tail_kind, ReadRecord, RefUse, Scheduler, SchedulerStats};
+use super::{tail_kind, ReadRecord, Scheduler, SchedulerStats};
 use crate::cache::coordinator::{CacheCoordinator, QueryLimits};
 use crate::cache::credits::QueryCredits;
 use crate::cache::geometry::CacheGeometry;
@@ -153,15 +153,20 @@ impl Scheduler {
             self.end_prefetch(id, Some(FallbackReason::Miss));
             return;
         }
+        if res.rows.len() >= super::GET_ROWS_MAX {
+            let _ = self.cache.abandon(res);
+            self.end_prefetch(id, Some(FallbackReason::Miss));
+            return;
+        }
         self.next_read += 1;
         let read = self.next_read;
-        let mut dests = Vec::with_capacity(res.rows.len());
-        let mut rows = Vec::with_capacity(res.rows.len());
-        for row in &res.rows {
-            let h = self.new_ref(RefUse::GetRow { read });
-            rows.push(h);
-            dests.push((h, row.range));
-        }
+        let dests: Vec<(crate::storage_transfer::HostRef, messages::HostRange)> = res
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(i, row)| (super::get_row_ref(read, i), row.range))
+            .collect();
+        let rows = dests.len();
         let keys = res.keys();
         let parent = self.trace.request_span(id).cloned();
         match stm.plan_get(id, keys, dests, parent) {
@@ -169,7 +174,7 @@ impl Scheduler {
                 self.reads.insert(
                     read,
                     ReadRecord {
-                        rows,
+                        released_rows: vec![false; rows],
                         released: 0,
                         reservation: Some(res),
                         hold: None,
@@ -182,9 +187,6 @@ impl Scheduler {
                 }
             }
             Err(e) => {
-                for h in rows {
-                    self.refs.remove(&h);
-                }
                 let _ = self.cache.abandon(res);
                 self.end_prefetch(id, Some(refusal_reason(&e)));
             }
