@@ -148,6 +148,9 @@ pub struct MatchTable {
     tail_blocks: Vec<Option<(BlockAddr, Have)>>,
     /// Token bytes for hashing tail identities.
     scratch: Vec<u8>,
+    /// Per level: the highest boundary a candidate legal at that level can have
+    /// (`legal_ceiling`), worked out once per rebuild.
+    ceilings: [u32; 4],
 }
 
 impl MatchTable {
@@ -222,6 +225,24 @@ impl MatchTable {
             for h in &gt.have {
                 run[*h as usize] += 1;
                 gt.counts.push(run);
+            }
+        }
+        self.ceilings = [u32::MAX; 4];
+        for gt in self.groups.iter().filter(|g| g.kind == GroupKind::Full) {
+            // Per level: the first block below it ends the group's leading run there.
+            let mut run = [gt.have.len(); 4];
+            for (k, h) in gt.have.iter().enumerate() {
+                for r in run.iter_mut().skip(*h as usize + 1) {
+                    *r = (*r).min(k);
+                }
+                if run[1..].iter().all(|r| *r <= k) {
+                    break;
+                }
+            }
+            let bt = gt.block_tokens.max(1);
+            for (ceiling, run) in self.ceilings.iter_mut().zip(run) {
+                let limit = (run as u32).saturating_add(1).saturating_mul(bt) - 1;
+                *ceiling = (*ceiling).min(limit);
             }
         }
         let l = index.parent_tokens();
@@ -349,25 +370,7 @@ impl MatchTable {
     /// the block after them), so no boundary past its first block below `min` is legal.
     /// Candidates above it are passed over without a tally (u32::MAX: no Full group).
     pub fn legal_ceiling(&self, min: Have) -> u32 {
-        let mut ceiling = u32::MAX;
-        for gt in self.groups.iter().filter(|g| g.kind == GroupKind::Full) {
-            // counts[i][h] is cumulative: the leading run at `min` or better is the largest
-            // i with no block below `min` among [0, i) (binary search).
-            let below = |i: usize| -> u32 { gt.counts[i][..min as usize].iter().sum() };
-            let (mut run, mut hi) = (0usize, gt.counts.len().saturating_sub(1));
-            while run < hi {
-                let mid = (run + hi).div_ceil(2);
-                if below(mid) == 0 {
-                    run = mid;
-                } else {
-                    hi = mid - 1;
-                }
-            }
-            let bt = gt.block_tokens.max(1);
-            let limit = (run as u32).saturating_add(1).saturating_mul(bt) - 1;
-            ceiling = ceiling.min(limit);
-        }
-        ceiling
+        self.ceilings[min as usize]
     }
 
     /// `(longest(lo, min), longest(lo, strict))` for `strict` at or above `min`, in one
