@@ -466,14 +466,17 @@ fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<LoopShared>
             }
         });
         for l in &listeners {
-            if l.api {
-                eprintln!("engine-host: listening on http://{}", l.addr);
+            let line = if l.api {
+                format!("engine-host: listening on http://{}\n", l.addr)
             } else {
-                eprintln!(
-                    "engine-host: rank {rank} serves /metrics and /health on http://{}",
+                format!(
+                    "engine-host: rank {rank} serves /metrics and /health on http://{}\n",
                     l.addr
-                );
-            }
+                )
+            };
+            // One write per line: the ranks of a `launch` share one stderr, and a line
+            // written in pieces interleaves with another rank's.
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         }
         for r in futures_join(servers).await {
             r.context("http server")?;

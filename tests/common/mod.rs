@@ -80,6 +80,23 @@ impl Host {
     }
 
     fn spawn(args: &[&str], envs: &[(&str, &str)], log: Option<&Path>) -> Host {
+        // A port found free may be taken before the process binds it (by another test's
+        // process, or as an outgoing connection's local port): the process then exits
+        // with the address in use, and the start is tried again on other ports.
+        for _ in 0..5 {
+            match Self::try_spawn(args, envs, log) {
+                Ok(h) => return h,
+                Err(why) if why.contains("in use") => continue,
+                Err(why) => panic!("{why}"),
+            }
+        }
+        panic!("engine-host lost the race for a free port five times");
+    }
+
+    /// One start. Healthy means the process has printed that it listens on its address
+    /// (so the answer is its own, not another test's process that took the port) and
+    /// `/health` answers 200.
+    fn try_spawn(args: &[&str], envs: &[(&str, &str)], log: Option<&Path>) -> Result<Host, String> {
         // `launch --tp N` puts rank r's /metrics on the port + r: N free ports in a row.
         let ranks = args
             .iter()
@@ -96,7 +113,7 @@ impl Host {
             .stdout(Stdio::null());
         match log {
             Some(p) => cmd.stderr(std::fs::File::create(p).unwrap()),
-            None => cmd.stderr(Stdio::inherit()),
+            None => cmd.stderr(Stdio::piped()),
         };
         for (k, v) in envs {
             cmd.env(k, v);
@@ -105,19 +122,44 @@ impl Host {
             child: cmd.spawn().unwrap(),
             addr,
         };
+        // The process's stderr so far: the log file, or the pipe, forwarded line by line to
+        // the test's own stderr by a thread.
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        if let Some(pipe) = h.child.stderr.take() {
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                    eprintln!("{line}");
+                    let mut s = seen.lock().unwrap();
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            });
+        }
+        let stderr = || match log {
+            Some(p) => std::fs::read_to_string(p).unwrap_or_default(),
+            None => seen.lock().unwrap().clone(),
+        };
+        let listening = format!("engine-host: listening on http://{}", h.addr);
         for _ in 0..1200 {
             if let Ok(Some(st)) = h.child.try_wait() {
-                let tail = log
-                    .map(|p| std::fs::read_to_string(p).unwrap_or_default())
-                    .unwrap_or_default();
-                panic!("engine-host exited during startup: {st} {tail}");
+                // Let the forwarding thread take the last lines.
+                std::thread::sleep(Duration::from_millis(100));
+                return Err(format!(
+                    "engine-host exited during startup: {st} {}",
+                    stderr()
+                ));
             }
-            if TcpStream::connect(&h.addr).is_ok() && h.get("/health").0 == 200 {
-                return h;
+            if stderr().contains(&listening)
+                && TcpStream::connect(&h.addr).is_ok()
+                && h.get("/health").0 == 200
+            {
+                return Ok(h);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("engine-host never became healthy at {}", h.addr);
+        Err(format!("engine-host never became healthy at {}", h.addr))
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
