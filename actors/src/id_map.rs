@@ -9,7 +9,7 @@
 //! IDs first (`sorted_keys`).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hasher};
 
 /// A table keyed by a sequential ID.
 pub type IdMap<K, V> = HashMap<K, V, BuildIdHasher>;
@@ -58,16 +58,16 @@ impl BuildHasher for BuildIdHasher {
     }
 }
 
-/// The hash one key gets (for tests of the spread).
-pub fn hash_of<K: Hash>(k: &K) -> u64 {
-    BuildIdHasher.hash_one(k)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use messages::{OperationId, RequestId};
     use std::collections::BTreeSet;
+    use std::hash::Hash;
+
+    fn hash_of<K: Hash>(k: &K) -> u64 {
+        BuildIdHasher.hash_one(k)
+    }
 
     #[test]
     fn sequential_ids_spread_over_the_control_tags_and_the_buckets() {

@@ -8,7 +8,7 @@
 //! only stand in for the matcher's masks), never free a referenced or pinned block, and never
 //! let a map's iteration order shape a result.
 
-use super::credits::{pack_in, PackScratch, QueryCredits};
+use super::credits::{pack, PackScratch, QueryCredits};
 use super::geometry::CacheGeometry;
 use super::keys::{page_key, BlockAddr, ContentHash, PromptIndex};
 use super::matcher::{requirement, BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
@@ -628,7 +628,7 @@ impl CacheCoordinator {
                 return plan;
             }
         }
-        let Some(packing) = pack_in(pack_scratch, table, &index, candidates, credits) else {
+        let Some(packing) = pack(pack_scratch, table, &index, candidates, credits) else {
             plan.bypass = Some(Bypass::NoCreditFit);
             return plan;
         };

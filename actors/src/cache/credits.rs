@@ -97,7 +97,7 @@ impl Included {
 
 /// Packs the candidates (longest first, all above the complete local hit), in the buffers
 /// of `scratch`.
-pub fn pack_in(
+pub fn pack(
     scratch: &mut PackScratch,
     table: &MatchTable,
     index: &PromptIndex,

@@ -459,19 +459,23 @@ mod tests {
             .any(|o| matches!(o, StorageOp::Query(_))));
     }
 
-    #[test]
-    fn query_hits_become_a_get_whose_publication_admits_with_an_l3_split() {
-        let mut rig = rig(true);
-        let p = prompt(32, 7);
-        let plan = rig.arrive(&[(1, &p, 2)]);
+    /// Request 1 arrives with `p`, its QUERY finds every key: the plan that issues its GET.
+    fn get_after_a_full_hit(rig: &mut Rig, p: &[u32]) -> super::super::Plan<StorageOp> {
+        let plan = rig.arrive(&[(1, p, 2)]);
         let [StorageOp::Query(q)] = &plan.storage[..] else {
             panic!("{:?}", plan.storage);
         };
         let exists = vec![true; q.keys.len()];
-        let plan = rig.round(AgreedInputs {
+        rig.round(AgreedInputs {
             completions: vec![StorageDone::query(q.op, exists, true)],
             ..AgreedInputs::default()
-        });
+        })
+    }
+
+    #[test]
+    fn query_hits_become_a_get_whose_publication_admits_with_an_l3_split() {
+        let mut rig = rig(true);
+        let plan = get_after_a_full_hit(&mut rig, &prompt(32, 7));
         let [StorageOp::Get(g)] = &plan.storage[..] else {
             panic!("{:?}", plan.storage);
         };
@@ -529,16 +533,7 @@ mod tests {
         assert_eq!(super::super::get_row_of(h), Some((12_345, 678)));
         // A GET planned from an answered QUERY: its rows are the read's references.
         let mut rig = rig(true);
-        let p = prompt(32, 8);
-        let plan = rig.arrive(&[(1, &p, 2)]);
-        let [StorageOp::Query(q)] = &plan.storage[..] else {
-            panic!("{:?}", plan.storage);
-        };
-        let exists = vec![true; q.keys.len()];
-        let plan = rig.round(AgreedInputs {
-            completions: vec![StorageDone::query(q.op, exists, true)],
-            ..AgreedInputs::default()
-        });
+        let plan = get_after_a_full_hit(&mut rig, &prompt(32, 8));
         let [StorageOp::Get(g)] = &plan.storage[..] else {
             panic!("{:?}", plan.storage);
         };

@@ -73,16 +73,14 @@ impl Scheduler {
                 for (&id, r) in requests.range_mut(first..=last) {
                     // Arrivals the table no longer holds (or duplicates) are passed over.
                     while next.next_if(|n| *n < id).is_some() {}
-                    if next.next_if_eq(&id).is_some() && !p.prepare(stm, id, r) {
-                        p.queue.insert(id);
+                    if next.next_if_eq(&id).is_some() {
+                        p.prepare(stm, id, r);
                     }
                 }
             } else {
                 for &id in &ids {
                     if let Some(r) = requests.get_mut(&id) {
-                        if !p.prepare(stm, id, r) {
-                            p.queue.insert(id);
-                        }
+                        p.prepare(stm, id, r);
                     }
                 }
             }
@@ -206,10 +204,16 @@ struct Preparer<'a> {
 }
 
 impl Preparer<'_> {
-    /// One arrival: the bound check, then the QUERY the manager admits (or the refusal the
-    /// request falls back with). True when a QUERY was planned: the request then waits on
-    /// storage, out of the admission queue; otherwise the caller queues it.
-    fn prepare(
+    /// One arrival: it waits on its QUERY, out of the admission queue, or joins the queue.
+    fn prepare(&mut self, stm: &mut StorageTransferManager, id: RequestId, r: &mut Request) {
+        if !self.plan_query(stm, id, r) {
+            self.queue.insert(id);
+        }
+    }
+
+    /// The bound check, then the QUERY the manager admits (or the refusal the request falls
+    /// back with). True when a QUERY was planned.
+    fn plan_query(
         &mut self,
         stm: &mut StorageTransferManager,
         id: RequestId,
