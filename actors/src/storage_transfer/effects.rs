@@ -147,25 +147,6 @@ impl RoundEffects {
         self.negative.append(negative);
         self.forgotten.append(forgotten);
     }
-    /// Append another step's effects (a list still empty here takes the other's as is; an
-    /// empty `other`, a quiet round's, costs only its length checks).
-    pub fn extend(&mut self, other: RoundEffects) {
-        if other.is_empty() {
-            return;
-        }
-        append(&mut self.publish, other.publish);
-        append(&mut self.release, other.release);
-        append(&mut self.reoffer, other.reoffer);
-        append(&mut self.query_results, other.query_results);
-        append(&mut self.waits_ended, other.waits_ended);
-        append(&mut self.ready_expired, other.ready_expired);
-        append(&mut self.quarantined, other.quarantined);
-        append(&mut self.cancels, other.cancels);
-        append(&mut self.settled, other.settled);
-        append(&mut self.backed_up, other.backed_up);
-        append(&mut self.negative, other.negative);
-        append(&mut self.forgotten, other.forgotten);
-    }
 }
 
 /// The most entries a recycled list keeps room for (a burst's buffers are given back).
@@ -174,13 +155,4 @@ pub const RECYCLED_CAPACITY: usize = 4096;
 fn recycle<T>(list: &mut Vec<T>) {
     list.clear();
     list.shrink_to(RECYCLED_CAPACITY);
-}
-
-/// `to` followed by `more`, without copying `more` when `to` is empty.
-fn append<T>(to: &mut Vec<T>, mut more: Vec<T>) {
-    if to.is_empty() {
-        std::mem::swap(to, &mut more);
-    } else {
-        to.append(&mut more);
-    }
 }

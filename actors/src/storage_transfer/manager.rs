@@ -504,7 +504,7 @@ impl StorageTransferManager {
         let Entry::Occupied(mut e) = self.tickets.entry(op) else {
             return None;
         };
-        let (ops, hosts) = e.get_mut().settle_into(&mut fx.release)?;
+        let (ops, hosts) = e.get_mut().settle(&mut fx.release)?;
         let t = e.remove();
         if t.kind == StorageOpKind::Put {
             let bytes: u64 = t.ranges.iter().map(|r| r.len).sum();

@@ -267,7 +267,7 @@ impl StorageTransferManager {
         let mut cancels: Vec<StorageCancelOp> = std::mem::take(&mut self.outbox);
         cancels.append(&mut fx.cancels);
         let mut effects = std::mem::take(&mut self.deferred);
-        effects.extend(fx);
+        effects.move_from(&mut fx);
         self.backups.drain_forgotten_into(&mut effects.forgotten);
         let tickets = &self.tickets;
         self.trace

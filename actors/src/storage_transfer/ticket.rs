@@ -94,12 +94,15 @@ impl Ticket {
 
     /// References the ticket still holds, in key order.
     pub fn held_refs(&self) -> Vec<HostRef> {
+        self.held().collect()
+    }
+
+    fn held(&self) -> impl Iterator<Item = HostRef> + '_ {
         self.refs
             .iter()
             .zip(&self.held)
             .filter(|(_, h)| **h)
             .map(|(r, _)| *r)
-            .collect()
     }
 
     /// Release the reference of row `i` (after retirement). Returns it when it was held.
@@ -117,29 +120,15 @@ impl Ticket {
         }
     }
 
-    /// Settle: release every remaining reference. Returns (released references, operation
-    /// credits, Host credits) to return, or None when the ticket cannot settle (already
-    /// settled or quarantined).
-    pub fn settle(&mut self) -> Option<(Vec<HostRef>, u32, u32)> {
-        let mut released = Vec::new();
-        let (ops, hosts) = self.settle_into(&mut released)?;
-        Some((released, ops, hosts))
-    }
-
-    /// `settle`, the released references appended to `released` (nothing appended when the
-    /// ticket cannot settle).
-    pub fn settle_into(&mut self, released: &mut Vec<HostRef>) -> Option<(u32, u32)> {
+    /// Settle: release every remaining reference, appended to `released`. Returns the
+    /// (operation credits, Host credits) to return, or None (nothing appended) when the
+    /// ticket cannot settle (already settled or quarantined).
+    pub fn settle(&mut self, released: &mut Vec<HostRef>) -> Option<(u32, u32)> {
         if self.state == TicketState::Settled || self.state == TicketState::Quarantined {
             return None;
         }
         let before = released.len();
-        released.extend(
-            self.refs
-                .iter()
-                .zip(&self.held)
-                .filter(|(_, h)| **h)
-                .map(|(r, _)| *r),
-        );
+        released.extend(self.held());
         let hosts = self.charged_hosts;
         let ops = self.charged_operations;
         // charged_hosts always equals the number of held references.
@@ -187,16 +176,17 @@ mod tests {
         assert_eq!(t.release_row(1), Some(HostRef(11)));
         assert_eq!(t.release_row(1), None);
         assert_eq!(t.charged_hosts, 1);
-        let (refs, ops, hosts) = t.settle().unwrap();
+        let mut refs = Vec::new();
+        let (ops, hosts) = t.settle(&mut refs).unwrap();
         assert_eq!(refs, vec![HostRef(10)]);
         assert_eq!((ops, hosts), (1, 1));
         assert_eq!(t.state, TicketState::Settled);
-        assert!(t.settle().is_none());
+        assert!(t.settle(&mut Vec::new()).is_none());
         let mut kept = vec![HostRef(99)];
-        assert_eq!(t.settle_into(&mut kept), None);
+        assert_eq!(t.settle(&mut kept), None);
         assert_eq!(kept, vec![HostRef(99)], "a settled ticket appends nothing");
         let mut t = get_ticket();
-        assert_eq!(t.settle_into(&mut kept), Some((1, 2)));
+        assert_eq!(t.settle(&mut kept), Some((1, 2)));
         assert_eq!(kept, vec![HostRef(99), HostRef(10), HostRef(11)]);
     }
 
@@ -204,7 +194,7 @@ mod tests {
     fn quarantine_keeps_references_and_never_settles() {
         let mut t = get_ticket();
         assert_eq!(t.quarantine(), vec![HostRef(10), HostRef(11)]);
-        assert!(t.settle().is_none());
+        assert!(t.settle(&mut Vec::new()).is_none());
         assert_eq!(t.release_row(0), None);
         assert_eq!(t.charged_hosts, 2);
         assert_eq!(t.waiter, None);
