@@ -113,6 +113,22 @@ pub struct StorageTransferManager {
     capacity_backoffs: u64,
 }
 
+/// Whether a soft-deadline entry (`due`, `request`) is still the request's: it waits on a
+/// QUERY or GET with that very deadline (an ended wait's entry stays queued until due).
+fn soft_deadline_live(waits: &IdMap<RequestId, Wait>, due: u64, request: RequestId) -> bool {
+    waits
+        .get(&request)
+        .is_some_and(|w| w.is_waiting() && w.deadline_us == due)
+}
+
+/// Whether a Ready-expiry entry is still the request's: it holds Ready data expiring then.
+fn ready_expiry_live(waits: &IdMap<RequestId, Wait>, due: u64, request: RequestId) -> bool {
+    matches!(
+        waits.get(&request).map(|w| w.phase),
+        Some(WaitPhase::Ready { expires_us, .. }) if expires_us == due
+    )
+}
+
 /// The first wait after a PUT's capacity rejection; it doubles on every further rejection
 /// up to `CAPACITY_BACKOFF_MAX_US` and resets when a PUT lands a new write without one. A
 /// full store is then retried a few times a second at most, never in a loop.
@@ -378,37 +394,23 @@ impl StorageTransferManager {
         // A popped entry counts only while its request still waits with that due tick (an
         // ended deadline's entry stays in the queue until it comes due).
         for (due, request) in self.deadlines.pop_due(now) {
-            if self
-                .waits
-                .get(&request)
-                .is_some_and(|w| w.is_waiting() && w.deadline_us == due)
-            {
+            if soft_deadline_live(&self.waits, due, request) {
                 self.soft_timeouts += 1;
                 self.end_wait(request, WaitEnd::SoftTimeout, fx);
             }
         }
         for (due, request) in self.ready_expiry.pop_due(now) {
-            if matches!(
-                self.waits.get(&request).map(|w| w.phase),
-                Some(WaitPhase::Ready { expires_us, .. }) if expires_us == due
-            ) {
+            if ready_expiry_live(&self.waits, due, request) {
                 self.ready_expirations += 1;
                 fx.ready_expired.push(request);
                 self.end_ready(request, fx);
             }
         }
         let waits = &self.waits;
-        self.deadlines.retain_if_stale(waits.len(), |due, r| {
-            waits
-                .get(&r)
-                .is_some_and(|w| w.is_waiting() && w.deadline_us == due)
-        });
-        self.ready_expiry.retain_if_stale(waits.len(), |due, r| {
-            matches!(
-                waits.get(&r).map(|w| w.phase),
-                Some(WaitPhase::Ready { expires_us, .. }) if expires_us == due
-            )
-        });
+        self.deadlines
+            .retain_if_stale(waits.len(), |due, r| soft_deadline_live(waits, due, r));
+        self.ready_expiry
+            .retain_if_stale(waits.len(), |due, r| ready_expiry_live(waits, due, r));
         if self.gate.observe_at(pressure, now) == GateTransition::Closed {
             // In request order (the table's own order is not).
             let mut in_query: Vec<RequestId> = self
