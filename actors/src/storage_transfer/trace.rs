@@ -18,6 +18,13 @@ use messages::{OperationId, RequestId, StorageDone, StorageOp, StorageOpKind};
 use std::collections::BTreeMap;
 use tracing::{field, info_span, Span};
 
+/// Whether any subscriber could enable an INFO span (tracing's global maximum level over
+/// every registered subscriber, scoped ones included): when none can, no span is built
+/// at all, not even the disabled one whose fields the `log` fallback would record.
+fn interested() -> bool {
+    tracing::level_enabled!(tracing::Level::INFO)
+}
+
 /// How an operation's agreed completion ended for the scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ending {
@@ -107,6 +114,9 @@ impl RequestTrace {
 
     /// A request arrived: its span lives until it finishes or aborts.
     pub fn request_arrived(&mut self, id: RequestId, prompt_tokens: usize) {
+        if !interested() {
+            return;
+        }
         let span = info_span!(
             parent: None,
             "request",
@@ -156,6 +166,10 @@ impl OperationTrace {
         ops: &[StorageOp],
         parent: impl Fn(OperationId) -> Option<&'a Span>,
     ) {
+        if !interested() && self.ops.is_empty() {
+            // No new span could be enabled and no outstanding one could take a `cancel`.
+            return;
+        }
         for op in ops {
             let id = op.id();
             let Some(kind) = op.kind() else {
