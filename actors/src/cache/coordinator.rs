@@ -648,7 +648,7 @@ impl CacheCoordinator {
             .map(|b| table.pages(b.addr.group as usize) as usize)
             .sum();
         plan.rows.reserve_exact(rows);
-        for b in &packing.blocks {
+        for b in packing.blocks {
             for page in 0..table.pages(b.addr.group as usize) {
                 plan.rows.push(QueryRow {
                     block: b.addr,

@@ -30,24 +30,27 @@ pub struct PackedBoundary {
     pub new_keys: u32,
 }
 
-/// The result of packing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Packing {
+/// The result of packing: its lists live in the scratch that packed it (read them, then
+/// pack again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packing<'s> {
     /// Primary first, then fallbacks longest first.
-    pub boundaries: Vec<PackedBoundary>,
+    pub boundaries: &'s [PackedBoundary],
     /// Missing blocks to ask for, in query order, without duplicates.
-    pub blocks: Vec<RequiredBlock>,
+    pub blocks: &'s [RequiredBlock],
     pub keys: u32,
     /// The primary's Host charge: new destinations plus warm Host references.
     pub host_blocks: u32,
 }
 
 /// Buffers one packing reuses from the last (lent by the coordinator's match scratch):
-/// the included-block record and the extra-blocks list.
+/// the included-block record, the extra-blocks list and the packing's own two lists.
 #[derive(Debug, Default)]
 pub struct PackScratch {
     inc: Included,
     extra: Vec<RequiredBlock>,
+    boundaries: Vec<PackedBoundary>,
+    blocks: Vec<RequiredBlock>,
 }
 
 /// Per-group record of the complete blocks already asked for.
@@ -97,13 +100,13 @@ impl Included {
 
 /// Packs the candidates (longest first, all above the complete local hit), in the buffers
 /// of `scratch`.
-pub fn pack(
-    scratch: &mut PackScratch,
+pub fn pack<'s>(
+    scratch: &'s mut PackScratch,
     table: &MatchTable,
     index: &PromptIndex,
     candidates: &[Candidate],
     credits: QueryCredits,
-) -> Option<Packing> {
+) -> Option<Packing<'s>> {
     let fits = |c: Candidate| {
         let t = table.tally(c);
         let charge =
@@ -115,24 +118,24 @@ pub fn pack(
             charge,
         )
     };
-    let (pi, (_, primary_keys, charge)) = candidates
+    let (pi, (_, _, charge)) = candidates
         .iter()
         .enumerate()
         .map(|(i, c)| (i, fits(*c)))
         .find(|(_, f)| f.0)?;
-    let PackScratch { inc, extra } = scratch;
+    let PackScratch {
+        inc,
+        extra,
+        boundaries,
+        blocks,
+    } = scratch;
     inc.reset(table);
-    let mut packing = Packing {
-        boundaries: Vec::with_capacity(candidates.len() - pi),
-        // The primary's missing blocks (at most one per key); fallbacks seldom add more.
-        blocks: Vec::with_capacity(primary_keys as usize),
-        keys: 0,
-        host_blocks: charge,
-    };
-    // One scratch list for every candidate's extra blocks.
+    boundaries.clear();
+    blocks.clear();
+    let mut keys = 0;
     for &c in &candidates[pi..] {
         // A fallback is reserved alone: its own Host charge must fit.
-        if !packing.boundaries.is_empty() && fits(c).2 > credits.host_blocks {
+        if !boundaries.is_empty() && fits(c).2 > credits.host_blocks {
             continue;
         }
         extra_blocks(table, index, inc, c, extra);
@@ -140,18 +143,23 @@ pub fn pack(
             .iter()
             .map(|b| table.pages(b.addr.group as usize))
             .sum();
-        if packing.keys + extra_keys > credits.keys {
+        if keys + extra_keys > credits.keys {
             continue;
         }
         include(table, inc, c, extra);
-        packing.keys += extra_keys;
-        packing.blocks.extend_from_slice(extra);
-        packing.boundaries.push(PackedBoundary {
+        keys += extra_keys;
+        blocks.extend_from_slice(extra);
+        boundaries.push(PackedBoundary {
             candidate: c,
             new_keys: extra_keys,
         });
     }
-    Some(packing)
+    Some(Packing {
+        boundaries,
+        blocks,
+        keys,
+        host_blocks: charge,
+    })
 }
 
 /// The missing blocks `c` requires that are not yet included, by group then position
