@@ -107,6 +107,20 @@ pub fn pack<'s>(
     candidates: &[Candidate],
     credits: QueryCredits,
 ) -> Option<Packing<'s>> {
+    pack_with(scratch, table, index, candidates, credits, true)
+}
+
+/// `pack`; `skip_covered` passes over the fallbacks that add nothing (`adds_nothing`)
+/// without working out their extra blocks (false only in the test that checks it changes
+/// no packing).
+fn pack_with<'s>(
+    scratch: &'s mut PackScratch,
+    table: &MatchTable,
+    index: &PromptIndex,
+    candidates: &[Candidate],
+    credits: QueryCredits,
+    skip_covered: bool,
+) -> Option<Packing<'s>> {
     let fits = |c: Candidate| {
         let t = table.tally(c);
         let charge =
@@ -138,6 +152,13 @@ pub fn pack<'s>(
         if !boundaries.is_empty() && fits(c).2 > credits.host_blocks {
             continue;
         }
+        if skip_covered && !boundaries.is_empty() && adds_nothing(table, inc, c) {
+            boundaries.push(PackedBoundary {
+                candidate: c,
+                new_keys: 0,
+            });
+            continue;
+        }
         extra_blocks(table, index, inc, c, extra);
         let extra_keys: u32 = extra
             .iter()
@@ -159,6 +180,24 @@ pub fn pack<'s>(
         blocks,
         keys,
         host_blocks: charge,
+    })
+}
+
+/// Whether `c` needs no block that is not yet included, and including it would change no
+/// record: each group's requirement is empty or inside its covered range, and its
+/// tail blocks are local, assumed or already asked for. (A shorter fallback of Full-history
+/// groups is such a candidate: `extra_blocks` and `include` are then skipped.)
+fn adds_nothing(table: &MatchTable, inc: &Included, c: Candidate) -> bool {
+    (0..table.group_count()).all(|g| {
+        let (s, e, tail) = table.requirement(g, c.boundary);
+        let (clo, chi) = inc.groups[g].covered;
+        let blocks = s == e || (s >= clo && e <= chi);
+        let tail_block = !tail
+            || match table.tail_block(c, g) {
+                Some((addr, Have::Missing)) => inc.tails.contains(&(addr.group, addr.hash)),
+                _ => true,
+            };
+        blocks && tail_block
     })
 }
 
@@ -223,5 +262,78 @@ fn include(table: &MatchTable, inc: &mut Included, c: Candidate, extra: &[Requir
         } else {
             (clo, chi)
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::geometry::{CacheGeometry, GroupSpec};
+    use crate::cache::tail::TailCandidate;
+
+    /// Skipping the fallbacks that add nothing changes no packing: the same boundaries, new
+    /// keys, blocks and charge as working out every fallback's extra blocks, over Full,
+    /// sliding-window and State groups, tails, mixed availability and tight credits.
+    #[test]
+    fn skipping_fallbacks_that_add_nothing_changes_no_packing() {
+        let geometries = [
+            vec![GroupSpec::full("attn", 4, 2, 64)],
+            vec![
+                GroupSpec::full("attn", 16, 1, 64),
+                GroupSpec::state("ssm", 32, 8),
+            ],
+            vec![
+                GroupSpec::full("attn", 8, 1, 64),
+                GroupSpec::sliding_window("swa", 24, 8, 1, 64),
+            ],
+        ];
+        let levels = [Have::Missing, Have::Assumed, Have::Host, Have::Device];
+        let mut compared = 0;
+        for groups in geometries {
+            let g = CacheGeometry::new(groups, 1, 0).unwrap();
+            let p: Vec<u32> = (0..203u32)
+                .map(|i| i.wrapping_mul(2654435761) % 977)
+                .collect();
+            let index = PromptIndex::new(&g, &p, p.len() as u32);
+            let tails: Vec<TailCandidate> = [203, 150, 97, 61]
+                .iter()
+                .filter_map(|b| TailCandidate::at(&index, &p, *b))
+                .collect();
+            for seed in 0u64..48 {
+                let table = MatchTable::build(&g, &index, &p, 203, &tails, None, |a| {
+                    let h = a.hash.as_u128() as u64 ^ seed.wrapping_mul(0x9E37_79B9);
+                    match seed % 3 {
+                        0 => levels[(h % 4) as usize],
+                        1 => levels[(h % 2) as usize],
+                        _ => Have::Missing,
+                    }
+                });
+                let candidates: Vec<Candidate> = table.candidates_iter(0).collect();
+                for credits in [
+                    QueryCredits {
+                        keys: 1 << 20,
+                        host_blocks: 1 << 20,
+                    },
+                    QueryCredits {
+                        keys: 9,
+                        host_blocks: 12,
+                    },
+                    QueryCredits {
+                        keys: 30,
+                        host_blocks: 40,
+                    },
+                ] {
+                    let (mut fast, mut full) = (PackScratch::default(), PackScratch::default());
+                    let a = pack_with(&mut fast, &table, &index, &candidates, credits, true);
+                    let b = pack_with(&mut full, &table, &index, &candidates, credits, false);
+                    assert_eq!(a, b, "seed {seed} credits {credits:?}");
+                    compared += usize::from(a.is_some_and(|x| x.boundaries.len() > 1));
+                }
+            }
+        }
+        assert!(
+            compared > 20,
+            "packings with fallbacks compared: {compared}"
+        );
     }
 }
