@@ -115,6 +115,20 @@ impl QueryPlan {
     /// Turns the agreed per-key existence into block existence hints: a block exists only
     /// when every one of its page keys does. Tail candidates ride along.
     pub fn existence_hints(&self, exists: &[bool]) -> Result<ExistenceHints, CacheError> {
+        let mut hints = ExistenceHints::default();
+        self.existence_hints_into(exists, &mut hints)?;
+        Ok(hints)
+    }
+
+    /// `existence_hints` into `out`'s lists (emptied first; a caller that keeps one set of
+    /// hints reuses its buffers). On an error `out` is left empty.
+    pub fn existence_hints_into(
+        &self,
+        exists: &[bool],
+        out: &mut ExistenceHints,
+    ) -> Result<(), CacheError> {
+        out.blocks.clear();
+        out.tails.clear();
         if exists.len() != self.rows.len() {
             return Err(CacheError::Length {
                 what: "existence",
@@ -126,7 +140,7 @@ impl QueryPlan {
         // rows, then those of missing rows, each half sorted; one merge pass keeps the
         // distinct existing blocks that no missing row names.
         let rows = || self.rows.iter().zip(exists);
-        let mut blocks: Vec<BlockAddr> = Vec::with_capacity(self.rows.len());
+        let blocks = &mut out.blocks;
         blocks.extend(rows().filter(|(_, ok)| **ok).map(|(r, _)| r.block));
         let present = blocks.len();
         blocks.extend(rows().filter(|(_, ok)| !**ok).map(|(r, _)| r.block));
@@ -148,10 +162,9 @@ impl QueryPlan {
             kept += 1;
         }
         blocks.truncate(kept);
-        Ok(ExistenceHints {
-            blocks,
-            tails: self.boundaries.iter().filter_map(|b| b.tail).collect(),
-        })
+        out.tails
+            .extend(self.boundaries.iter().filter_map(|b| b.tail));
+        Ok(())
     }
 }
 

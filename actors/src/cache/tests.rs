@@ -889,4 +889,14 @@ fn a_block_exists_only_when_every_one_of_its_pages_does_in_any_row_order() {
         .unwrap();
     assert_eq!(h.blocks, vec![block(1, 0), block(3, 0)]);
     assert!(plan.existence_hints(&[true]).is_err());
+    // Hints made into reused lists hold only the latest answer's blocks (an error leaves
+    // them empty, not holding the last answer's).
+    let mut reused = plan
+        .existence_hints(&[true, true, true, true, true, false, true])
+        .unwrap();
+    plan.existence_hints_into(&[true, true, true, true, false, true, false], &mut reused)
+        .unwrap();
+    assert_eq!(reused, h);
+    assert!(plan.existence_hints_into(&[true], &mut reused).is_err());
+    assert_eq!(reused, ExistenceHints::default());
 }

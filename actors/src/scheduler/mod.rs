@@ -206,6 +206,9 @@ pub struct Scheduler {
     /// New arrivals not yet considered for storage preparation (each is considered once:
     /// `storage_prepared` is one-shot), not yet in `queue`.
     unprepared: Vec<RequestId>,
+    /// The lists the existence hints of each applied QUERY answer are made in (their
+    /// buffers serve the next answer; what they hold is read only during its reservation).
+    hints: crate::cache::coordinator::ExistenceHints,
     free_scratch: Vec<u32>,
     /// What each Host reference handed to the manager stands for (lookups only).
     /// Looked up, inserted and removed, never walked (its order reaches no decision).
@@ -261,6 +264,7 @@ impl Scheduler {
             queue: BTreeSet::new(),
             running: BTreeSet::new(),
             unprepared: Vec::new(),
+            hints: Default::default(),
             free_scratch,
             refs: IdMap::default(),
             reads: IdMap::default(),

@@ -9,7 +9,7 @@
 
 use super::request::{Continuation, PrefetchPhase, Request, RequestState};
 use super::{tail_kind, ReadRecord, Scheduler, SchedulerStats};
-use crate::cache::coordinator::{CacheCoordinator, QueryLimits};
+use crate::cache::coordinator::{CacheCoordinator, ExistenceHints, QueryLimits};
 use crate::cache::credits::QueryCredits;
 use crate::cache::geometry::CacheGeometry;
 use crate::frontend::FallbackReason;
@@ -98,6 +98,21 @@ impl Scheduler {
         keys: &[messages::StorageKey],
         storage: Option<&mut StorageTransferManager>,
     ) {
+        // The hints are made in the scheduler's own lists, kept for the next answer.
+        let mut hints = std::mem::take(&mut self.hints);
+        self.answer_query(id, exists, keys, storage, &mut hints);
+        self.hints = hints;
+    }
+
+    /// `on_query_result` with the lists its existence hints are made in.
+    fn answer_query(
+        &mut self,
+        id: RequestId,
+        exists: &[bool],
+        keys: &[messages::StorageKey],
+        storage: Option<&mut StorageTransferManager>,
+        hints: &mut ExistenceHints,
+    ) {
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
@@ -107,13 +122,10 @@ impl Scheduler {
         let PrefetchPhase::Query(plan) = phase else {
             return;
         };
-        let hints = match plan.existence_hints(exists) {
-            Ok(h) => h,
-            Err(_) => {
-                self.end_prefetch(id, Some(FallbackReason::Miss));
-                return;
-            }
-        };
+        if plan.existence_hints_into(exists, hints).is_err() {
+            self.end_prefetch(id, Some(FallbackReason::Miss));
+            return;
+        }
         let Some(stm) = storage else {
             return;
         };
@@ -135,7 +147,7 @@ impl Scheduler {
             Some(&whole),
             &r.prompt,
             reusable,
-            &hints,
+            hints,
             host_credits,
             queried,
             keys,
