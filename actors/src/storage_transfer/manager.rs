@@ -337,7 +337,7 @@ impl StorageTransferManager {
         for request in input.cancellations {
             self.cancel_into(request, fx);
         }
-        for done in &completions {
+        for done in &mut completions {
             self.apply_completion(done, fx);
         }
         Ok(())
@@ -534,7 +534,8 @@ impl StorageTransferManager {
         }
     }
 
-    fn apply_completion(&mut self, done: &StorageDone, fx: &mut RoundEffects) {
+    /// Applies one validated completion (its QUERY existence mask moves into the effects).
+    fn apply_completion(&mut self, done: &mut StorageDone, fx: &mut RoundEffects) {
         let op = done.op;
         let Some(t) = self.tickets.get(&op) else {
             return;
@@ -579,7 +580,7 @@ impl StorageTransferManager {
                             request,
                             op,
                             keys,
-                            exists: done.success.clone(),
+                            exists: std::mem::take(&mut done.success),
                         });
                     } else {
                         self.finish_wait(request, fx);
