@@ -4,8 +4,10 @@
 //! is compact (the Host page it names) until that dispatch makes its object key, so a
 //! candidate that is dropped or coalesced never costs a key string. Overflow drops the
 //! oldest candidate. A candidate already queued or covered by a pending PUT coalesces (not
-//! a loss). Dropped candidate occurrences are counted by a fixed reason. The queue never
-//! pins Host memory and never decides retirement.
+//! a loss): the queue also keeps, per key, how many PUTs of the current clear epoch carry
+//! it (marked at dispatch, counted down at their completion), in the same record as its
+//! queueing. Dropped candidate occurrences are counted by a fixed reason. The queue never
+//! pins Host memory, never decides a PUT or its credits and never decides retirement.
 
 use super::HostRef;
 #[cfg(test)]
@@ -162,13 +164,33 @@ pub enum OfferOutcome {
     Dropped(DropReason),
 }
 
+/// What the queue knows of one backup key: whether a candidate of it is queued (at most
+/// one is) and how many PUTs of which clear epoch carry it (an older epoch's PUTs cover
+/// nothing new).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct KeyRecord {
+    queued: bool,
+    pending_epoch: u64,
+    pending: u32,
+}
+
+impl KeyRecord {
+    fn pending_in(&self, epoch: u64) -> bool {
+        self.pending > 0 && self.pending_epoch == epoch
+    }
+    /// Nothing left to remember: neither queued nor carried by a PUT.
+    fn idle(&self) -> bool {
+        !self.queued && self.pending == 0
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackupQueue {
     capacity: usize,
     queue: VecDeque<BackupCandidate>,
-    /// The queued keys, each once: an offer of a queued key coalesces (lookups only; the
-    /// queue keeps the order).
-    queued_keys: KeyTable<()>,
+    /// Per key, queued and pending PUTs in one record (lookups only; the queue keeps the
+    /// order), so an offer, a dispatch and a PUT's completion each find a key once.
+    keys: KeyTable<KeyRecord>,
     dropped: [u64; 5],
     coalesced: u64,
     /// References of candidates that left the queue without a PUT (dropped or coalesced):
@@ -182,21 +204,23 @@ impl BackupQueue {
         Self {
             capacity: capacity.max(1) as usize,
             queue: VecDeque::new(),
-            queued_keys: KeyTable::default(),
+            keys: KeyTable::default(),
             dropped: [0; 5],
             coalesced: 0,
             forgotten: Vec::new(),
         }
     }
 
-    /// Queue a candidate unless its key is already queued or `pending` (a PUT in flight
-    /// covers it).
-    pub fn offer(&mut self, candidate: BackupCandidate, pending: bool) -> OfferOutcome {
-        if pending || self.queued_keys.contains_key(&candidate.key) {
+    /// Queue a candidate unless its key is already queued or a PUT of clear epoch `epoch`
+    /// in flight covers it.
+    pub fn offer(&mut self, candidate: BackupCandidate, epoch: u64) -> OfferOutcome {
+        let rec = self.keys.entry(candidate.key).or_default();
+        if rec.queued || rec.pending_in(epoch) {
             self.coalesced += 1;
             self.forgotten.push(candidate.host);
             return OfferOutcome::Coalesced;
         }
+        rec.queued = true;
         let mut outcome = OfferOutcome::Queued;
         if self.queue.len() >= self.capacity {
             if let Some(oldest) = self.pop_front() {
@@ -205,24 +229,85 @@ impl BackupQueue {
                 outcome = OfferOutcome::QueuedDroppedOldest;
             }
         }
-        self.queued_keys.insert(candidate.key, ());
         self.queue.push_back(candidate);
         outcome
     }
 
-    /// Take the oldest candidate.
+    /// Take the oldest candidate (its key no longer queued).
     pub fn pop_front(&mut self) -> Option<BackupCandidate> {
         let c = self.queue.pop_front()?;
-        self.queued_keys.remove(&c.key);
+        self.unqueue(&c.key);
         Some(c)
+    }
+
+    fn unqueue(&mut self, key: &BackupKey) {
+        if let Some(rec) = self.keys.get_mut(key) {
+            rec.queued = false;
+            if rec.idle() {
+                self.keys.remove(key);
+            }
+        }
+    }
+
+    /// PUT dispatch of the oldest candidate: `take` rechecks it (Some: a PUT of clear
+    /// epoch `epoch` carries it from now on, until `unpend`). Returns the candidate and what
+    /// `take` gave; None when the queue is empty. One lookup of the key.
+    pub fn dispatch_front<T>(
+        &mut self,
+        epoch: u64,
+        take: impl FnOnce(&BackupCandidate) -> Option<T>,
+    ) -> Option<(BackupCandidate, Option<T>)> {
+        let c = self.queue.pop_front()?;
+        let taken = take(&c);
+        match self.keys.get_mut(&c.key) {
+            Some(rec) => {
+                // The queue holds each key once and none a pending PUT covers.
+                debug_assert!(rec.queued && !rec.pending_in(epoch));
+                rec.queued = false;
+                if taken.is_some() {
+                    rec.pending = if rec.pending_epoch == epoch {
+                        rec.pending + 1
+                    } else {
+                        1
+                    };
+                    rec.pending_epoch = epoch;
+                } else if rec.idle() {
+                    self.keys.remove(&c.key);
+                }
+            }
+            None => debug_assert!(false, "a queued candidate's key has a record"),
+        }
+        Some((c, taken))
+    }
+
+    /// A PUT of clear epoch `epoch` that carried `key` completed: one PUT fewer covers it
+    /// (a newer epoch's PUTs are not this one's to count down).
+    pub fn unpend(&mut self, key: &BackupKey, epoch: u64) {
+        if let Some(rec) = self.keys.get_mut(key) {
+            if rec.pending_in(epoch) {
+                rec.pending -= 1;
+                if rec.idle() {
+                    self.keys.remove(key);
+                }
+            }
+        }
+    }
+
+    /// A PUT of clear epoch `epoch` in flight covers `key`.
+    pub fn put_pending(&self, key: &BackupKey, epoch: u64) -> bool {
+        self.keys.get(key).is_some_and(|r| r.pending_in(epoch))
     }
 
     /// Drop every queued candidate for `reason`; returns how many.
     pub fn drop_all(&mut self, reason: DropReason) -> u64 {
         let n = self.queue.len() as u64;
         self.forgotten.extend(self.queue.iter().map(|c| c.host));
+        // Keys that PUTs still carry keep their records; the rest are forgotten.
+        self.keys.retain(|_, r| {
+            r.queued = false;
+            !r.idle()
+        });
         self.queue.clear();
-        self.queued_keys.clear();
         self.count_drop(reason, n);
         n
     }
@@ -257,8 +342,9 @@ impl BackupQueue {
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
+    /// Whether a candidate of `key` is queued.
     pub fn contains_key(&self, key: &BackupKey) -> bool {
-        self.queued_keys.contains_key(key)
+        self.keys.get(key).is_some_and(|r| r.queued)
     }
     /// The queued candidates, oldest first (tests).
     #[cfg(test)]
@@ -281,12 +367,9 @@ mod tests {
     #[test]
     fn overflow_drops_oldest_and_counts() {
         let mut q = BackupQueue::new(2);
-        assert_eq!(q.offer(cand("a", 1), false), OfferOutcome::Queued);
-        assert_eq!(q.offer(cand("b", 2), false), OfferOutcome::Queued);
-        assert_eq!(
-            q.offer(cand("c", 3), false),
-            OfferOutcome::QueuedDroppedOldest
-        );
+        assert_eq!(q.offer(cand("a", 1), 0), OfferOutcome::Queued);
+        assert_eq!(q.offer(cand("b", 2), 0), OfferOutcome::Queued);
+        assert_eq!(q.offer(cand("c", 3), 0), OfferOutcome::QueuedDroppedOldest);
         assert_eq!(q.dropped(DropReason::Overflow), 1);
         assert!(!q.contains_key(&StorageKey::new("a").into()));
         assert_eq!(q.pop_front(), Some(cand("b", 2)));
@@ -321,14 +404,66 @@ mod tests {
     #[test]
     fn coalescing_is_not_a_loss() {
         let mut q = BackupQueue::new(4);
-        q.offer(cand("a", 1), false);
-        assert_eq!(q.offer(cand("a", 1), false), OfferOutcome::Coalesced);
-        assert_eq!(q.offer(cand("b", 2), true), OfferOutcome::Coalesced);
+        q.offer(cand("b", 2), 0);
+        let (b, put) = q.dispatch_front(0, |_| Some(())).unwrap();
+        assert_eq!((b, put), (cand("b", 2), Some(())));
+        q.offer(cand("a", 1), 0);
+        assert_eq!(q.offer(cand("a", 1), 0), OfferOutcome::Coalesced);
+        assert_eq!(
+            q.offer(cand("b", 2), 0),
+            OfferOutcome::Coalesced,
+            "a PUT carries b"
+        );
         assert_eq!(q.coalesced(), 2);
         assert_eq!(q.dropped_all(), [0; 5]);
         assert_eq!(q.len(), 1);
         assert_eq!(q.drop_all(DropReason::Cleanup), 1);
         assert_eq!(q.dropped(DropReason::Cleanup), 1);
         assert!(q.is_empty());
+        assert!(
+            q.put_pending(&cand("b", 2).key, 0),
+            "a drop keeps what PUTs carry"
+        );
+    }
+
+    /// One record per key follows it through offer, dispatch and completion: a key a PUT
+    /// carries coalesces until that PUT completes (only PUTs of the current clear epoch
+    /// count), a candidate that was not taken leaves nothing pending, and a key's record
+    /// goes once nothing is queued or pending.
+    #[test]
+    fn a_key_is_pending_from_dispatch_until_its_puts_complete() {
+        let mut q = BackupQueue::new(8);
+        let (a, b) = (cand("a", 1), cand("b", 2));
+        q.offer(a.clone(), 0);
+        q.offer(b.clone(), 0);
+        // a is taken by a PUT, b was no longer resident.
+        assert_eq!(q.dispatch_front(0, |_| Some(7)), Some((a.clone(), Some(7))));
+        assert_eq!(
+            q.dispatch_front(0, |_| None::<u32>),
+            Some((b.clone(), None))
+        );
+        assert!(q.put_pending(&a.key, 0) && !q.contains_key(&a.key));
+        assert!(!q.put_pending(&b.key, 0) && !q.contains_key(&b.key));
+        assert_eq!(q.keys.len(), 1, "b's record went with its candidate");
+        assert_eq!(q.offer(a.clone(), 0), OfferOutcome::Coalesced);
+        assert_eq!(q.offer(b.clone(), 0), OfferOutcome::Queued);
+        // A newer clear epoch: the old PUT covers nothing, so a is queued again and a
+        // second PUT (of the new epoch) carries it.
+        assert!(!q.put_pending(&a.key, 1));
+        assert_eq!(q.offer(a.clone(), 1), OfferOutcome::Queued);
+        assert_eq!(q.pop_front(), Some(b.clone()));
+        assert_eq!(
+            q.dispatch_front(1, |_| Some(())),
+            Some((a.clone(), Some(())))
+        );
+        // The old epoch's completion is not the new PUT's to count down.
+        q.unpend(&a.key, 0);
+        assert!(q.put_pending(&a.key, 1));
+        q.unpend(&a.key, 1);
+        assert!(!q.put_pending(&a.key, 1));
+        assert!(
+            q.keys.is_empty(),
+            "no record outlives its key's queueing and PUTs"
+        );
     }
 }

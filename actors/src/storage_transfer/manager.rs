@@ -82,7 +82,6 @@ pub struct StorageTransferManager {
     /// Backup keys of in-flight PUTs: (epoch of the newest PUT, PUTs of that epoch). An
     /// entry of an older epoch covers nothing (a clear bumped the epoch; a page names
     /// another object in the new namespace).
-    pub(super) pending_put_keys: super::backup::KeyTable<(u64, u32)>,
     /// Payload bytes of the backup PUTs issued and not yet settled
     /// (`StorageConfig::backup_bytes_in_flight` bounds new ones).
     pub(super) backup_bytes_outstanding: u64,
@@ -148,7 +147,6 @@ impl StorageTransferManager {
             waits: id_map(),
             deadlines: DeadlineQueue::new(),
             ready_expiry: DeadlineQueue::new(),
-            pending_put_keys: Default::default(),
             backup_bytes_outstanding: 0,
             now_us: 0,
             lease_serial: 0,
@@ -696,22 +694,9 @@ impl StorageTransferManager {
             .map(|t| std::mem::take(&mut t.backup))
             .unwrap_or_default();
         for key in &keys {
-            match self.pending_put_keys.get_mut(key) {
-                Some((e, n)) if *e == epoch && *n > 1 => *n -= 1,
-                Some((e, _)) if *e == epoch => {
-                    self.pending_put_keys.remove(key);
-                }
-                _ => {} // superseded by a PUT of a newer epoch
-            }
+            self.backups.unpend(key, epoch);
         }
         keys
-    }
-
-    /// A PUT of this epoch in flight covers `key`.
-    pub(super) fn put_pending(&self, key: &BackupKey) -> bool {
-        self.pending_put_keys
-            .get(key)
-            .is_some_and(|(e, _)| *e == self.epoch)
     }
 
     // ----- planning -------------------------------------------------------------------
@@ -866,13 +851,13 @@ impl StorageTransferManager {
             self.backups.forget(candidate.host);
             return OfferOutcome::Dropped(DropReason::Pressure);
         }
-        let pending = self.put_pending(&candidate.key);
-        self.backups.offer(candidate, pending)
+        self.backups.offer(candidate, self.epoch)
     }
 
     /// Creates the ticket of a create-only PUT whose sources the cache owner has rechecked
     /// and referenced; charges the backup credits. The caller (`plan_backups`) checked the
-    /// gates and that the keys fit the backup room.
+    /// gates and that the keys fit the backup room, and its dispatch marked the backup keys
+    /// pending (`BackupQueue::dispatch_front`) until the PUT completes.
     pub(super) fn put_ticket(
         &mut self,
         keys: Vec<StorageKey>,
@@ -887,16 +872,6 @@ impl StorageTransferManager {
             .charge(CreditClass::Backup, 1, keys.len() as u32);
         debug_assert!(charged, "room was computed from the backup credits");
         let op = self.ids.next_id();
-        let epoch = self.epoch;
-        for k in &backup {
-            match self.pending_put_keys.get_mut(k) {
-                Some((e, n)) if *e == epoch => *n += 1,
-                Some(entry) => *entry = (epoch, 1),
-                None => {
-                    self.pending_put_keys.insert(*k, (epoch, 1));
-                }
-            }
-        }
         self.backup_bytes_outstanding += ranges.iter().map(|r| r.len).sum::<u64>();
         self.tickets.insert(
             op,

@@ -175,13 +175,17 @@ impl StorageTransferManager {
             );
             let mut bytes = 0u64;
             while keys.len() < room && bytes < per_op {
-                let Some(c) = self.backups.pop_front() else {
+                // A taken candidate's key is pending from here (the PUT below carries it).
+                let Some((c, taken)) = self
+                    .backups
+                    .dispatch_front(self.epoch, |c| residency(&c.key, c.host))
+                else {
                     break;
                 };
                 // The queue holds each key once and none a pending PUT covers (an offer of
                 // either coalesces), so no PUT carries a key twice or one already in flight.
-                debug_assert!(!self.put_pending(&c.key) && !backup.contains(&c.key));
-                match residency(&c.key, c.host) {
+                debug_assert!(!backup.contains(&c.key));
+                match taken {
                     Some((key, range)) => {
                         bytes += range.len;
                         keys.push(key);
