@@ -360,8 +360,9 @@ impl CacheCoordinator {
     }
 
     /// Tail candidates of a prompt in (lo, bound]: local hints plus the exact request bound
-    /// (none when tails are off).
-    /// Into `v` (emptied first).
+    /// (none when tails are off), each carrying this prompt's identity at its boundary (the
+    /// tail table offers only matching ones; an `extra` tail that does not match is passed
+    /// over), so the match table need not hash them again. Into `v` (emptied first).
     fn tail_candidates(
         &self,
         v: &mut Vec<TailCandidate>,
@@ -376,12 +377,25 @@ impl CacheCoordinator {
             return;
         }
         self.tails.candidates_into(v, index, tokens, lo, bound);
-        v.extend(TailCandidate::at(index, tokens, bound));
-        v.extend(
-            extra
-                .iter()
-                .filter(|t| t.boundary > lo && t.boundary <= bound),
-        );
+        let own = TailCandidate::at(index, tokens, bound);
+        v.extend(own);
+        let mut scratch = Vec::new();
+        for t in extra
+            .iter()
+            .filter(|t| t.boundary > lo && t.boundary <= bound.min(index.len()))
+        {
+            // The bound's own identity is already known; any other boundary is hashed.
+            let exact = match own {
+                Some(o) if o.boundary == t.boundary => o.hash == t.hash,
+                _ => {
+                    !t.boundary.is_multiple_of(index.parent_tokens().max(1))
+                        && index.tail_identity(&mut scratch, tokens, t.boundary) == t.hash
+                }
+            };
+            if exact {
+                v.push(*t);
+            }
+        }
         v.sort();
         v.dedup();
     }
@@ -398,7 +412,8 @@ impl CacheCoordinator {
         hints: Option<&[BlockAddr]>,
         clamp: Option<Have>,
     ) {
-        table.rebuild(&self.geometry, index, tokens, bound, tails, clamp, |a| {
+        // Every tail comes from `tail_candidates`: this prompt's own identities.
+        table.rebuild_exact(&self.geometry, index, tokens, bound, tails, clamp, |a| {
             if self.device.contains(a) {
                 return Have::Device;
             }

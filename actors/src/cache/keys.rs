@@ -245,6 +245,12 @@ impl PromptIndex {
         self.chains.chains[self.chains.group_chain[g]][k as usize]
     }
 
+    /// Whether group `g` hashes on the LCM parent chain (its blocks are parent blocks), so
+    /// that its partial block at a boundary hashes exactly as the tail identity there.
+    pub fn on_parent_chain(&self, g: usize) -> bool {
+        self.chains.group_chain[g] == self.chains.parent_chain
+    }
+
     /// The LCM parent chain hash after `k` parent blocks.
     pub fn parent_hash(&self, k: u32) -> ContentHash {
         self.chains.chains[self.chains.parent_chain][k as usize]

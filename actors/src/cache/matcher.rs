@@ -172,7 +172,8 @@ impl MatchTable {
         table
     }
 
-    /// `build` into this table's buffers (what it held before is replaced).
+    /// `build` into this table's buffers (what it held before is replaced). A tail candidate
+    /// that does not carry this prompt's identity at its boundary is passed over.
     #[allow(clippy::too_many_arguments)]
     pub fn rebuild(
         &mut self,
@@ -182,7 +183,41 @@ impl MatchTable {
         hi: u32,
         tails: &[TailCandidate],
         clamp: Option<Have>,
+        avail: impl FnMut(BlockAddr) -> Have,
+    ) {
+        self.rebuild_with(geometry, index, tokens, hi, tails, clamp, avail, true);
+    }
+
+    /// `rebuild` for tails known to carry this prompt's identities (each made from `index`
+    /// and `tokens`, as the CacheCoordinator makes them): they are not hashed again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rebuild_exact(
+        &mut self,
+        geometry: &CacheGeometry,
+        index: &PromptIndex,
+        tokens: &[u32],
+        hi: u32,
+        tails: &[TailCandidate],
+        clamp: Option<Have>,
+        avail: impl FnMut(BlockAddr) -> Have,
+    ) {
+        debug_assert!(tails.iter().all(|t| t.boundary > index.len()
+            || t.boundary.is_multiple_of(index.parent_tokens().max(1))
+            || index.tail_identity(&mut Vec::new(), tokens, t.boundary) == t.hash));
+        self.rebuild_with(geometry, index, tokens, hi, tails, clamp, avail, false);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rebuild_with(
+        &mut self,
+        geometry: &CacheGeometry,
+        index: &PromptIndex,
+        tokens: &[u32],
+        hi: u32,
+        tails: &[TailCandidate],
+        clamp: Option<Have>,
         mut avail: impl FnMut(BlockAddr) -> Have,
+        verify_tails: bool,
     ) {
         let mut hi = hi.min(index.len());
         let specs = geometry.groups();
@@ -252,12 +287,15 @@ impl MatchTable {
                 .iter()
                 .filter(|t| t.boundary > 0 && t.boundary <= hi && t.boundary % l != 0),
         );
+        // A candidate must carry this prompt's exact tail identity (checked before the
+        // duplicates at one boundary go, so a foreign one cannot displace the prompt's own).
+        if verify_tails {
+            let scratch = &mut self.scratch;
+            self.tails
+                .retain(|t| index.tail_identity(scratch, tokens, t.boundary) == t.hash);
+        }
         self.tails.sort();
         self.tails.dedup_by_key(|t| t.boundary);
-        // A candidate must carry this prompt's exact tail identity.
-        let scratch = &mut self.scratch;
-        self.tails
-            .retain(|t| index.tail_identity(scratch, tokens, t.boundary) == t.hash);
         self.tail_blocks.clear();
         for t in &self.tails {
             for (g, gt) in self.groups.iter().enumerate() {
@@ -265,10 +303,14 @@ impl MatchTable {
                     self.tail_blocks.push(None);
                     continue;
                 }
-                let addr = BlockAddr::new(
-                    g,
-                    index.tail_block_hash(&mut self.scratch, tokens, g, t.boundary),
-                );
+                // A group on the LCM parent chain hashes its partial block exactly as the
+                // tail identity does: the candidate's (exact) identity is that hash.
+                let hash = if index.on_parent_chain(g) {
+                    t.hash
+                } else {
+                    index.tail_block_hash(&mut self.scratch, tokens, g, t.boundary)
+                };
+                let addr = BlockAddr::new(g, hash);
                 self.tail_blocks.push(Some((addr, avail(addr))));
             }
         }

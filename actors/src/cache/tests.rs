@@ -333,6 +333,61 @@ fn a_tail_candidate_of_another_prompt_is_ignored() {
     assert_eq!(r.boundary, 70);
 }
 
+/// A carried tail at the request bound that is not the prompt's own (here the lowest hash
+/// there is, so it would sort first) neither replaces the prompt's own tail there nor joins it.
+#[test]
+fn a_foreign_tail_at_the_bound_never_displaces_the_prompts_own() {
+    use super::tail::TailCandidate;
+    let p = prompt(17, 200);
+    let mut c = coord(vec![full(16)], 0, 100);
+    let plan = c.plan_query(&p, 70, ALL, NO_LIMITS);
+    let mut hints = all_hints(&plan);
+    let own = hints.tails.clone();
+    let foreign = TailCandidate {
+        boundary: 70,
+        hash: ContentHash::from_u128(0),
+    };
+    hints.tails = vec![foreign];
+    let r = c.reserve(&p, 70, &hints, 100).unwrap();
+    assert_eq!((r.boundary, r.tail), (70, Some(own[0])));
+}
+
+/// The match table's tails: a foreign candidate sorting before the prompt's own at one
+/// boundary does not displace it (checked before duplicates go), and a group on the LCM
+/// parent chain takes the tail identity as its partial block's hash, exactly the hash of
+/// that block (a group on a chain of its own hashes its block).
+#[test]
+fn a_match_tables_tail_blocks_are_the_prompts_own() {
+    use super::keys::PromptIndex;
+    use super::matcher::{Candidate, Have, MatchTable};
+    use super::tail::TailCandidate;
+    let g = CacheGeometry::new(vec![full(16), full(8)], 1, 0).unwrap();
+    let p = prompt(29, 220);
+    let index = PromptIndex::new(&g, &p, p.len() as u32);
+    assert!(index.on_parent_chain(0) && !index.on_parent_chain(1));
+    let own = TailCandidate::at(&index, &p, 203).unwrap();
+    let foreign = TailCandidate {
+        boundary: 203,
+        hash: ContentHash::from_u128(0),
+    };
+    let table = MatchTable::build(&g, &index, &p, 203, &[foreign, own], None, |_| {
+        Have::Missing
+    });
+    let tails: Vec<Candidate> = table
+        .candidates_iter(0)
+        .filter(|c| c.tail.is_some())
+        .collect();
+    assert_eq!(tails.len(), 1, "{tails:?}");
+    assert_eq!(table.tail(tails[0].tail.unwrap()), own);
+    for group in 0..2 {
+        let (addr, _) = table.tail_block(tails[0], group).unwrap();
+        assert_eq!(
+            addr.hash,
+            index.tail_block_hash(&mut Vec::new(), &p, group, 203)
+        );
+    }
+}
+
 #[test]
 fn failed_rows_free_their_blocks_and_shorten_reuse() {
     let p = prompt(9, 200);
