@@ -232,16 +232,14 @@ impl Scheduler {
                 }
             }
         };
-        let Some(r) = self.requests.get(&id) else {
+        let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
         if matches!(r.state, RequestState::Prefetching { .. }) {
             self.end_prefetch(id, reason);
-        } else if let Some(r) = self.requests.get_mut(&id) {
+        } else if reason.is_some() && r.resources.fallback.is_none() {
             // A Ready hold's wait ended (admission, expiry): its lease is stale now.
-            if reason.is_some() && r.resources.fallback.is_none() {
-                r.resources.fallback = reason;
-            }
+            r.resources.fallback = reason;
         }
     }
 

@@ -113,7 +113,17 @@ impl Scheduler {
         storage: Option<&mut StorageTransferManager>,
         hints: &mut ExistenceHints,
     ) {
-        let Some(r) = self.requests.get_mut(&id) else {
+        // The request is found once; the other parts are borrowed beside it.
+        let Self {
+            requests,
+            cache,
+            cfg,
+            trace,
+            reads,
+            next_read,
+            ..
+        } = self;
+        let Some(r) = requests.get_mut(&id) else {
             return;
         };
         let RequestState::Prefetching { phase, .. } = &r.state else {
@@ -135,7 +145,7 @@ impl Scheduler {
         }
         let host_credits = stm.host_credits_left();
         let reusable = r.reusable();
-        let whole = r.whole_index(&self.cfg.layout.geometry);
+        let whole = r.whole_index(&cfg.layout.geometry);
         let queried = match &r.state {
             RequestState::Prefetching {
                 phase: PrefetchPhase::Query(plan),
@@ -143,7 +153,7 @@ impl Scheduler {
             } => &plan.rows[..],
             _ => &[],
         };
-        let res = match self.cache.reserve_with_keys(
+        let res = match cache.reserve_with_keys(
             Some(&whole),
             &r.prompt,
             reusable,
@@ -168,8 +178,8 @@ impl Scheduler {
             self.end_prefetch(id, Some(FallbackReason::Miss));
             return;
         }
-        self.next_read += 1;
-        let read = self.next_read;
+        *next_read += 1;
+        let read = *next_read;
         let dests: Vec<(crate::storage_transfer::HostRef, messages::HostRange)> = res
             .rows
             .iter()
@@ -178,10 +188,10 @@ impl Scheduler {
             .collect();
         let rows = dests.len();
         let keys = res.keys();
-        let parent = self.trace.request_span(id).cloned();
+        let parent = trace.request_span(id).cloned();
         match stm.plan_get(id, keys, dests, parent) {
             Ok(_) => {
-                self.reads.insert(
+                reads.insert(
                     read,
                     ReadRecord {
                         released_rows: vec![false; rows],
@@ -190,10 +200,8 @@ impl Scheduler {
                         hold: None,
                     },
                 );
-                if let Some(r) = self.requests.get_mut(&id) {
-                    if let RequestState::Prefetching { phase, .. } = &mut r.state {
-                        *phase = PrefetchPhase::Get(read);
-                    }
+                if let RequestState::Prefetching { phase, .. } = &mut r.state {
+                    *phase = PrefetchPhase::Get(read);
                 }
             }
             Err(e) => {
