@@ -961,15 +961,21 @@ impl CacheCoordinator {
                 failed.insert(row.block);
             }
         }
-        let mut hold = ReadyHold { blocks: Vec::new() };
-        for addr in &reservation.destinations {
-            if failed.contains(addr) {
-                self.host.release(*addr)?;
+        // The hold keeps the published destinations in the reservation's own list.
+        let mut blocks = reservation.destinations;
+        let mut kept = 0;
+        for i in 0..blocks.len() {
+            let addr = blocks[i];
+            if failed.contains(&addr) {
+                self.host.release(addr)?;
             } else {
-                self.host.publish(*addr)?;
-                hold.blocks.push(*addr);
+                self.host.publish(addr)?;
+                blocks[kept] = addr;
+                kept += 1;
             }
         }
+        blocks.truncate(kept);
+        let hold = ReadyHold { blocks };
         if let Some(hint) = reservation.tail_hint {
             let published = !reservation.tail_destinations.is_empty()
                 && reservation
