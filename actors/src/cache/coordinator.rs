@@ -529,8 +529,8 @@ impl CacheCoordinator {
     /// Whether the request bound itself is legal over real Device and published Host blocks
     /// (every block it requires, its tail blocks included, is local): then local data covers
     /// the bound and no QUERY can extend the hit (`plan_query_rows_in` would bypass with
-    /// `LocalCoversBound`). It looks up only the bound's own requirement, the tail and the
-    /// highest blocks first, and builds no match table: false at the first missing block.
+    /// `LocalCoversBound`). It looks up only the bound's own requirement, the highest blocks
+    /// first and then the tail, and builds no match table: false at the first missing block.
     /// A nonaligned bound with tails off is no candidate, so false.
     pub fn local_covers_bound(&self, whole: &PromptIndex, tokens: &[u32], reusable: u32) -> bool {
         let bound = Self::bound(tokens, reusable).min(whole.len());
@@ -545,14 +545,15 @@ impl CacheCoordinator {
             let (on_device, on_host) = (self.device.published_in(g), self.host.published_in(g));
             let local = |h: ContentHash| on_device(h) || on_host(h);
             let (start, end, tail) = requirement(spec.kind, spec.block_tokens, bound);
-            if tail && !local(whole.tail_block_hash(&mut scratch, tokens, g, bound)) {
-                return false;
-            }
-            // The bound lies inside the index, so its blocks are all hashed.
+            // The bound lies inside the index, so its blocks are all hashed. They are looked
+            // up (highest first) before the tail block is hashed: a new prompt misses there.
             let Some(blocks) = whole.block_hashes(g).get(start as usize..end as usize) else {
                 return false;
             };
             if !blocks.iter().rev().all(|&h| local(h)) {
+                return false;
+            }
+            if tail && !local(whole.tail_block_hash(&mut scratch, tokens, g, bound)) {
                 return false;
             }
         }
