@@ -585,6 +585,38 @@ impl BlockPool<Host> {
         ))
     }
 
+    /// A PUT source: one reference on a published entry and the Host range of one of its
+    /// pages, with one index probe (`contains`, `acquire` and `page_range` in one). An
+    /// absent or unpublished entry is an error and takes nothing.
+    pub fn acquire_published_page(
+        &mut self,
+        addr: BlockAddr,
+        page: u32,
+        page_bytes: u64,
+    ) -> Result<HostRange, PoolError> {
+        let unknown = PoolError::Unknown {
+            tier: Host::NAME,
+            group: addr.group,
+        };
+        let g = self
+            .groups
+            .get_mut(addr.group as usize)
+            .ok_or(unknown.clone())?;
+        let v = *g.index.get(&addr.hash).ok_or(unknown.clone())?;
+        if v & PUBLISHED == 0 {
+            return Err(unknown);
+        }
+        let s = v & SLOT_MASK;
+        if g.in_lru(s) {
+            g.unlink(s);
+        }
+        g.slots[s as usize].refs += 1;
+        Ok(HostRange::new(
+            g.region_base + s as u64 * g.block_bytes + page as u64 * page_bytes,
+            page_bytes,
+        ))
+    }
+
     /// The Host range of one page of a block's slot.
     pub fn page_range(
         &self,
@@ -640,6 +672,33 @@ mod tests {
         p.allocate(a(0, 2)).unwrap();
         p.publish(a(0, 2)).unwrap();
         assert!(p.contains(a(0, 2)), "the same block can be cached again");
+    }
+
+    /// A PUT source's reference and page range come from one probe: only a published entry
+    /// gives them (an unpublished or absent one takes nothing), the range is the page's
+    /// within the slot, and the reference keeps the entry from eviction until released.
+    #[test]
+    fn acquiring_a_published_page_references_it_and_gives_its_range() {
+        let mut p = BlockPool::<Host>::new(&[2], &[64]);
+        assert!(p.acquire_published_page(a(0, 1), 0, 32).is_err(), "absent");
+        p.allocate(a(0, 1)).unwrap();
+        assert!(
+            p.acquire_published_page(a(0, 1), 0, 32).is_err(),
+            "unpublished"
+        );
+        assert_eq!(p.refs(a(0, 1)), 1, "nothing taken");
+        p.publish(a(0, 1)).unwrap();
+        p.release(a(0, 1)).unwrap();
+        let r = p.acquire_published_page(a(0, 1), 1, 32).unwrap();
+        assert_eq!(r, p.page_range(a(0, 1), 1, 32).unwrap());
+        assert_eq!(p.refs(a(0, 1)), 1);
+        assert!(!p.evict(a(0, 1)), "a referenced entry is not evictable");
+        p.release(a(0, 1)).unwrap();
+        assert!(p.evict(a(0, 1)), "evictable once released");
+        assert!(
+            p.acquire_published_page(a(1, 1), 0, 32).is_err(),
+            "unknown group"
+        );
     }
 
     #[test]

@@ -59,14 +59,18 @@ impl Scheduler {
             let Some(RefUse::PutSource(addr, page)) = refs.get(&h).copied() else {
                 return None;
             };
-            let taken = cache.host().contains(addr).then(|| {
-                let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
-                let range = cache.host().page_range(addr, page, page_bytes).ok()?;
-                cache.host_mut().acquire(addr).ok()?;
-                let key = page_key(cache.namespace(), cache.geometry(), addr, page);
-                Some((key, range))
-            });
-            let range = taken.flatten();
+            // Resident (published) pages take their source reference here.
+            let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
+            let range = match cache
+                .host_mut()
+                .acquire_published_page(addr, page, page_bytes)
+            {
+                Ok(range) => Some((
+                    page_key(cache.namespace(), cache.geometry(), addr, page),
+                    range,
+                )),
+                Err(_) => None,
+            };
             if range.is_none() {
                 refs.remove(&h);
             }
