@@ -12,7 +12,7 @@ use super::credits::{pack, PackScratch, QueryCredits};
 use super::geometry::CacheGeometry;
 use super::keys::{page_key, BlockAddr, ContentHash, PromptIndex};
 use super::matcher::{requirement, BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
-use super::pool::{BlockPool, Device, EntryState, Host, PoolError};
+use super::pool::{page_of, BlockPool, Device, EntryState, Host, PoolError};
 use super::tail::{TailCandidate, TailHint, TailTable};
 use messages::{HostRange, Namespace, StorageKey};
 use std::collections::BTreeSet;
@@ -862,28 +862,25 @@ impl CacheCoordinator {
             let n = dests().filter(|b| b.addr.group as usize == g).count() as u64;
             self.host.available(g as u32) >= n
         });
-        // The first `taken` destinations are allocated.
+        // The first `taken` destinations are allocated; each one's rows are written as it
+        // is (its Host range comes with the allocation).
         let mut taken = 0;
         let mut ok = enough;
+        let mut rows = Vec::new();
         if enough {
-            for b in dests() {
-                if self.host.allocate(b.addr).is_err() {
-                    ok = false;
-                    break;
-                }
-                taken += 1;
-            }
-        }
-        let allocated = || dests().take(taken);
-        let result = if ok {
-            let pages: usize = allocated()
+            let pages: usize = dests()
                 .map(|b| self.geometry.group(b.addr.group as usize).pages_per_block as usize)
                 .sum();
-            let mut rows = Vec::with_capacity(pages);
+            rows.reserve_exact(pages);
             // The QUERY's rows come in the order the reservation allocates them, so the next
             // known row is checked first (one pass); a row out of that order is searched for.
             let mut next_known = 0;
-            for b in allocated() {
+            for b in dests() {
+                let Ok((_, block)) = self.host.allocate_range(b.addr) else {
+                    ok = false;
+                    break;
+                };
+                taken += 1;
                 let g = b.addr.group as usize;
                 let spec = self.geometry.group(g);
                 for page in 0..spec.pages_per_block {
@@ -907,11 +904,14 @@ impl CacheCoordinator {
                         key,
                         block: b.addr,
                         page,
-                        range: self.host.page_range(b.addr, page, spec.page_bytes)?,
+                        range: page_of(block, page, spec.page_bytes),
                         locally_owned: self.geometry.owns_page(g, b.block_index, page),
                     });
                 }
             }
+        }
+        let allocated = || dests().take(taken);
+        let result = if ok {
             Some(Reservation {
                 boundary: 0,
                 device_tokens: 0,

@@ -372,6 +372,11 @@ impl<T: Tier> BlockPool<T> {
     /// Allocates an unpublished entry holding one reference (the caller's). May evict the
     /// least recently used unreferenced block (at most one): its hash is returned.
     pub fn allocate(&mut self, addr: BlockAddr) -> Result<Option<ContentHash>, PoolError> {
+        self.allocate_slot(addr).map(|(_, evicted)| evicted)
+    }
+
+    /// `allocate`, also giving the new entry's slot.
+    fn allocate_slot(&mut self, addr: BlockAddr) -> Result<(u32, Option<ContentHash>), PoolError> {
         let g = self.group_mut(addr.group)?;
         if g.index.contains_key(&addr.hash) {
             return Err(PoolError::AlreadyPresent {
@@ -392,7 +397,7 @@ impl<T: Tier> BlockPool<T> {
             state: Some(EntryState::Unpublished),
         };
         g.index.insert(addr.hash, s);
-        Ok(evicted)
+        Ok((s, evicted))
     }
 
     /// Publishes an unpublished entry: it becomes visible to probes. References stay.
@@ -578,11 +583,17 @@ impl BlockPool<Host> {
     /// The Host range of a block's slot (all its pages).
     pub fn host_range(&self, addr: BlockAddr) -> Result<HostRange, PoolError> {
         let s = self.slot_of(addr)?;
+        Ok(slot_range(&self.groups[addr.group as usize], s))
+    }
+
+    /// `allocate` (a GET destination), also giving the new entry's Host range.
+    pub fn allocate_range(
+        &mut self,
+        addr: BlockAddr,
+    ) -> Result<(Option<ContentHash>, HostRange), PoolError> {
+        let (s, evicted) = self.allocate_slot(addr)?;
         let g = &self.groups[addr.group as usize];
-        Ok(HostRange::new(
-            g.region_base + s as u64 * g.block_bytes,
-            g.block_bytes,
-        ))
+        Ok((evicted, slot_range(g, s)))
     }
 
     /// A PUT source: one reference on a published entry and the Host range of one of its
@@ -611,10 +622,7 @@ impl BlockPool<Host> {
             g.unlink(s);
         }
         g.slots[s as usize].refs += 1;
-        Ok(HostRange::new(
-            g.region_base + s as u64 * g.block_bytes + page as u64 * page_bytes,
-            page_bytes,
-        ))
+        Ok(page_of(slot_range(g, s), page, page_bytes))
     }
 
     /// The Host range of one page of a block's slot.
@@ -624,12 +632,18 @@ impl BlockPool<Host> {
         page: u32,
         page_bytes: u64,
     ) -> Result<HostRange, PoolError> {
-        let r = self.host_range(addr)?;
-        Ok(HostRange::new(
-            r.offset + page as u64 * page_bytes,
-            page_bytes,
-        ))
+        Ok(page_of(self.host_range(addr)?, page, page_bytes))
     }
+}
+
+/// The Host range of slot `s` of a group's region.
+fn slot_range(g: &GroupPool, s: u32) -> HostRange {
+    HostRange::new(g.region_base + s as u64 * g.block_bytes, g.block_bytes)
+}
+
+/// The range of page `page` (of `page_bytes`) within a block's Host range.
+pub fn page_of(block: HostRange, page: u32, page_bytes: u64) -> HostRange {
+    HostRange::new(block.offset + page as u64 * page_bytes, page_bytes)
 }
 
 #[cfg(test)]
