@@ -51,22 +51,27 @@ impl StorageTransferManager {
     /// Applies the agreed round (tick, cancellations, completions) and reports to the
     /// scheduler: this round's effects with those deferred from the last plan.
     pub fn begin_round(&mut self, input: RoundInput) -> Result<StorageReport, ProtocolError> {
+        // The backend trouble a completion reports, if any.
+        let trouble_of = |d: &messages::StorageDone| match d.rejection {
+            Some(Rejection::Unhealthy) => Some(BackendTrouble::Unhealthy),
+            Some(Rejection::Quarantined) => Some(BackendTrouble::Quarantined),
+            None if d.error.is_some() => Some(BackendTrouble::Unhealthy),
+            None if !d.retired => Some(BackendTrouble::Quarantined),
+            _ => None,
+        };
+        // The waiters of the completions whose report or trace needs them once applied
+        // (a troubled or a traced one); a plain completion looks up no ticket here.
         let attached: Vec<_> = input
             .completions
             .iter()
+            .filter(|d| trouble_of(d).is_some() || self.trace.traces(d.op))
             .filter_map(|d| self.attached_waiter(d.op).map(|r| (d.op, r)))
             .collect();
         let trouble = input
             .completions
             .iter()
             .filter_map(|d| {
-                let why = match d.rejection {
-                    Some(Rejection::Unhealthy) => BackendTrouble::Unhealthy,
-                    Some(Rejection::Quarantined) => BackendTrouble::Quarantined,
-                    None if d.error.is_some() => BackendTrouble::Unhealthy,
-                    None if !d.retired => BackendTrouble::Quarantined,
-                    _ => return None,
-                };
+                let why = trouble_of(d)?;
                 let (_, request) = attached.iter().find(|(op, _)| *op == d.op)?;
                 Some((*request, why))
             })
