@@ -199,13 +199,14 @@ impl Scheduler {
         let Some(res) = rec.reservation.take() else {
             return;
         };
-        let ok: Vec<bool> = (0..rec.released_rows.len())
-            .map(|i| {
-                let h = super::get_row_ref(read, i);
-                rows.binary_search_by(|(_, r)| r.cmp(&h)).is_ok()
-            })
-            .collect();
-        match self.cache.publish_host(res, &ok) {
+        // Per row, whether it published (in the scheduler's kept list).
+        let ok = &mut self.row_ok;
+        ok.clear();
+        ok.extend((0..rec.released_rows.len()).map(|i| {
+            let h = super::get_row_ref(read, i);
+            rows.binary_search_by(|(_, r)| r.cmp(&h)).is_ok()
+        }));
+        match self.cache.publish_host(res, ok) {
             Ok(hold) => rec.hold = Some(hold),
             Err(_) => {
                 // A length mismatch keeps the destinations held (never published or freed).

@@ -209,6 +209,8 @@ pub struct Scheduler {
     /// The lists the existence hints of each applied QUERY answer are made in (their
     /// buffers serve the next answer; what they hold is read only during its reservation).
     hints: crate::cache::coordinator::ExistenceHints,
+    /// The per-row outcome of the GET being published (its buffer serves the next one).
+    row_ok: Vec<bool>,
     free_scratch: Vec<u32>,
     /// What each Host reference handed to the manager stands for (lookups only).
     /// Looked up, inserted and removed, never walked (its order reaches no decision).
@@ -265,6 +267,7 @@ impl Scheduler {
             running: BTreeSet::new(),
             unprepared: Vec::new(),
             hints: Default::default(),
+            row_ok: Vec::new(),
             free_scratch,
             refs: IdMap::default(),
             reads: IdMap::default(),
