@@ -413,7 +413,7 @@ impl CacheCoordinator {
         clamp: Option<Have>,
     ) {
         // Every tail comes from `tail_candidates`: this prompt's own identities.
-        table.rebuild_exact(&self.geometry, index, tokens, bound, tails, clamp, |a| {
+        let avail = |a| {
             if self.device.contains(a) {
                 return Have::Device;
             }
@@ -426,7 +426,17 @@ impl CacheCoordinator {
                     _ => Have::Missing,
                 },
             }
-        })
+        };
+        table.rebuild(
+            &self.geometry,
+            index,
+            tokens,
+            bound,
+            tails,
+            clamp,
+            avail,
+            true,
+        );
     }
 
     fn bound(tokens: &[u32], reusable: u32) -> u32 {

@@ -168,12 +168,14 @@ impl MatchTable {
         avail: impl FnMut(BlockAddr) -> Have,
     ) -> Self {
         let mut table = Self::default();
-        table.rebuild(geometry, index, tokens, hi, tails, clamp, avail);
+        table.rebuild(geometry, index, tokens, hi, tails, clamp, avail, false);
         table
     }
 
     /// `build` into this table's buffers (what it held before is replaced). A tail candidate
-    /// that does not carry this prompt's identity at its boundary is passed over.
+    /// that does not carry this prompt's identity at its boundary is passed over, unless
+    /// `tails_exact` says every tail is known to carry it (each made from `index` and
+    /// `tokens`, as the CacheCoordinator makes them): then none is hashed again.
     #[allow(clippy::too_many_arguments)]
     pub fn rebuild(
         &mut self,
@@ -183,42 +185,15 @@ impl MatchTable {
         hi: u32,
         tails: &[TailCandidate],
         clamp: Option<Have>,
-        avail: impl FnMut(BlockAddr) -> Have,
-    ) {
-        self.rebuild_with(geometry, index, tokens, hi, tails, clamp, avail, true);
-    }
-
-    /// `rebuild` for tails known to carry this prompt's identities (each made from `index`
-    /// and `tokens`, as the CacheCoordinator makes them): they are not hashed again.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rebuild_exact(
-        &mut self,
-        geometry: &CacheGeometry,
-        index: &PromptIndex,
-        tokens: &[u32],
-        hi: u32,
-        tails: &[TailCandidate],
-        clamp: Option<Have>,
-        avail: impl FnMut(BlockAddr) -> Have,
-    ) {
-        debug_assert!(tails.iter().all(|t| t.boundary > index.len()
-            || t.boundary.is_multiple_of(index.parent_tokens().max(1))
-            || index.tail_identity(&mut Vec::new(), tokens, t.boundary) == t.hash));
-        self.rebuild_with(geometry, index, tokens, hi, tails, clamp, avail, false);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn rebuild_with(
-        &mut self,
-        geometry: &CacheGeometry,
-        index: &PromptIndex,
-        tokens: &[u32],
-        hi: u32,
-        tails: &[TailCandidate],
-        clamp: Option<Have>,
         mut avail: impl FnMut(BlockAddr) -> Have,
-        verify_tails: bool,
+        tails_exact: bool,
     ) {
+        debug_assert!(
+            !tails_exact
+                || tails.iter().all(|t| t.boundary > index.len()
+                    || t.boundary.is_multiple_of(index.parent_tokens().max(1))
+                    || index.tail_identity(&mut Vec::new(), tokens, t.boundary) == t.hash)
+        );
         let mut hi = hi.min(index.len());
         let specs = geometry.groups();
         self.groups.resize_with(specs.len(), GroupTable::default);
@@ -289,7 +264,7 @@ impl MatchTable {
         );
         // A candidate must carry this prompt's exact tail identity (checked before the
         // duplicates at one boundary go, so a foreign one cannot displace the prompt's own).
-        if verify_tails {
+        if !tails_exact {
             let scratch = &mut self.scratch;
             self.tails
                 .retain(|t| index.tail_identity(scratch, tokens, t.boundary) == t.hash);
