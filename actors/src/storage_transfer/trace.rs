@@ -10,7 +10,7 @@
 //! clock, and never records an object key, prompt token or Host address (attributes are
 //! op id, kind, key count, payload bytes, outcome and rank). With no subscriber interested
 //! every span is `Span::none()` (tracing's disabled-callsite check) and no string is
-//! formatted. The operation table holds only issued, not yet completed operations, so it
+//! formatted; with none able to enable an INFO span (`interested`) no span is built at all. The operation table holds only issued, not yet completed operations, so it
 //! is bounded by the operation credits.
 
 use super::RoundEffects;
