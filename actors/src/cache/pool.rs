@@ -176,6 +176,14 @@ impl GroupPool {
         self.lru_len += 1;
     }
 
+    /// One more reference on slot `s` (a referenced entry is never evictable).
+    fn take_ref(&mut self, s: u32) {
+        if self.in_lru(s) {
+            self.unlink(s);
+        }
+        self.slots[s as usize].refs += 1;
+    }
+
     fn in_lru(&self, s: u32) -> bool {
         let slot = &self.slots[s as usize];
         slot.state == Some(EntryState::Published) && slot.refs == 0 && slot.pins == 0
@@ -447,11 +455,7 @@ impl<T: Tier> BlockPool<T> {
     /// Takes one reference (I/O source or destination, Ready hold, H2D ticket).
     pub fn acquire(&mut self, addr: BlockAddr) -> Result<(), PoolError> {
         let s = self.slot_of(addr)?;
-        let g = &mut self.groups[addr.group as usize];
-        if g.in_lru(s) {
-            g.unlink(s);
-        }
-        g.slots[s as usize].refs += 1;
+        self.groups[addr.group as usize].take_ref(s);
         Ok(())
     }
 
@@ -618,10 +622,7 @@ impl BlockPool<Host> {
             return Err(unknown);
         }
         let s = v & SLOT_MASK;
-        if g.in_lru(s) {
-            g.unlink(s);
-        }
-        g.slots[s as usize].refs += 1;
+        g.take_ref(s);
         Ok(page_of(slot_range(g, s), page, page_bytes))
     }
 
