@@ -127,7 +127,7 @@ impl PairFigures {
     }
 
     /// The pair's ratio line: `what` names the workload.
-    fn ratio_line(&self, f: &mut fmt::Formatter<'_>, what: &str) -> fmt::Result {
+    fn write_ratio(&self, f: &mut fmt::Formatter<'_>, what: &str) -> fmt::Result {
         let allocs = match (
             self.storage.allocations_per_round,
             self.disabled.allocations_per_round,
@@ -135,15 +135,30 @@ impl PairFigures {
             (Some(a), Some(b)) => format!(", {:.2}x allocations", a / b.max(1.0)),
             _ => String::new(),
         };
-        let v = &self.trial_ratios;
-        let (lo, hi) = spread(v);
-        writeln!(
+        ratio_line(
             f,
-            "ratio storage/disabled{what}: {:.2}x us/round{allocs} (trials {lo:.2}x-{hi:.2}x over {} trials)",
+            &format!("storage/disabled{what}"),
             self.time_ratio(),
-            v.len()
+            &allocs,
+            &self.trial_ratios,
         )
     }
+}
+
+/// One ratio line: `ratio {what}: {ratio}x us/round{extra} (trials lo-hi over n trials)`.
+fn ratio_line(
+    f: &mut fmt::Formatter<'_>,
+    what: &str,
+    ratio: f64,
+    extra: &str,
+    trials: &[f64],
+) -> fmt::Result {
+    let (lo, hi) = spread(trials);
+    writeln!(
+        f,
+        "ratio {what}: {ratio:.2}x us/round{extra} (trials {lo:.2}x-{hi:.2}x over {} trials)",
+        trials.len()
+    )
 }
 
 /// How many times fewer GETs the scaling pair's second side holds.
@@ -221,18 +236,20 @@ impl fmt::Display for SchedulerBenchReport {
         write!(f, "{}{}", self.idle.storage, self.idle.disabled)?;
         write!(f, "{}{}", self.loaded.storage, self.loaded.disabled)?;
         write!(f, "{}{}", self.scaling.held, self.scaling.fewer)?;
-        self.idle.ratio_line(f, ", nothing to do")?;
+        self.idle.write_ratio(f, ", nothing to do")?;
         let s = &self.scaling;
-        let (lo, hi) = spread(&s.trial_ratios);
-        writeln!(
+        ratio_line(
             f,
-            "ratio storage enabled, {} / {} GETs held: {:.2}x us/round (trials {lo:.2}x-{hi:.2}x over {} trials)",
-            c.outstanding,
-            c.outstanding / SCALING_FACTOR,
+            &format!(
+                "storage enabled, {} / {} GETs held",
+                c.outstanding,
+                c.outstanding / SCALING_FACTOR
+            ),
             s.time_ratio(),
-            s.trial_ratios.len()
+            "",
+            &s.trial_ratios,
         )?;
-        self.loaded.ratio_line(f, "")
+        self.loaded.write_ratio(f, "")
     }
 }
 
