@@ -1,8 +1,9 @@
 //! The hash of the tables keyed by a sequential ID (the StorageTransferManager's tickets by
-//! OperationId and waits by RequestId, the Scheduler's Host references and reads): one
-//! multiply per lookup. IDs are sequential integers, so a keyed SipHash costs more than it
-//! protects (no ID comes from a client), and an ordered map pays a tree walk and node copies
-//! of large tickets on every insert and removal.
+//! OperationId and waits by RequestId, the Scheduler's Host references and reads) or by
+//! integers already uniform (the backup queue's Host pages, named by content hash): one
+//! multiply per integer. Such keys do not come from a client, so a keyed SipHash costs
+//! more than it protects, and an ordered map pays a tree walk and node copies of large
+//! tickets on every insert and removal.
 //!
 //! It owns no table and must never be used where iteration order reaches a decision: the
 //! order of a hash table is not the ID order, so a caller that walks one in order sorts the
@@ -44,6 +45,18 @@ impl Hasher for IdHasher {
     }
     fn write_u64(&mut self, v: u64) {
         self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(GOLDEN);
+    }
+    // Other integers (a page's group and index, its content hash) mix in the same way,
+    // one multiply per word, not one per byte.
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.write_u64(v as u64);
+        self.write_u64((v >> 64) as u64);
     }
 }
 

@@ -10,60 +10,14 @@
 //! pins Host memory, never decides a PUT or its credits and never decides retirement.
 
 use super::HostRef;
+use crate::id_map::IdMap;
 #[cfg(test)]
 use messages::StorageKey;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
+use std::collections::VecDeque;
 
-/// A fast hasher for the backup tables keyed by page (integer mixes; bytes, where a key
-/// has any, through xxh3). Tables keyed with it are only looked up, never iterated, so no
-/// order comes from it.
-#[derive(Clone, Copy, Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        self.0 = self.0.rotate_left(29) ^ xxhash_rust::xxh3::xxh3_64(bytes);
-    }
-    fn write_u8(&mut self, v: u8) {
-        self.0 = self.0.rotate_left(7) ^ v as u64;
-    }
-    // Integers (a BlockPage's fields, an enum's discriminant) mix in with one multiply
-    // instead of an xxh3 call each: a page's content hash is already uniform.
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-    fn write_isize(&mut self, v: isize) {
-        self.write_u64(v as u64);
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.write_u64(v as u64);
-        self.write_u64((v >> 64) as u64);
-    }
-}
-
-/// Builds `KeyHasher`s.
-#[derive(Clone, Copy, Default, Debug)]
-pub struct BuildKeyHasher;
-
-impl BuildHasher for BuildKeyHasher {
-    type Hasher = KeyHasher;
-    fn build_hasher(&self) -> KeyHasher {
-        KeyHasher(0)
-    }
-}
-
-/// A lookup-only table keyed by backup key (never iterated).
-pub type KeyTable<V> = HashMap<BackupKey, V, BuildKeyHasher>;
+/// A lookup-only table keyed by backup key (never iterated where the order could reach a
+/// decision): a page's content hash is already uniform, so it takes the ID tables' hash.
+pub type KeyTable<V> = IdMap<BackupKey, V>;
 
 /// A Host page of the cache owner: a block's content hash, its group and the page within
 /// it. Within one namespace and rank it names exactly one object key (the cache owner
@@ -96,7 +50,7 @@ impl From<StorageKey> for BlockPage {
 
 #[cfg(test)]
 thread_local! {
-    static NAMED: std::cell::RefCell<HashMap<u128, StorageKey>> = Default::default();
+    static NAMED: std::cell::RefCell<std::collections::HashMap<u128, StorageKey>> = Default::default();
 }
 
 /// The object key a test named a page by (None for a page no test key named).
@@ -380,7 +334,7 @@ mod tests {
     #[test]
     fn page_keys_hash_apart_and_equal_pages_hash_alike() {
         use std::hash::BuildHasher;
-        let h = |k: &BackupKey| BuildKeyHasher.hash_one(k);
+        let h = |k: &BackupKey| crate::id_map::BuildIdHasher.hash_one(k);
         let p = |hash: u128, group: u32, page: u32| BlockPage { hash, group, page };
         assert_eq!(h(&p(7, 1, 2)), h(&p(7, 1, 2)));
         let distinct = [
