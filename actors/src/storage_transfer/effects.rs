@@ -56,11 +56,12 @@ pub struct RoundEffects {
     pub forgotten: Vec<HostRef>,
 }
 
-impl RoundEffects {
-    /// No effect at all (every list empty): a quiet round's effects. The destructuring
-    /// names every field, so a new list cannot be forgotten here.
-    pub fn is_empty(&self) -> bool {
-        let Self {
+/// Calls `$apply!` with the name of every list of `RoundEffects`: the walks over all of
+/// them name the lists here once. `_every_list_is_named` destructures with this list, so a
+/// list added to the struct and not here does not compile.
+macro_rules! each_list {
+    ($apply:ident) => {
+        $apply!(
             publish,
             release,
             reoffer,
@@ -72,80 +73,43 @@ impl RoundEffects {
             settled,
             backed_up,
             negative,
-            forgotten,
-        } = self;
-        publish.is_empty()
-            && release.is_empty()
-            && reoffer.is_empty()
-            && query_results.is_empty()
-            && waits_ended.is_empty()
-            && ready_expired.is_empty()
-            && quarantined.is_empty()
-            && cancels.is_empty()
-            && settled.is_empty()
-            && backed_up.is_empty()
-            && negative.is_empty()
-            && forgotten.is_empty()
+            forgotten
+        )
+    };
+}
+
+fn _every_list_is_named(fx: RoundEffects) {
+    macro_rules! destructure {
+        ($($list:ident),*) => {
+            let RoundEffects { $($list: _),* } = fx;
+        };
+    }
+    each_list!(destructure);
+}
+
+impl RoundEffects {
+    /// No effect at all (every list empty): a quiet round's effects.
+    pub fn is_empty(&self) -> bool {
+        macro_rules! all_empty {
+            ($($list:ident),*) => { $(self.$list.is_empty())&&* };
+        }
+        each_list!(all_empty)
     }
     /// Empties every list, keeping its capacity, so the next round's effects reuse the
     /// buffers (a list grown past `RECYCLED_CAPACITY` by a burst is shrunk back to it).
     pub fn clear(&mut self) {
-        let Self {
-            publish,
-            release,
-            reoffer,
-            query_results,
-            waits_ended,
-            ready_expired,
-            quarantined,
-            cancels,
-            settled,
-            backed_up,
-            negative,
-            forgotten,
-        } = self;
-        recycle(publish);
-        recycle(release);
-        recycle(reoffer);
-        recycle(query_results);
-        recycle(waits_ended);
-        recycle(ready_expired);
-        recycle(quarantined);
-        recycle(cancels);
-        recycle(settled);
-        recycle(backed_up);
-        recycle(negative);
-        recycle(forgotten);
+        macro_rules! recycle_all {
+            ($($list:ident),*) => { $(recycle(&mut self.$list);)* };
+        }
+        each_list!(recycle_all);
     }
     /// Moves `other`'s entries to the end of these lists; both keep their buffers (the
     /// deferred effects move into the recycled report this way, allocating nothing).
     pub fn move_from(&mut self, other: &mut RoundEffects) {
-        let Self {
-            publish,
-            release,
-            reoffer,
-            query_results,
-            waits_ended,
-            ready_expired,
-            quarantined,
-            cancels,
-            settled,
-            backed_up,
-            negative,
-            forgotten,
-        } = other;
-        self.publish.append(publish);
-        self.release.append(release);
-        self.reoffer.append(reoffer);
-        self.query_results.append(query_results);
-        self.waits_ended.append(waits_ended);
-        self.ready_expired.append(ready_expired);
-        self.quarantined.append(quarantined);
-        self.cancels.append(cancels);
-        self.settled.append(settled);
-        self.backed_up.append(backed_up);
-        self.negative.append(negative);
-        self.forgotten.append(forgotten);
+        macro_rules! append_all {
+            ($($list:ident),*) => { $(self.$list.append(&mut other.$list);)* };
+        }
+        each_list!(append_all);
     }
 }
 
