@@ -826,6 +826,47 @@ mod props {
             prop_assert!(c.admission_match(&p, len as u32).boundary >= boundary);
             c.release_hold(hold).unwrap();
         }
+
+        /// The scheduler ends a QUERY whose answer names no existing block as a Miss
+        /// without reserving: a reservation with no block hinted reads nothing, whatever
+        /// the local tiers hold, and leaves the Host pool as it found it.
+        #[test]
+        fn a_reservation_with_no_existing_block_reads_nothing(
+            preset in 0usize..5,
+            len in 1usize..80,
+            vocab in 1u32..4,
+            seeds in proptest::collection::vec(0u8..4, 200),
+            exists in proptest::collection::vec(any::<bool>(), 64),
+        ) {
+            let mut c = coord(presets()[preset].clone(), 1000, 1000);
+            let p: Vec<u32> = (0..len as u32).map(|i| (i * 7 + i / 5) % vocab).collect();
+            let geo = c.geometry().clone();
+            let reusable = (len as u32).saturating_sub(1);
+            let mut every = BTreeSet::new();
+            for b in 1..=reusable {
+                every.extend(naive_required(&geo, &p, b));
+            }
+            for (i, a) in every.iter().enumerate() {
+                match seeds[i % seeds.len()] {
+                    0 => { c.insert_device(&[*a]).unwrap(); }
+                    1 => { c.publish_d2h(&[*a]).unwrap(); }
+                    2 => { c.insert_device(&[*a]).unwrap(); c.publish_d2h(&[*a]).unwrap(); }
+                    _ => {}
+                }
+            }
+            let plan = c.plan_query(&p, reusable, ALL, NO_LIMITS);
+            // Some pages of a block may exist; the block exists only when all of them do.
+            let pages: Vec<bool> = (0..plan.rows.len()).map(|i| exists[i % exists.len()]).collect();
+            let mut hints = plan.existence_hints(&pages).unwrap();
+            hints.blocks.clear();
+            let free: Vec<u64> = (0..geo.group_count() as u32).map(|g| c.host().available(g)).collect();
+            let r = c.reserve(&p, reusable, &hints, u32::MAX).unwrap();
+            prop_assert!(r.is_empty(), "{:?}", r);
+            prop_assert!(r.destinations.is_empty());
+            let after: Vec<u64> = (0..geo.group_count() as u32).map(|g| c.host().available(g)).collect();
+            prop_assert_eq!(free, after);
+            c.abandon(r).unwrap();
+        }
     }
 }
 

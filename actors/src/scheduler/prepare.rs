@@ -143,6 +143,12 @@ impl Scheduler {
             self.end_prefetch(id, Some(FallbackReason::Pressure));
             return;
         }
+        // No block is known to exist: a reservation could only assume what local data
+        // already holds, so it would reserve nothing (a Miss). Decided without matching.
+        if hints.blocks.is_empty() {
+            self.end_prefetch(id, Some(FallbackReason::Miss));
+            return;
+        }
         let host_credits = stm.host_credits_left();
         let reusable = r.reusable();
         let whole = r.whole_index(&cfg.layout.geometry);
