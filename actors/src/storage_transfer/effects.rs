@@ -3,7 +3,7 @@
 //! quarantined, which candidates to re-offer and which cancellations to emit. Effects are
 //! plain data in a deterministic order; the manager never acts on Host memory itself.
 
-use super::backup::BackupCandidate;
+use super::backup::{BackupCandidate, BackupKey};
 use super::lease::WaitEnd;
 use super::HostRef;
 use messages::{HostRange, OperationId, RequestId, StorageCancelOp, StorageKey};
@@ -47,8 +47,8 @@ pub struct RoundEffects {
     pub cancels: Vec<StorageCancelOp>,
     /// Tickets settled (credits returned) by this step.
     pub settled: Vec<OperationId>,
-    /// Keys whose create-only PUT succeeded on every owner.
-    pub backed_up: Vec<StorageKey>,
+    /// Host pages whose create-only PUT succeeded on every owner.
+    pub backed_up: Vec<BackupKey>,
     /// Keys newly entered into negative metadata.
     pub negative: Vec<StorageKey>,
     /// Backup candidates that left the queue without a PUT (dropped or coalesced): their

@@ -367,10 +367,10 @@ impl StorageTransferManager {
                     ),
                 ));
             }
-            if d.len() != t.keys.len() {
+            if d.len() != t.rows() {
                 return Err(ProtocolError::new(
                     d.op,
-                    format!("{} key results for {} keys", d.len(), t.keys.len()),
+                    format!("{} key results for {} keys", d.len(), t.rows()),
                 ));
             }
         }
@@ -507,8 +507,8 @@ impl StorageTransferManager {
         let (ops, hosts) = e.get_mut().settle(&mut fx.release)?;
         let t = e.remove();
         if t.kind == StorageOpKind::Put {
-            let bytes: u64 = t.ranges.iter().map(|r| r.len).sum();
-            self.backup_bytes_outstanding = self.backup_bytes_outstanding.saturating_sub(bytes);
+            self.backup_bytes_outstanding =
+                self.backup_bytes_outstanding.saturating_sub(t.put_bytes);
         }
         self.credits.release(t.class, ops, hosts);
         fx.settled.push(op);
@@ -630,7 +630,7 @@ impl StorageTransferManager {
             }
             StorageOpKind::Put => {
                 let settled = self.settle(op, fx);
-                let (keys, refs) = self.settled_keys(op, settled);
+                let (_, refs) = self.settled_keys(op, settled);
                 let rejected = done.capacity.iter().any(|c| *c);
                 if rejected && epoch == self.epoch {
                     self.capacity_backoff_us = (self.capacity_backoff_us * 2)
@@ -640,15 +640,12 @@ impl StorageTransferManager {
                 } else if done.new_writes > 0 {
                     self.capacity_backoff_us = 0;
                 }
-                for (i, key) in keys.into_iter().enumerate() {
+                for (i, (&backup, &host)) in backup_keys.iter().zip(&refs).enumerate() {
                     if done.success.get(i).copied().unwrap_or(false) {
-                        fx.backed_up.push(key);
+                        fx.backed_up.push(backup);
                     } else if done.capacity.get(i).copied().unwrap_or(false) && epoch == self.epoch
                     {
-                        let (Some(backup), Some(&host)) = (backup_keys.get(i), refs.get(i)) else {
-                            continue;
-                        };
-                        let candidate = BackupCandidate { key: *backup, host };
+                        let candidate = BackupCandidate { key: backup, host };
                         if !matches!(
                             self.offer_candidate(candidate.clone()),
                             OfferOutcome::Dropped(_)
@@ -872,21 +869,24 @@ impl StorageTransferManager {
             .charge(CreditClass::Backup, 1, keys.len() as u32);
         debug_assert!(charged, "room was computed from the backup credits");
         let op = self.ids.next_id();
-        self.backup_bytes_outstanding += ranges.iter().map(|r| r.len).sum::<u64>();
+        let bytes = ranges.iter().map(|r| r.len).sum::<u64>();
+        self.backup_bytes_outstanding += bytes;
+        // The object keys and ranges go out with the operation only: the ticket names its
+        // rows by their backup keys and references.
         self.tickets.insert(
             op,
             Ticket::new(
                 op,
                 StorageOpKind::Put,
                 CreditClass::Backup,
-                keys.clone(),
+                Vec::new(),
                 refs,
-                ranges.clone(),
+                Vec::new(),
                 None,
                 self.epoch,
                 self.now_us,
             )
-            .with_backup(backup),
+            .with_backup(backup, bytes),
         );
         StoragePutOp {
             op,

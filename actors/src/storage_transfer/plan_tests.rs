@@ -541,7 +541,7 @@ fn backup_candidates_leave_the_queue_in_order_only_as_puts_carry_them() {
             ],
         ),
     );
-    assert_eq!(report.effects.backed_up, vec![key("c3")]);
+    assert_eq!(report.effects.backed_up, vec![BlockPage::from(key("c3"))]);
     assert_eq!(report.effects.forgotten, vec![HostRef(98)]);
     assert_eq!(
         m.queued_candidate_list(),

@@ -710,6 +710,40 @@ fn invalid_completions_change_nothing() {
     );
 }
 
+/// A GET's and a PUT's completion must report one result per row (the PUT's rows are its
+/// sources: its ticket keeps no second copy of the object keys the operation carried).
+#[test]
+fn get_and_put_completions_with_the_wrong_row_count_change_nothing() {
+    let mut m = StorageTransferManager::new(config());
+    let (_l, get) = to_get(&mut m, 1, 2, 10, MS);
+    m.offer_backup(key("p0"), HostRef(30));
+    m.offer_backup(key("p1"), HostRef(31));
+    let puts = m.plan_backups_keyed(&mut residency_all);
+    let [put] = puts[..] else {
+        panic!("{puts:?}");
+    };
+    let t = m.ticket(put).expect("the PUT's ticket");
+    assert!(t.keys.is_empty() && t.ranges.is_empty());
+    assert_eq!(t.refs, vec![HostRef(30), HostRef(31)]);
+    assert_eq!(t.put_bytes, 32);
+    m.end_plan(vec![]);
+    assert_eq!(m.backup_bytes_outstanding, 32);
+    let before = m.stats();
+    let short_get = StorageDone::get(get, vec![true], vec![16], vec![None], true);
+    assert!(m.apply_round(with_done(2 * MS, vec![short_get])).is_err());
+    let long_put = StorageDone::put(put, vec![true; 3], vec![16; 3], vec![false; 3], true);
+    assert!(m.apply_round(with_done(2 * MS, vec![long_put])).is_err());
+    assert_eq!(m.stats(), before);
+    let put_ok = StorageDone::put(put, vec![true; 2], vec![16; 2], vec![false; 2], true);
+    let fx = m.apply_round(with_done(2 * MS, vec![put_ok])).unwrap();
+    assert_eq!(
+        fx.backed_up,
+        vec![BlockPage::from(key("p0")), BlockPage::from(key("p1"))]
+    );
+    assert_eq!(fx.release, vec![HostRef(30), HostRef(31)]);
+    assert_eq!(m.backup_bytes_outstanding, 0, "the bytes bound is returned");
+}
+
 fn residency_all(_: &StorageKey, h: HostRef) -> Option<HostRange> {
     Some(HostRange::new(h.0 * 16, 16))
 }
@@ -772,7 +806,7 @@ fn backup_dispatch_skips_evicted_and_coalesces_pending() {
             )],
         ))
         .unwrap();
-    assert_eq!(fx.backed_up, vec![key("a")]);
+    assert_eq!(fx.backed_up, vec![BlockPage::from(key("a"))]);
     assert_eq!(fx.release, vec![HostRef(1)]);
     assert!(fx.reoffer.is_empty());
 }
@@ -1076,7 +1110,11 @@ fn a_page_candidate_gets_its_object_key_at_dispatch_and_a_clear_ends_its_coverag
             )],
         ))
         .unwrap();
-    assert_eq!(fx.backed_up, vec![key("obj-0"), key("obj-1")]);
+    assert_eq!(
+        fx.backed_up,
+        vec![page(0), page(1)],
+        "the pages it backed up"
+    );
     assert_eq!(
         m.offer_backup(page(0), HostRef(6)),
         OfferOutcome::Coalesced,

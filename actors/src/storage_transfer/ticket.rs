@@ -1,7 +1,8 @@
 //! Storage tickets: one per operation (QUERY, GET or PUT), named by a monotonic, never
-//! reused OperationId. A ticket records its keys, the Host references it holds (GET
-//! destinations, PUT sources), a PUT's backup keys, the credits charged to it, its attached
-//! waiter and its state: Issued -> Completed (agreed StorageDone applied) -> Settled, or
+//! reused OperationId. A ticket records its rows: a QUERY's and a GET's object keys, the
+//! Host references it holds (GET destinations, PUT sources), a GET's ranges, a PUT's
+//! backup keys and bytes (its object keys and ranges went out with the operation and are
+//! not kept twice); the credits charged to it, its attached waiter and its state: Issued -> Completed (agreed StorageDone applied) -> Settled, or
 //! Quarantined (an unretired result: every reference kept for the life of the process).
 //! A ticket settles
 //! exactly once; only settlement returns its credits. A ticket never releases a reference
@@ -29,9 +30,13 @@ pub struct Ticket {
     pub op: OperationId,
     pub kind: StorageOpKind,
     pub class: CreditClass,
+    /// Per row of a QUERY or GET: its object key (empty for a PUT, whose rows are named
+    /// by `backup`).
     pub keys: Vec<StorageKey>,
-    /// Per key: the Host reference (GET destination or PUT source); empty for QUERY.
+    /// Per row of a GET or PUT: the Host reference (destination or source); empty for a
+    /// QUERY.
     pub refs: Vec<HostRef>,
+    /// Per row of a GET: its destination range (empty otherwise).
     pub ranges: Vec<HostRange>,
     /// Per key: whether the ticket still holds `refs[i]`.
     pub held: Vec<bool>,
@@ -49,6 +54,8 @@ pub struct Ticket {
     pub cancel_sent: bool,
     /// A PUT's backup keys, row by row (for its settlement and re-offers); empty otherwise.
     pub backup: Vec<super::backup::BackupKey>,
+    /// A PUT's source bytes (returned to the backup byte bound at settlement); 0 otherwise.
+    pub put_bytes: u64,
 }
 
 impl Ticket {
@@ -82,14 +89,25 @@ impl Ticket {
             issued_us,
             cancel_sent: false,
             backup: Vec::new(),
+            put_bytes: 0,
         }
     }
 
-    /// The same ticket carrying a PUT's backup keys (one per row).
-    pub fn with_backup(mut self, backup: Vec<super::backup::BackupKey>) -> Self {
-        debug_assert_eq!(backup.len(), self.keys.len(), "one backup key per row");
+    /// The same ticket carrying a PUT's backup keys (one per row, beside its source
+    /// references) and its source bytes.
+    pub fn with_backup(mut self, backup: Vec<super::backup::BackupKey>, bytes: u64) -> Self {
+        debug_assert_eq!(backup.len(), self.refs.len(), "one backup key per row");
         self.backup = backup;
+        self.put_bytes = bytes;
         self
+    }
+
+    /// The rows a completion must report: a QUERY's keys, a GET's or PUT's references.
+    pub fn rows(&self) -> usize {
+        match self.kind {
+            StorageOpKind::Query => self.keys.len(),
+            StorageOpKind::Get | StorageOpKind::Put => self.refs.len(),
+        }
     }
 
     /// References the ticket still holds, in key order.
