@@ -12,7 +12,7 @@ use super::credits::{pack, PackScratch, QueryCredits};
 use super::geometry::CacheGeometry;
 use super::keys::{page_key, BlockAddr, ContentHash, PromptIndex};
 use super::matcher::{requirement, BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
-use super::pool::{page_of, BlockPool, Device, EntryState, Host, PoolError};
+use super::pool::{page_of, BlockPool, Device, EntryState, HeldBlock, Host, PoolError};
 use super::tail::{TailCandidate, TailHint, TailTable};
 use messages::{HostRange, Namespace, StorageKey};
 use std::collections::BTreeSet;
@@ -196,8 +196,9 @@ pub struct Reservation {
     pub device_tokens: u32,
     pub tail: Option<TailCandidate>,
     pub rows: Vec<TransferRow>,
-    /// Destination blocks, each holding one reference.
-    pub destinations: Vec<BlockAddr>,
+    /// Destination blocks, each one held reference (its slot kept: published or released
+    /// without probing the index again).
+    pub destinations: Vec<HeldBlock<Host>>,
     /// New destinations plus temporary warm references checked against the Host credits.
     pub charged_host_blocks: u32,
     /// The boundary is shorter than the longest one the hints made legal.
@@ -226,10 +227,11 @@ pub struct PlacedBlock {
     pub block_index: u64,
 }
 
-/// Published blocks protected until admission hands them to an H2D ticket (or expiry).
+/// Published blocks protected until admission hands them to an H2D ticket (or expiry), one
+/// held reference each.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ReadyHold {
-    pub blocks: Vec<BlockAddr>,
+    pub blocks: Vec<HeldBlock<Host>>,
 }
 
 /// See the module documentation.
@@ -874,7 +876,7 @@ impl CacheCoordinator {
         });
         // The first `taken` destinations are allocated; each one's rows are written as it
         // is (its Host range comes with the allocation).
-        let mut taken = 0;
+        let mut held = Vec::new();
         let mut ok = enough;
         let mut rows = Vec::new();
         if enough {
@@ -882,15 +884,16 @@ impl CacheCoordinator {
                 .map(|b| self.geometry.group(b.addr.group as usize).pages_per_block as usize)
                 .sum();
             rows.reserve_exact(pages);
+            held.reserve_exact(dests().count());
             // The QUERY's rows come in the order the reservation allocates them, so the next
             // known row is checked first (one pass); a row out of that order is searched for.
             let mut next_known = 0;
             for b in dests() {
-                let Ok((_, block)) = self.host.allocate_range(b.addr) else {
+                let Ok((_, h, block)) = self.host.allocate_held(b.addr) else {
                     ok = false;
                     break;
                 };
-                taken += 1;
+                held.push(h);
                 let g = b.addr.group as usize;
                 let spec = self.geometry.group(g);
                 for page in 0..spec.pages_per_block {
@@ -920,25 +923,26 @@ impl CacheCoordinator {
                 }
             }
         }
-        let allocated = || dests().take(taken);
+        let taken = held.len();
         let result = if ok {
             Some(Reservation {
                 boundary: 0,
                 device_tokens: 0,
                 tail: None,
                 rows,
-                destinations: allocated().map(|b| b.addr).collect(),
+                destinations: held,
                 charged_host_blocks: charge,
                 shortened: false,
                 tail_hint: None,
-                tail_destinations: allocated()
+                tail_destinations: dests()
+                    .take(taken)
                     .filter(|b| b.slot == BlockSlot::Tail)
                     .map(|b| b.addr)
                     .collect(),
             })
         } else {
-            for b in allocated() {
-                self.host.release(b.addr)?;
+            for h in held {
+                self.host.release_held(h)?;
             }
             None
         };
@@ -972,20 +976,18 @@ impl CacheCoordinator {
                 failed.insert(row.block);
             }
         }
-        // The hold keeps the published destinations in the reservation's own list.
+        // The hold keeps the published destinations (their held references) in the
+        // reservation's own list; a failed one (rare) leaves it, released.
         let mut blocks = reservation.destinations;
-        let mut kept = 0;
-        for i in 0..blocks.len() {
-            let addr = blocks[i];
-            if failed.contains(&addr) {
-                self.host.release(addr)?;
+        let mut i = 0;
+        while i < blocks.len() {
+            if failed.contains(&blocks[i].addr()) {
+                self.host.release_held(blocks.remove(i))?;
             } else {
-                self.host.publish(addr)?;
-                blocks[kept] = addr;
-                kept += 1;
+                self.host.publish_held(&blocks[i])?;
+                i += 1;
             }
         }
-        blocks.truncate(kept);
         let hold = ReadyHold { blocks };
         if let Some(hint) = reservation.tail_hint {
             let published = !reservation.tail_destinations.is_empty()
@@ -1002,13 +1004,24 @@ impl CacheCoordinator {
 
     /// Ends a Ready hold (expiry, or after admission took its own references).
     pub fn release_hold(&mut self, hold: ReadyHold) -> Result<(), CacheError> {
-        self.release_host_refs(&hold.blocks)
+        self.release_held(hold.blocks)
     }
 
     /// Frees a reservation whose GET retired without publishing (detached, cancelled or
     /// expired). Never call it for an unretired (quarantined) operation.
     pub fn abandon(&mut self, reservation: Reservation) -> Result<(), CacheError> {
-        self.release_host_refs(&reservation.destinations)
+        self.release_held(reservation.destinations)
+    }
+
+    /// Gives held Host references back (each without an index probe).
+    pub fn release_held(
+        &mut self,
+        blocks: impl IntoIterator<Item = HeldBlock<Host>>,
+    ) -> Result<(), CacheError> {
+        for h in blocks {
+            self.host.release_held(h)?;
+        }
+        Ok(())
     }
 
     /// Takes one reference on each published Host block (H2D ticket at admission).

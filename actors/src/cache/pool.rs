@@ -1,6 +1,8 @@
 //! Device and Host block pools: one slot array per cache group, blocks addressed by
 //! (group, content hash), reference counts, temporary pins, LRU eviction of unreferenced
-//! published blocks, and published versus unpublished entries.
+//! published blocks, and published versus unpublished entries. A reference taken as a
+//! `HeldBlock` keeps its slot, so the holder publishes or releases it without probing the
+//! index for the slot again (a held slot can be neither freed nor reused).
 //!
 //! Only published entries are visible to probes. Eviction must never free a block that any
 //! reference holds (storage I/O, Ready hold, H2D ticket) or that a temporary warm pin holds
@@ -90,6 +92,52 @@ impl Slot {
         state: None,
     };
 }
+
+/// One reference on a block of a `BlockPool<T>`, with the slot it holds: made only by the
+/// pool as it takes the reference, and given back to it (`publish_held`, `release_held`)
+/// instead of the block's address, so no index probe finds the slot again. Neither Copy
+/// nor Clone: each handle is one reference. While it is held the slot keeps its block
+/// (a referenced slot is never freed or reused), which `release_held` checks.
+pub struct HeldBlock<T: Tier> {
+    addr: BlockAddr,
+    slot: u32,
+    _tier: PhantomData<T>,
+}
+
+impl<T: Tier> HeldBlock<T> {
+    fn new(addr: BlockAddr, slot: u32) -> Self {
+        Self {
+            addr,
+            slot,
+            _tier: PhantomData,
+        }
+    }
+
+    /// The block this reference holds.
+    pub fn addr(&self) -> BlockAddr {
+        self.addr
+    }
+}
+
+impl<T: Tier> std::fmt::Debug for HeldBlock<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HeldBlock<{}>({:?}, slot {})",
+            T::NAME,
+            self.addr,
+            self.slot
+        )
+    }
+}
+
+impl<T: Tier> PartialEq for HeldBlock<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.addr == other.addr && self.slot == other.slot
+    }
+}
+
+impl<T: Tier> Eq for HeldBlock<T> {}
 
 /// Called with (group, slot index, the slot's region range) whenever the pool frees a block
 /// (its last reference and pin are gone): the debug builds' poisoned-memory checker fills
@@ -475,6 +523,51 @@ impl<T: Tier> BlockPool<T> {
         Ok(())
     }
 
+    /// The slot a held reference names, checked: the slot still carries the block and a
+    /// reference (always, while the handle was made by this pool and not yet released).
+    fn held_slot(&self, h: &HeldBlock<T>) -> Result<u32, PoolError> {
+        let g = self.group(h.addr.group)?;
+        match g.slots.get(h.slot as usize) {
+            Some(slot) if slot.hash == h.addr.hash && slot.state.is_some() && slot.refs > 0 => {
+                Ok(h.slot)
+            }
+            _ => Err(PoolError::Unknown {
+                tier: T::NAME,
+                group: h.addr.group,
+            }),
+        }
+    }
+
+    /// `release` of a held reference, without an index probe (an unpublished entry's free
+    /// still removes its index entry).
+    pub fn release_held(&mut self, h: HeldBlock<T>) -> Result<(), PoolError> {
+        let s = self.held_slot(&h)?;
+        let g = &mut self.groups[h.addr.group as usize];
+        g.slots[s as usize].refs -= 1;
+        g.settle(s);
+        Ok(())
+    }
+
+    /// `publish` of a held entry: one index write for the published bit, no probe for the
+    /// slot.
+    pub fn publish_held(&mut self, h: &HeldBlock<T>) -> Result<(), PoolError> {
+        let s = self.held_slot(h)?;
+        let g = &mut self.groups[h.addr.group as usize];
+        let slot = &mut g.slots[s as usize];
+        if slot.state == Some(EntryState::Published) {
+            return Err(PoolError::AlreadyPublished {
+                tier: T::NAME,
+                group: h.addr.group,
+            });
+        }
+        slot.state = Some(EntryState::Published);
+        if let Some(v) = g.index.get_mut(&h.addr.hash) {
+            *v |= PUBLISHED;
+        }
+        g.settle(s);
+        Ok(())
+    }
+
     /// Takes a temporary warm pin (reservation only).
     pub fn pin(&mut self, addr: BlockAddr) -> Result<(), PoolError> {
         let s = self.slot_of(addr)?;
@@ -590,25 +683,24 @@ impl BlockPool<Host> {
         Ok(slot_range(&self.groups[addr.group as usize], s))
     }
 
-    /// `allocate` (a GET destination), also giving the new entry's Host range.
-    pub fn allocate_range(
+    /// `allocate` (a GET destination) as a held reference, also giving the new entry's
+    /// Host range.
+    pub fn allocate_held(
         &mut self,
         addr: BlockAddr,
-    ) -> Result<(Option<ContentHash>, HostRange), PoolError> {
+    ) -> Result<(Option<ContentHash>, HeldBlock<Host>, HostRange), PoolError> {
         let (s, evicted) = self.allocate_slot(addr)?;
         let g = &self.groups[addr.group as usize];
-        Ok((evicted, slot_range(g, s)))
+        Ok((evicted, HeldBlock::new(addr, s), slot_range(g, s)))
     }
 
-    /// A PUT source: one reference on a published entry and the Host range of one of its
-    /// pages, with one index probe (`contains`, `acquire` and `page_range` in one). An
-    /// absent or unpublished entry is an error and takes nothing.
-    pub fn acquire_published_page(
+    /// One reference on a published entry as a held reference, with its Host range, from
+    /// one index probe (an H2D source). An absent or unpublished entry is an error and
+    /// takes nothing.
+    pub fn acquire_published(
         &mut self,
         addr: BlockAddr,
-        page: u32,
-        page_bytes: u64,
-    ) -> Result<HostRange, PoolError> {
+    ) -> Result<(HeldBlock<Host>, HostRange), PoolError> {
         let unknown = PoolError::Unknown {
             tier: Host::NAME,
             group: addr.group,
@@ -623,7 +715,18 @@ impl BlockPool<Host> {
         }
         let s = v & SLOT_MASK;
         g.take_ref(s);
-        Ok(page_of(slot_range(g, s), page, page_bytes))
+        Ok((HeldBlock::new(addr, s), slot_range(g, s)))
+    }
+
+    /// A PUT source: `acquire_published` and the Host range of one of the block's pages.
+    pub fn acquire_published_page(
+        &mut self,
+        addr: BlockAddr,
+        page: u32,
+        page_bytes: u64,
+    ) -> Result<(HeldBlock<Host>, HostRange), PoolError> {
+        let (held, block) = self.acquire_published(addr)?;
+        Ok((held, page_of(block, page, page_bytes)))
     }
 
     /// The Host range of one page of a block's slot.
@@ -704,16 +807,64 @@ mod tests {
         assert_eq!(p.refs(a(0, 1)), 1, "nothing taken");
         p.publish(a(0, 1)).unwrap();
         p.release(a(0, 1)).unwrap();
-        let r = p.acquire_published_page(a(0, 1), 1, 32).unwrap();
+        let (held, r) = p.acquire_published_page(a(0, 1), 1, 32).unwrap();
         assert_eq!(r, p.page_range(a(0, 1), 1, 32).unwrap());
+        assert_eq!(held.addr(), a(0, 1));
         assert_eq!(p.refs(a(0, 1)), 1);
         assert!(!p.evict(a(0, 1)), "a referenced entry is not evictable");
-        p.release(a(0, 1)).unwrap();
+        p.release_held(held).unwrap();
         assert!(p.evict(a(0, 1)), "evictable once released");
         assert!(
             p.acquire_published_page(a(1, 1), 0, 32).is_err(),
             "unknown group"
         );
+    }
+
+    /// A held reference is given back by its slot: publishing and releasing it act on that
+    /// slot's entry exactly as `publish` and `release` by address do (the published bit
+    /// reaches probes, the last release frees an unpublished entry and makes a published
+    /// one evictable), and a handle whose slot no longer carries its block (released
+    /// already, or freed and reused by another block) is refused, changing nothing.
+    #[test]
+    fn a_held_block_is_published_and_released_by_its_slot() {
+        let mut p = BlockPool::<Host>::new(&[2], &[64]);
+        let (none, d, range) = p.allocate_held(a(0, 1)).unwrap();
+        assert_eq!(none, None);
+        assert_eq!(range, p.host_range(a(0, 1)).unwrap());
+        assert!(!p.contains(a(0, 1)));
+        p.publish_held(&d).unwrap();
+        assert!(p.contains(a(0, 1)), "the published bit reaches probes");
+        assert!(matches!(
+            p.publish_held(&d),
+            Err(PoolError::AlreadyPublished { .. })
+        ));
+        let (h2d, r2) = p.acquire_published(a(0, 1)).unwrap();
+        assert_eq!(r2, range);
+        assert_eq!(p.refs(a(0, 1)), 2);
+        p.release_held(d).unwrap();
+        assert!(!p.evict(a(0, 1)), "still held by the H2D source");
+        p.release_held(h2d).unwrap();
+        assert_eq!(p.refs(a(0, 1)), 0);
+        assert!(p.contains(a(0, 1)), "published: kept, evictable");
+        // A failed destination: its last release frees the unpublished entry.
+        let (_, failed, _) = p.allocate_held(a(0, 2)).unwrap();
+        p.release_held(failed).unwrap();
+        assert_eq!(p.state(a(0, 2)), None);
+        // A stale handle (its reference already given back, its slot reused by block 3)
+        // is refused and leaves the new entry alone.
+        let (_, gone, _) = p.allocate_held(a(0, 4)).unwrap();
+        let stale = HeldBlock::<Host>::new(gone.addr(), gone.slot);
+        p.release_held(gone).unwrap();
+        let (_, three, _) = p.allocate_held(a(0, 3)).unwrap();
+        assert_eq!(three.slot, stale.slot, "the freed slot is reused");
+        assert!(p.release_held(stale).is_err());
+        assert!(p
+            .publish_held(&HeldBlock::new(a(0, 4), three.slot))
+            .is_err());
+        assert_eq!(p.refs(a(0, 3)), 1);
+        assert!(p.acquire_published(a(0, 3)).is_err(), "unpublished");
+        assert!(p.acquire_published(a(5, 3)).is_err(), "unknown group");
+        p.release_held(three).unwrap();
     }
 
     #[test]

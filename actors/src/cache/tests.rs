@@ -415,7 +415,7 @@ fn malformed_row_results_quarantine_the_destinations() {
     let mut c = coord(vec![full(16)], 0, 100);
     let plan = c.plan_query(&p, 64, ALL, NO_LIMITS);
     let r = c.reserve(&p, 64, &all_hints(&plan), 100).unwrap();
-    let dests = r.destinations.clone();
+    let dests: Vec<BlockAddr> = r.destinations.iter().map(|d| d.addr()).collect();
     assert!(matches!(
         c.publish_host(r, &[true; 3]),
         Err(CacheError::Length {

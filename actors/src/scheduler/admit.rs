@@ -13,6 +13,7 @@ use super::plan::Plan;
 use super::request::{AdmissionResources, PrefixSplit, RequestState};
 use super::{tail_kind, Scheduler};
 use crate::cache::keys::{BlockAddr, PromptIndex};
+use crate::cache::pool::{HeldBlock, Host};
 use crate::cache::GroupKind;
 use crate::device::{DeviceCopy, DeviceSlot, ForwardStep, GroupBlockTable, SlotCopy};
 use crate::frontend::FallbackReason;
@@ -215,20 +216,28 @@ impl Scheduler {
         for g in 0..groups {
             for &a in &needs.context[g] {
                 let Some(slot) = self.take_context_block(a, &mut t, plan)? else {
-                    self.release_device(&t.held);
+                    self.give_back(t);
                     return Ok(None);
                 };
                 t.tables[g].context.push(slot);
             }
             for &a in &needs.written_full[g] {
                 let Some(slot) = self.take_written_block(a, &mut t)? else {
-                    self.release_device(&t.held);
+                    self.give_back(t);
                     return Ok(None);
                 };
                 t.tables[g].written.push(slot);
             }
         }
         Ok(Some(t))
+    }
+
+    /// Gives back what an admission that did not fit took: its Device references now, and
+    /// its H2D sources' Host references at `d2h_done` like an admitted one's (the copies it
+    /// already planned run this round).
+    fn give_back(&mut self, t: Taken) {
+        self.release_device(&t.held);
+        self.h2d_host_refs.extend(t.h2d_refs);
     }
 
     /// A context block: a Device hit takes a reference; a Host hit allocates a Device slot
@@ -246,17 +255,18 @@ impl Scheduler {
             t.held.push(a);
             return self.device_slot(a).map(Some);
         }
-        let range = self
+        // The H2D source's reference and range in one probe; it is held until `d2h_done`.
+        let (source, range) = self
             .cache
-            .host()
-            .host_range(a)
+            .host_mut()
+            .acquire_published(a)
             .map_err(|e| format!("host block vanished: {e}"))?;
         if self.cache.device_mut().allocate(a).is_err() {
+            let _ = self.cache.host_mut().release_held(source);
             return Ok(None);
         }
         t.held.push(a);
-        let _ = self.cache.host_mut().acquire(a);
-        t.h2d_refs.push(a);
+        t.h2d_refs.push(source);
         let slot = self.device_slot(a)?;
         plan.h2d.push(DeviceCopy::h2d(range, slot, 0));
         let _ = self.cache.device_mut().publish(a);
@@ -432,7 +442,7 @@ struct Taken {
     /// Blocks allocated for the forward to write (new on the Device).
     new_written: Vec<BlockAddr>,
     /// Host blocks pinned as H2D sources (released by `d2h_done`).
-    h2d_refs: Vec<BlockAddr>,
+    h2d_refs: Vec<HeldBlock<Host>>,
 }
 
 /// Whether storage is configured and whether L3 work is enabled, at admission.

@@ -144,7 +144,7 @@ impl Scheduler {
         // references. A PUT rejected for capacity re-queues its candidate: its source
         // reference is released below but the candidate's record stays.
         for h in &fx.forgotten {
-            if matches!(self.refs.get(h), Some(RefUse::PutSource(..))) {
+            if matches!(self.refs.get(h), Some(RefUse::PutSource { .. })) {
                 self.refs.remove(h);
             }
         }
@@ -300,14 +300,15 @@ impl Scheduler {
             }
             return;
         }
-        match self.refs.get(&h).copied() {
-            Some(RefUse::PutSource(addr, _)) => {
-                if !reoffered {
-                    self.refs.remove(&h);
-                }
-                let _ = self.cache.host_mut().release(addr);
-            }
-            None => {}
+        let held = match self.refs.get_mut(&h) {
+            Some(RefUse::PutSource { held, .. }) => held.take(),
+            None => return,
+        };
+        if !reoffered {
+            self.refs.remove(&h);
+        }
+        if let Some(held) = held {
+            let _ = self.cache.host_mut().release_held(held);
         }
     }
 }

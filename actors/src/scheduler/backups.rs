@@ -18,8 +18,8 @@ impl Scheduler {
     /// blocks become backup candidates (returned, for the StorageTransferManager); the H2D
     /// sources are released.
     pub fn d2h_done(&mut self) -> Vec<BackupCandidate> {
-        for a in std::mem::take(&mut self.h2d_host_refs) {
-            let _ = self.cache.host_mut().release(a);
+        for source in std::mem::take(&mut self.h2d_host_refs) {
+            let _ = self.cache.host_mut().release_held(source);
         }
         let blocks = std::mem::take(&mut self.d2h_blocks);
         let mut candidates = Vec::with_capacity(if self.l3_enabled() { blocks.len() } else { 0 });
@@ -37,7 +37,11 @@ impl Scheduler {
                 // The object key is made only at PUT dispatch (a dropped or coalesced
                 // candidate never costs one).
                 for page in 0..pages {
-                    let host = self.new_ref(RefUse::PutSource(a, page));
+                    let host = self.new_ref(RefUse::PutSource {
+                        addr: a,
+                        page,
+                        held: None,
+                    });
                     let key = BlockPage {
                         hash: a.hash.as_u128(),
                         group: a.group,
@@ -56,25 +60,30 @@ impl Scheduler {
         let cache = &mut self.cache;
         let refs = &mut self.refs;
         let mut residency = |_key: &BackupKey, h: HostRef| {
-            let Some(RefUse::PutSource(addr, page)) = refs.get(&h).copied() else {
+            let Some(RefUse::PutSource { addr, page, held }) = refs.get_mut(&h) else {
                 return None;
             };
-            // Resident (published) pages take their source reference here.
+            let (addr, page) = (*addr, *page);
+            // Resident (published) pages take their source reference here; the entry keeps
+            // it until the PUT settles.
             let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
-            let range = match cache
+            match cache
                 .host_mut()
                 .acquire_published_page(addr, page, page_bytes)
             {
-                Ok(range) => Some((
-                    page_key(cache.namespace(), cache.geometry(), addr, page),
-                    range,
-                )),
-                Err(_) => None,
-            };
-            if range.is_none() {
-                refs.remove(&h);
+                Ok((source, range)) => {
+                    debug_assert!(held.is_none(), "one PUT at a time carries a candidate");
+                    *held = Some(source);
+                    Some((
+                        page_key(cache.namespace(), cache.geometry(), addr, page),
+                        range,
+                    ))
+                }
+                Err(_) => {
+                    refs.remove(&h);
+                    None
+                }
             }
-            range
         };
         stm.plan_backups(&mut residency);
     }
@@ -125,7 +134,7 @@ mod tests {
             );
             assert!(matches!(
                 rig.s.refs.get(&cand.host),
-                Some(RefUse::PutSource(b, 0)) if b == a
+                Some(RefUse::PutSource { addr: b, page: 0, held: None }) if b == a
             ));
             assert!(c.host().contains(*a), "published in Host L2");
         }

@@ -39,6 +39,7 @@ use crate::cache::coordinator::{
     CacheCoordinator, CacheError, CoordinatorConfig, ReadyHold, Reservation,
 };
 use crate::cache::keys::BlockAddr;
+use crate::cache::pool::{HeldBlock, Host};
 use crate::device::{DecodeStep, DeviceSlot};
 use crate::frontend::FallbackReason;
 use crate::id_map::IdMap;
@@ -146,10 +147,15 @@ pub(crate) fn tail_kind(kind: crate::cache::GroupKind) -> usize {
 }
 
 /// What a Host reference handed to the StorageTransferManager stands for.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 enum RefUse {
-    /// A PUT source (or a backup candidate): one page of a published Host block.
-    PutSource(BlockAddr, u32),
+    /// A backup candidate: one page of a published Host block, and from its PUT's dispatch
+    /// until that PUT settles the source reference it holds (released without a probe).
+    PutSource {
+        addr: BlockAddr,
+        page: u32,
+        held: Option<HeldBlock<Host>>,
+    },
 }
 
 /// A GET destination row's reference names its read and row itself (the top bit set, the
@@ -222,7 +228,7 @@ pub struct Scheduler {
     /// Blocks whose D2H copy is in flight this round (published by `d2h_done`).
     d2h_blocks: Vec<BlockAddr>,
     /// Host references taken for this round's H2D copies (released by `d2h_done`).
-    h2d_host_refs: Vec<BlockAddr>,
+    h2d_host_refs: Vec<HeldBlock<Host>>,
     events: Vec<RequestEvent>,
     stats: SchedulerStats,
     pending_admin: VecDeque<AdminCommand>,
