@@ -6,19 +6,18 @@
 use super::backup::{BackupCandidate, BackupKey};
 use super::lease::WaitEnd;
 use super::HostRef;
-use messages::{HostRange, OperationId, RequestId, StorageCancelOp, StorageKey};
+use messages::{OperationId, RequestId, StorageCancelOp, StorageKey};
 
 /// A GET row that fully succeeded and retired on every owner, for an attached request: the
-/// cache owner publishes a Host entry for `key` in `host`. The ticket keeps the reference
-/// as the request's Ready hold.
+/// cache owner publishes the Host entry its reference `host` names (row `key_index` of
+/// GET `op`; the owner's reservation knows the row's key and range). The ticket keeps the
+/// reference as the request's Ready hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublishRow {
     pub op: OperationId,
     pub request: RequestId,
     pub key_index: usize,
-    pub key: StorageKey,
     pub host: HostRef,
-    pub range: HostRange,
 }
 
 /// An attached QUERY's agreed existence mask (one entry per key).

@@ -602,9 +602,7 @@ impl StorageTransferManager {
                                 op,
                                 request,
                                 key_index: i,
-                                key: t.keys[i].clone(),
                                 host: t.refs[i],
-                                range: t.ranges[i],
                             });
                         } else if let Some(r) = t.release_row(i) {
                             self.credits.release(t.class, 0, 1);
@@ -740,7 +738,6 @@ impl StorageTransferManager {
                 CreditClass::Read,
                 keys.clone(),
                 Vec::new(),
-                Vec::new(),
                 Some(request),
                 self.epoch,
                 self.now_us,
@@ -803,7 +800,6 @@ impl StorageTransferManager {
                 CreditClass::Read,
                 keys.clone(),
                 refs,
-                ranges.clone(),
                 Some(request),
                 self.epoch,
                 self.now_us,
@@ -881,7 +877,6 @@ impl StorageTransferManager {
                 CreditClass::Backup,
                 Vec::new(),
                 refs,
-                Vec::new(),
                 None,
                 self.epoch,
                 self.now_us,

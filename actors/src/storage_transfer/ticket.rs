@@ -1,8 +1,8 @@
 //! Storage tickets: one per operation (QUERY, GET or PUT), named by a monotonic, never
 //! reused OperationId. A ticket records its rows: a QUERY's and a GET's object keys, the
-//! Host references it holds (GET destinations, PUT sources), a GET's ranges, a PUT's
-//! backup keys and bytes (its object keys and ranges went out with the operation and are
-//! not kept twice); the credits charged to it, its attached waiter and its state: Issued -> Completed (agreed StorageDone applied) -> Settled, or
+//! Host references it holds (GET destinations, PUT sources), a PUT's backup keys and bytes
+//! (an operation's ranges, and a PUT's object keys, went out with it and are not kept
+//! twice); the credits charged to it, its attached waiter and its state: Issued -> Completed (agreed StorageDone applied) -> Settled, or
 //! Quarantined (an unretired result: every reference kept for the life of the process).
 //! A ticket settles
 //! exactly once; only settlement returns its credits. A ticket never releases a reference
@@ -10,7 +10,7 @@
 
 use super::credits::CreditClass;
 use super::HostRef;
-use messages::{HostRange, OperationId, RequestId, StorageKey, StorageOpKind};
+use messages::{OperationId, RequestId, StorageKey, StorageOpKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TicketState {
@@ -36,8 +36,6 @@ pub struct Ticket {
     /// Per row of a GET or PUT: the Host reference (destination or source); empty for a
     /// QUERY.
     pub refs: Vec<HostRef>,
-    /// Per row of a GET: its destination range (empty otherwise).
-    pub ranges: Vec<HostRange>,
     /// Per key: whether the ticket still holds `refs[i]`.
     pub held: Vec<bool>,
     /// Operation credits charged (1 until settlement).
@@ -66,7 +64,6 @@ impl Ticket {
         class: CreditClass,
         keys: Vec<StorageKey>,
         refs: Vec<HostRef>,
-        ranges: Vec<HostRange>,
         waiter: Option<RequestId>,
         epoch: u64,
         issued_us: u64,
@@ -79,7 +76,6 @@ impl Ticket {
             class,
             keys,
             refs,
-            ranges,
             held,
             charged_operations: 1,
             charged_hosts,
@@ -181,7 +177,6 @@ mod tests {
             CreditClass::Read,
             vec![StorageKey::new("a"), StorageKey::new("b")],
             vec![HostRef(10), HostRef(11)],
-            vec![HostRange::new(0, 4), HostRange::new(4, 4)],
             Some(RequestId(7)),
             0,
             0,
