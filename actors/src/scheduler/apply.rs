@@ -171,9 +171,22 @@ impl Scheduler {
                 r.resources.ready = None;
             }
         }
-        for h in fx.release.drain(..) {
-            self.on_release(h, reoffered.contains(&h));
+        // A settled GET releases its rows together: each run of one read's rows finds the
+        // read once.
+        for run in
+            fx.release.chunk_by(
+                |a, b| match (super::get_row_of(*a), super::get_row_of(*b)) {
+                    (Some((x, _)), Some((y, _))) => x == y,
+                    _ => false,
+                },
+            )
+        {
+            match super::get_row_of(run[0]) {
+                Some((read, _)) => self.on_read_rows_released(read, run),
+                None => self.on_release(run[0], reoffered.contains(&run[0])),
+            }
         }
+        fx.release.clear();
         // The emptied lists go back to the manager for the next round's effects.
         if let Some(stm) = storage {
             stm.recycle(fx);
@@ -274,32 +287,44 @@ impl Scheduler {
 
     /// The manager no longer holds `h`. A re-queued PUT source keeps its candidate record
     /// (the Host pin is released; dispatch rechecks residency).
-    fn on_release(&mut self, h: HostRef, reoffered: bool) {
-        if let Some((read, row)) = super::get_row_of(h) {
-            // Each row counts once (a repeated release of one row changes nothing).
-            let done = match self.reads.get_mut(&read) {
-                Some(rec) => match rec.released_rows.get_mut(row) {
-                    Some(released) if !*released => {
-                        *released = true;
-                        rec.released += 1;
-                        rec.released >= rec.released_rows.len()
-                    }
-                    _ => false,
-                },
-                None => false,
+    /// Released rows of GET `read` (`rows`: their references, all of that read): each row
+    /// counts once (a repeated release of one row changes nothing), and the last one ends
+    /// the read, freeing what it still holds.
+    fn on_read_rows_released(&mut self, read: u64, rows: &[HostRef]) {
+        let Some(rec) = self.reads.get_mut(&read) else {
+            return;
+        };
+        for h in rows {
+            let Some((_, row)) = super::get_row_of(*h) else {
+                continue;
             };
-            if done {
-                if let Some(rec) = self.reads.remove(&read) {
-                    if let Some(res) = rec.reservation {
-                        let _ = self.cache.abandon(res);
-                    }
-                    if let Some(hold) = rec.hold {
-                        let _ = self.cache.release_hold(hold);
-                    }
+            if let Some(released) = rec.released_rows.get_mut(row) {
+                if !*released {
+                    *released = true;
+                    rec.released += 1;
                 }
             }
+        }
+        if rec.released < rec.released_rows.len() {
             return;
         }
+        if let Some(rec) = self.reads.remove(&read) {
+            if let Some(res) = rec.reservation {
+                let _ = self.cache.abandon(res);
+            }
+            if let Some(hold) = rec.hold {
+                let _ = self.cache.release_hold(hold);
+            }
+        }
+    }
+
+    /// A released PUT source (a backup candidate's reference): its held Host reference is
+    /// given back; the candidate's entry stays when it was offered again.
+    fn on_release(&mut self, h: HostRef, reoffered: bool) {
+        debug_assert!(
+            super::get_row_of(h).is_none(),
+            "GET rows: on_read_rows_released"
+        );
         let held = match self.refs.get_mut(&h) {
             Some(RefUse::PutSource { held, .. }) => held.take(),
             None => return,
@@ -546,13 +571,12 @@ mod tests {
         assert_eq!(rows, (0..refs.len()).map(|i| (read, i)).collect::<Vec<_>>());
         assert!(rig.s.refs.is_empty(), "GET rows take no reference entries");
         // Releasing one row twice counts it once: the read stays until every row is back.
-        rig.s.on_release(refs[0], false);
-        rig.s.on_release(refs[0], false);
-        for h in &refs[1..refs.len() - 1] {
-            rig.s.on_release(*h, false);
-        }
+        // (Twice in one run of releases and again in a later one.)
+        rig.s.on_read_rows_released(read, &[refs[0], refs[0]]);
+        rig.s.on_read_rows_released(read, &refs[..1]);
+        rig.s.on_read_rows_released(read, &refs[1..refs.len() - 1]);
         assert!(rig.s.reads.contains_key(&read), "one row still out");
-        rig.s.on_release(refs[refs.len() - 1], false);
+        rig.s.on_read_rows_released(read, &refs[refs.len() - 1..]);
         assert!(!rig.s.reads.contains_key(&read));
     }
 }
