@@ -17,7 +17,7 @@ use crate::storage_transfer::{
     StorageTransferManager, WaitEnd,
 };
 use messages::{OperationId, ProtocolError, RequestId, TokenLogprobs};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// The storage half of an agreed round, for the StorageTransferManager (the completions
 /// move; the scheduler keeps the rest).
@@ -140,15 +140,9 @@ impl Scheduler {
             }
             return;
         }
-        // Candidates that left the backup queue without a PUT: forget their (nonowning)
-        // references. A PUT rejected for capacity re-queues its candidate: its source
-        // reference is released below but the candidate's record stays.
-        for h in &fx.forgotten {
-            if matches!(self.refs.get(h), Some(RefUse::PutSource { .. })) {
-                self.refs.remove(h);
-            }
-        }
-        let reoffered: BTreeSet<HostRef> = fx.reoffer.iter().map(|c| c.host).collect();
+        // Candidates that left the backup queue without a PUT (forgotten) and those a
+        // capacity rejection re-queued hold nothing here: a candidate's reference takes an
+        // entry only at dispatch, and gives it back when its PUT settles (below).
         // Query results: reserve destinations and read, or fall back to local admission.
         for q in fx.query_results.drain(..) {
             self.on_query_result(q.request, &q.exists, &q.keys, storage.as_deref_mut());
@@ -183,7 +177,7 @@ impl Scheduler {
         {
             match super::get_row_of(run[0]) {
                 Some((read, _)) => self.on_read_rows_released(read, run),
-                None => self.on_release(run[0], reoffered.contains(&run[0])),
+                None => self.on_release(run[0]),
             }
         }
         fx.release.clear();
@@ -318,21 +312,14 @@ impl Scheduler {
         }
     }
 
-    /// A released PUT source (a backup candidate's reference): its held Host reference is
-    /// given back; the candidate's entry stays when it was offered again.
-    fn on_release(&mut self, h: HostRef, reoffered: bool) {
+    /// A released PUT source: its held Host reference is given back (a re-offered
+    /// candidate takes a new one at its next dispatch).
+    fn on_release(&mut self, h: HostRef) {
         debug_assert!(
             super::get_row_of(h).is_none(),
             "GET rows: on_read_rows_released"
         );
-        let held = match self.refs.get_mut(&h) {
-            Some(RefUse::PutSource { held, .. }) => held.take(),
-            None => return,
-        };
-        if !reoffered {
-            self.refs.remove(&h);
-        }
-        if let Some(held) = held {
+        if let Some(RefUse::PutSource(held)) = self.refs.remove(&h) {
             let _ = self.cache.host_mut().release_held(held);
         }
     }

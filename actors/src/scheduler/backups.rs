@@ -7,7 +7,7 @@
 //! manager does, asked directly) and never performs I/O.
 
 use super::{RefUse, Scheduler};
-use crate::cache::keys::page_key;
+use crate::cache::keys::{page_key, BlockAddr, ContentHash};
 use crate::storage_transfer::{
     BackupCandidate, BackupKey, BlockPage, HostRef, StorageTransferManager,
 };
@@ -37,11 +37,7 @@ impl Scheduler {
                 // The object key is made only at PUT dispatch (a dropped or coalesced
                 // candidate never costs one).
                 for page in 0..pages {
-                    let host = self.new_ref(RefUse::PutSource {
-                        addr: a,
-                        page,
-                        held: None,
-                    });
+                    let host = self.new_ref();
                     let key = BlockPage {
                         hash: a.hash.as_u128(),
                         group: a.group,
@@ -59,31 +55,26 @@ impl Scheduler {
     pub(super) fn dispatch_backups(&mut self, stm: &mut StorageTransferManager) {
         let cache = &mut self.cache;
         let refs = &mut self.refs;
-        let mut residency = |_key: &BackupKey, h: HostRef| {
-            let Some(RefUse::PutSource { addr, page, held }) = refs.get_mut(&h) else {
-                return None;
+        let mut residency = |key: &BackupKey, h: HostRef| {
+            // The candidate's key names its page (`d2h_done` made it from the block).
+            let addr = BlockAddr {
+                group: key.group,
+                hash: ContentHash::from_u128(key.hash),
             };
-            let (addr, page) = (*addr, *page);
-            // Resident (published) pages take their source reference here; the entry keeps
-            // it until the PUT settles.
+            let page = key.page;
             let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
-            match cache
+            // Resident (published) pages take their source reference here; the reference's
+            // entry keeps it until the PUT settles.
+            let (source, range) = cache
                 .host_mut()
                 .acquire_published_page(addr, page, page_bytes)
-            {
-                Ok((source, range)) => {
-                    debug_assert!(held.is_none(), "one PUT at a time carries a candidate");
-                    *held = Some(source);
-                    Some((
-                        page_key(cache.namespace(), cache.geometry(), addr, page),
-                        range,
-                    ))
-                }
-                Err(_) => {
-                    refs.remove(&h);
-                    None
-                }
-            }
+                .ok()?;
+            let previous = refs.insert(h, RefUse::PutSource(source));
+            debug_assert!(previous.is_none(), "one PUT at a time carries a candidate");
+            Some((
+                page_key(cache.namespace(), cache.geometry(), addr, page),
+                range,
+            ))
         };
         stm.plan_backups(&mut residency);
     }
@@ -132,16 +123,87 @@ mod tests {
                     page: 0
                 }
             );
-            assert!(matches!(
-                rig.s.refs.get(&cand.host),
-                Some(RefUse::PutSource { addr: b, page: 0, held: None }) if b == a
-            ));
+            assert!(
+                !rig.s.refs.contains_key(&cand.host),
+                "a candidate holds nothing until its PUT's dispatch"
+            );
             assert!(c.host().contains(*a), "published in Host L2");
         }
         // The same prompt hits the Device: nothing new is computed into a full block.
         let plan = rig.arrive(&[(2, &p, 4)]);
         assert!(plan.d2h.is_empty());
         assert!(rig.s.d2h_done().is_empty());
+    }
+
+    /// A PUT rejected for capacity gives its sources back when it settles, and its
+    /// re-offered candidates take new source references at their next dispatch.
+    #[test]
+    fn a_capacity_rejected_put_gives_its_sources_back_and_retakes_them_at_redispatch() {
+        let mut rig = rig(true);
+        let p = prompt(30, 4);
+        admit_after_a_miss(&mut rig, 1, &p);
+        let blocks = rig.s.d2h_blocks.clone();
+        assert_eq!(rig.d2h_done(), 8);
+        let puts = |plan: &Plan<StorageOp>| -> Vec<messages::OperationId> {
+            plan.storage
+                .iter()
+                .filter_map(|o| match o {
+                    StorageOp::Put(p) => Some(p.op),
+                    _ => None,
+                })
+                .collect()
+        };
+        let first = puts(&rig.round(Default::default()));
+        assert_eq!(first.len(), 1);
+        let sources = rig
+            .stm
+            .as_ref()
+            .unwrap()
+            .ticket(first[0])
+            .unwrap()
+            .refs
+            .clone();
+        let plan = rig.round(super::super::AgreedInputs {
+            completions: vec![StorageDone::put(
+                first[0],
+                vec![false; 8],
+                vec![0; 8],
+                vec![true; 8],
+                true,
+            )],
+            ..Default::default()
+        });
+        let mut again = puts(&plan);
+        assert!(
+            again.is_empty(),
+            "the capacity backoff holds the re-offered candidates"
+        );
+        assert!(sources.iter().all(|h| !rig.s.refs.contains_key(h)));
+        assert!(blocks.iter().all(|b| rig.s.cache().host().refs(*b) == 0));
+        // The capacity backoff passes; the candidates go out again.
+        for _ in 0..200 {
+            if !again.is_empty() {
+                break;
+            }
+            again = puts(&rig.round(Default::default()));
+        }
+        assert_eq!(again.len(), 1, "re-dispatched");
+        let resent = rig
+            .stm
+            .as_ref()
+            .unwrap()
+            .ticket(again[0])
+            .unwrap()
+            .refs
+            .clone();
+        assert_eq!(resent.len(), 8);
+        for h in &resent {
+            assert!(
+                matches!(rig.s.refs.get(h), Some(RefUse::PutSource(held)) if blocks.contains(&held.addr())),
+                "{h:?}"
+            );
+        }
+        assert!(blocks.iter().all(|b| rig.s.cache().host().refs(*b) == 1));
     }
 
     #[test]
@@ -163,6 +225,8 @@ mod tests {
         let mut rig = rig(true);
         let p = prompt(30, 3);
         admit_after_a_miss(&mut rig, 1, &p);
+        // Seven full blocks and the prompt end's tail.
+        let blocks = rig.s.d2h_blocks.clone();
         assert_eq!(rig.d2h_done(), 8);
         let plan = rig.round(Default::default());
         let puts: Vec<_> = plan
@@ -176,5 +240,28 @@ mod tests {
         assert_eq!(puts.len(), 1, "{:?}", plan.storage);
         assert_eq!(puts[0].keys.len(), 8);
         assert_eq!(puts[0].sources.len(), 8);
+        // Each source's reference holds its page's block from dispatch until the PUT
+        // settles.
+        let put = puts[0].op;
+        let sources = rig.stm.as_ref().unwrap().ticket(put).unwrap().refs.clone();
+        for h in &sources {
+            match rig.s.refs.get(h) {
+                Some(RefUse::PutSource(held)) => assert!(blocks.contains(&held.addr())),
+                None => panic!("source {h:?} holds nothing"),
+            }
+        }
+        assert!(blocks.iter().all(|b| rig.s.cache().host().refs(*b) == 1));
+        rig.round(super::super::AgreedInputs {
+            completions: vec![StorageDone::put(
+                put,
+                vec![true; 8],
+                vec![16; 8],
+                vec![false; 8],
+                true,
+            )],
+            ..Default::default()
+        });
+        assert!(sources.iter().all(|h| !rig.s.refs.contains_key(h)));
+        assert!(blocks.iter().all(|b| rig.s.cache().host().refs(*b) == 0));
     }
 }

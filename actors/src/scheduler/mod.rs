@@ -146,16 +146,13 @@ pub(crate) fn tail_kind(kind: crate::cache::GroupKind) -> usize {
     }
 }
 
-/// What a Host reference handed to the StorageTransferManager stands for.
+/// What a Host reference handed to the StorageTransferManager holds.
 #[derive(Debug)]
 enum RefUse {
-    /// A backup candidate: one page of a published Host block, and from its PUT's dispatch
-    /// until that PUT settles the source reference it holds (released without a probe).
-    PutSource {
-        addr: BlockAddr,
-        page: u32,
-        held: Option<HeldBlock<Host>>,
-    },
+    /// A dispatched PUT's source: the Host reference it holds from dispatch until the PUT
+    /// settles (released without a probe). A backup candidate's reference takes an entry
+    /// only then: its key names its page.
+    PutSource(HeldBlock<Host>),
 }
 
 /// A GET destination row's reference names its read and row itself (the top bit set, the
@@ -218,8 +215,9 @@ pub struct Scheduler {
     /// The per-row outcome of the GET being published (its buffer serves the next one).
     row_ok: Vec<bool>,
     free_scratch: Vec<u32>,
-    /// What each Host reference handed to the manager stands for (lookups only).
-    /// Looked up, inserted and removed, never walked (its order reaches no decision).
+    /// What each PUT source reference handed to the manager holds, from dispatch to
+    /// settlement (lookups only). Inserted and removed, never walked (its order reaches no
+    /// decision).
     refs: IdMap<HostRef, RefUse>,
     /// Reads in flight or held Ready, by read number (lookups only).
     reads: IdMap<u64, ReadRecord>,
@@ -374,11 +372,10 @@ impl Scheduler {
         self.l3_enabled
     }
 
-    fn new_ref(&mut self, use_: RefUse) -> HostRef {
+    /// A new backup candidate's reference (its entry in `refs` is made at dispatch).
+    fn new_ref(&mut self) -> HostRef {
         self.next_ref += 1;
-        let r = HostRef(self.next_ref);
-        self.refs.insert(r, use_);
-        r
+        HostRef(self.next_ref)
     }
 
     /// The span of a live request (None when untraced).
