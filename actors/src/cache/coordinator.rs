@@ -722,39 +722,12 @@ impl CacheCoordinator {
         hints: &ExistenceHints,
         host_credits: u32,
     ) -> Result<Reservation, CacheError> {
-        self.reserve_with_keys(whole, tokens, reusable, hints, host_credits, &[], &[])
-    }
-
-    /// `reserve_in` that takes a row's page key from the answered QUERY's `rows` and `keys`
-    /// (parallel: the keys that QUERY carried, made by `query_keys` of this namespace)
-    /// instead of making it again; a row the QUERY did not carry gets a new key.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reserve_with_keys(
-        &mut self,
-        whole: Option<&PromptIndex>,
-        tokens: &[u32],
-        reusable: u32,
-        hints: &ExistenceHints,
-        host_credits: u32,
-        queried: &[QueryRow],
-        keys: &[StorageKey],
-    ) -> Result<Reservation, CacheError> {
         let mut m = self.spare.take();
-        let r = self.reserve_into(
-            &mut m,
-            whole,
-            tokens,
-            reusable,
-            hints,
-            host_credits,
-            queried,
-            keys,
-        );
+        let r = self.reserve_into(&mut m, whole, tokens, reusable, hints, host_credits);
         self.spare.set(m);
         r
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn reserve_into(
         &mut self,
         m: &mut MatchScratch,
@@ -763,8 +736,6 @@ impl CacheCoordinator {
         reusable: u32,
         hints: &ExistenceHints,
         host_credits: u32,
-        queried: &[QueryRow],
-        keys: &[StorageKey],
     ) -> Result<Reservation, CacheError> {
         let MatchScratch {
             table,
@@ -772,11 +743,6 @@ impl CacheCoordinator {
             required,
             ..
         } = m;
-        let known = if queried.len() == keys.len() {
-            queried
-        } else {
-            &[]
-        };
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
         self.tail_candidates(tails, &index, tokens, 0, bound, &hints.tails);
@@ -813,7 +779,7 @@ impl CacheCoordinator {
                 continue;
             }
             table.required_blocks_into(&index, c, required);
-            if let Some(mut r) = self.try_allocate(required, dest + warm, known, keys)? {
+            if let Some(mut r) = self.try_allocate(required, dest + warm)? {
                 r.boundary = c.boundary;
                 r.device_tokens = device_tokens;
                 r.tail = tail;
@@ -855,8 +821,6 @@ impl CacheCoordinator {
         &mut self,
         required: &[RequiredBlock],
         charge: u32,
-        known: &[QueryRow],
-        keys: &[StorageKey],
     ) -> Result<Option<Reservation>, CacheError> {
         // Walked in place (no lists of their own): the warm Host dependencies, and the
         // destinations (every Assumed block), allocated in order.
@@ -885,9 +849,6 @@ impl CacheCoordinator {
                 .sum();
             rows.reserve_exact(pages);
             held.reserve_exact(dests().count());
-            // The QUERY's rows come in the order the reservation allocates them, so the next
-            // known row is checked first (one pass); a row out of that order is searched for.
-            let mut next_known = 0;
             for b in dests() {
                 let Ok((_, h, block)) = self.host.allocate_held(b.addr) else {
                     ok = false;
@@ -897,24 +858,8 @@ impl CacheCoordinator {
                 let g = b.addr.group as usize;
                 let spec = self.geometry.group(g);
                 for page in 0..spec.pages_per_block {
-                    let row = QueryRow {
-                        block: b.addr,
-                        page,
-                    };
-                    let at = if known.get(next_known) == Some(&row) {
-                        Some(next_known)
-                    } else {
-                        known.iter().position(|r| *r == row)
-                    };
-                    if let Some(i) = at {
-                        next_known = i + 1;
-                    }
-                    let key = at
-                        .and_then(|i| keys.get(i).cloned())
-                        .unwrap_or_else(|| page_key(&self.namespace, &self.geometry, b.addr, page));
-                    debug_assert_eq!(key, page_key(&self.namespace, &self.geometry, b.addr, page));
                     rows.push(TransferRow {
-                        key,
+                        key: page_key(&self.namespace, &self.geometry, b.addr, page),
                         block: b.addr,
                         page,
                         range: page_of(block, page, spec.page_bytes),

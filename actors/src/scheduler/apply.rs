@@ -145,7 +145,7 @@ impl Scheduler {
         // entry only at dispatch, and gives it back when its PUT settles (below).
         // Query results: reserve destinations and read, or fall back to local admission.
         for q in fx.query_results.drain(..) {
-            self.on_query_result(q.request, &q.exists, &q.keys, storage.as_deref_mut());
+            self.on_query_result(q.request, &q.exists, storage.as_deref_mut());
         }
         // Publication of fully successful, retired rows of attached GETs, request by
         // request in request order (sorted once; each request's references sorted for the

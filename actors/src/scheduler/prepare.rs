@@ -89,18 +89,18 @@ impl Scheduler {
         self.unprepared = ids;
     }
 
-    /// An attached QUERY was answered: `exists` per key, `keys` the keys it carried (the
-    /// GET reuses those it reads instead of making them again).
+    /// An attached QUERY was answered: `exists` per key, in its plan's row order (the
+    /// GET's keys are made again for the rows it reads: a page key is a reference count
+    /// and its numbers, as cheap as a copy).
     pub(super) fn on_query_result(
         &mut self,
         id: RequestId,
         exists: &[bool],
-        keys: &[messages::StorageKey],
         storage: Option<&mut StorageTransferManager>,
     ) {
         // The hints are made in the scheduler's own lists, kept for the next answer.
         let mut hints = std::mem::take(&mut self.hints);
-        self.answer_query(id, exists, keys, storage, &mut hints);
+        self.answer_query(id, exists, storage, &mut hints);
         self.hints = hints;
     }
 
@@ -109,7 +109,6 @@ impl Scheduler {
         &mut self,
         id: RequestId,
         exists: &[bool],
-        keys: &[messages::StorageKey],
         storage: Option<&mut StorageTransferManager>,
         hints: &mut ExistenceHints,
     ) {
@@ -152,22 +151,7 @@ impl Scheduler {
         let host_credits = stm.host_credits_left();
         let reusable = r.reusable();
         let whole = r.whole_index(&cfg.layout.geometry);
-        let queried = match &r.state {
-            RequestState::Prefetching {
-                phase: PrefetchPhase::Query(plan),
-                ..
-            } => &plan.rows[..],
-            _ => &[],
-        };
-        let res = match cache.reserve_with_keys(
-            Some(&whole),
-            &r.prompt,
-            reusable,
-            hints,
-            host_credits,
-            queried,
-            keys,
-        ) {
+        let res = match cache.reserve_in(Some(&whole), &r.prompt, reusable, hints, host_credits) {
             Ok(res) => res,
             Err(_) => {
                 self.end_prefetch(id, Some(FallbackReason::Miss));

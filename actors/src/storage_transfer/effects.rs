@@ -20,12 +20,12 @@ pub struct PublishRow {
     pub host: HostRef,
 }
 
-/// An attached QUERY's agreed existence mask (one entry per key).
+/// An attached QUERY's agreed existence mask (one entry per key, in the order the QUERY
+/// carried its keys).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueryResult {
     pub request: RequestId,
     pub op: OperationId,
-    pub keys: Vec<StorageKey>,
     pub exists: Vec<bool>,
 }
 

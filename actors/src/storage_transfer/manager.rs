@@ -515,19 +515,15 @@ impl StorageTransferManager {
         Some(t)
     }
 
-    /// The keys and references of ticket `op` after `settle` returned `settled` (moved out of
-    /// the removed ticket; copied when it stayed, which an Issued ticket never does).
-    fn settled_keys(
-        &self,
-        op: OperationId,
-        settled: Option<Ticket>,
-    ) -> (Vec<StorageKey>, Vec<HostRef>) {
+    /// The references of ticket `op` after `settle` returned `settled` (moved out of the
+    /// removed ticket; copied when it stayed, which an Issued ticket never does).
+    fn settled_refs(&self, op: OperationId, settled: Option<Ticket>) -> Vec<HostRef> {
         match settled {
-            Some(t) => (t.keys, t.refs),
+            Some(t) => t.refs,
             None => self
                 .tickets
                 .get(&op)
-                .map(|t| (t.keys.clone(), t.refs.clone()))
+                .map(|t| t.refs.clone())
                 .unwrap_or_default(),
         }
     }
@@ -550,9 +546,9 @@ impl StorageTransferManager {
                 }
             }
         }
-        // Only a QUERY's result and a PUT's outcome need the ticket's keys (and a PUT its
-        // references) after settlement: they move out of the settled ticket; a GET reads
-        // them from the ticket in place.
+        // Only a PUT's outcome needs the ticket's backup keys and references after
+        // settlement: they move out of the settled ticket; a GET reads its keys from the
+        // ticket in place.
         let backup_keys = if kind == StorageOpKind::Put {
             self.unpend_put_keys(op, epoch)
         } else {
@@ -567,17 +563,15 @@ impl StorageTransferManager {
         let clean = done.rejection.is_none() && done.error.is_none();
         match kind {
             StorageOpKind::Query => {
-                let settled = self.settle(op, fx);
+                self.settle(op, fx);
                 if let Some(request) = waiter {
                     if clean {
                         if let Some(w) = self.waits.get_mut(&request) {
                             w.phase = WaitPhase::QueryDone;
                         }
-                        let (keys, _) = self.settled_keys(op, settled);
                         fx.query_results.push(QueryResult {
                             request,
                             op,
-                            keys,
                             exists: std::mem::take(&mut done.success),
                         });
                     } else {
@@ -628,7 +622,7 @@ impl StorageTransferManager {
             }
             StorageOpKind::Put => {
                 let settled = self.settle(op, fx);
-                let (_, refs) = self.settled_keys(op, settled);
+                let refs = self.settled_refs(op, settled);
                 let rejected = done.capacity.iter().any(|c| *c);
                 if rejected && epoch == self.epoch {
                     self.capacity_backoff_us = (self.capacity_backoff_us * 2)
@@ -730,18 +724,10 @@ impl StorageTransferManager {
         let keys = keys();
         debug_assert_eq!(keys.len(), n, "the admitted key count");
         let op = self.ids.next_id();
+        // The keys go out with the operation only: the ticket counts them.
         self.tickets.insert(
             op,
-            Ticket::new(
-                op,
-                StorageOpKind::Query,
-                CreditClass::Read,
-                keys.clone(),
-                Vec::new(),
-                Some(request),
-                self.epoch,
-                self.now_us,
-            ),
+            Ticket::query(op, keys.len(), request, self.epoch, self.now_us),
         );
         let deadline_us = soft_deadline_us(&self.cfg, self.now_us);
         self.lease_serial += 1;

@@ -872,8 +872,8 @@ fn determinism_same_trace_same_outputs() {
             for q in &fx.query_results {
                 if let Ok(g) = m.issue_get(
                     q.request,
-                    q.keys.clone(),
-                    dests(q.request.0 * 10, q.keys.len()),
+                    keys(&format!("q{}-", q.request.0), q.exists.len()),
+                    dests(q.request.0 * 10, q.exists.len()),
                 ) {
                     ops.push(format!("{:?}", g));
                     pending.push(get_ok(g.op, g.keys.len()));

@@ -30,9 +30,11 @@ pub struct Ticket {
     pub op: OperationId,
     pub kind: StorageOpKind,
     pub class: CreditClass,
-    /// Per row of a QUERY or GET: its object key (empty for a PUT, whose rows are named
-    /// by `backup`).
+    /// Per row of a GET: its object key (empty for a QUERY, whose keys went out with it,
+    /// and for a PUT, whose rows are named by `backup`).
     pub keys: Vec<StorageKey>,
+    /// The rows a completion must report: a QUERY's keys, a GET's or PUT's references.
+    rows: usize,
     /// Per row of a GET or PUT: the Host reference (destination or source); empty for a
     /// QUERY.
     pub refs: Vec<HostRef>,
@@ -70,11 +72,16 @@ impl Ticket {
     ) -> Self {
         let held = vec![true; refs.len()];
         let charged_hosts = refs.len() as u32;
+        let rows = match kind {
+            StorageOpKind::Query => keys.len(),
+            StorageOpKind::Get | StorageOpKind::Put => refs.len(),
+        };
         Self {
             op,
             kind,
             class,
             keys,
+            rows,
             refs,
             held,
             charged_operations: 1,
@@ -98,12 +105,31 @@ impl Ticket {
         self
     }
 
+    /// A QUERY's ticket: `keys` rows (the keys themselves go out with the operation).
+    pub fn query(
+        op: OperationId,
+        keys: usize,
+        waiter: RequestId,
+        epoch: u64,
+        issued_us: u64,
+    ) -> Self {
+        let mut t = Self::new(
+            op,
+            StorageOpKind::Query,
+            CreditClass::Read,
+            Vec::new(),
+            Vec::new(),
+            Some(waiter),
+            epoch,
+            issued_us,
+        );
+        t.rows = keys;
+        t
+    }
+
     /// The rows a completion must report: a QUERY's keys, a GET's or PUT's references.
     pub fn rows(&self) -> usize {
-        match self.kind {
-            StorageOpKind::Query => self.keys.len(),
-            StorageOpKind::Get | StorageOpKind::Put => self.refs.len(),
-        }
+        self.rows
     }
 
     /// References the ticket still holds, in key order.
