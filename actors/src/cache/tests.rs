@@ -695,6 +695,30 @@ mod props {
         ]
     }
 
+    /// Places every block a boundary in 1..=`upto` of `p` could require: the i-th block
+    /// (in address order) on the Device and/or in Host L2 as `tier(i)` says.
+    fn place_required(
+        c: &mut CacheCoordinator,
+        p: &[u32],
+        upto: u32,
+        mut tier: impl FnMut(usize) -> (bool, bool),
+    ) {
+        let geo = c.geometry().clone();
+        let mut every = BTreeSet::new();
+        for b in 1..=upto {
+            every.extend(naive_required(&geo, p, b));
+        }
+        for (i, a) in every.iter().enumerate() {
+            let (device, host) = tier(i);
+            if device {
+                c.insert_device(&[*a]).unwrap();
+            }
+            if host {
+                c.publish_d2h(&[*a]).unwrap();
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -711,18 +735,12 @@ mod props {
             let geo = c.geometry().clone();
             let bound = bound.min(len as u32);
             // Every block any candidate could require, placed at random.
-            let mut every = BTreeSet::new();
-            for b in 1..=bound {
-                every.extend(naive_required(&geo, &p, b));
-            }
-            for (i, a) in every.iter().enumerate() {
-                match seeds[i % seeds.len()] {
-                    0 => { c.insert_device(&[*a]).unwrap(); }
-                    1 => { c.publish_d2h(&[*a]).unwrap(); }
-                    2 => { c.insert_device(&[*a]).unwrap(); c.publish_d2h(&[*a]).unwrap(); }
-                    _ => {}
-                }
-            }
+            place_required(&mut c, &p, bound, |i| match seeds[i % seeds.len()] {
+                0 => (true, false),
+                1 => (false, true),
+                2 => (true, true),
+                _ => (false, false),
+            });
             let have = |a: &BlockAddr| c.device().contains(*a) || c.host().contains(*a);
             let on_dev = |a: &BlockAddr| c.device().contains(*a);
             let l = geo.parent_tokens();
@@ -756,19 +774,13 @@ mod props {
             let p: Vec<u32> = (0..len as u32).map(|i| (i * 7 + i / 5) % vocab).collect();
             let geo = c.geometry().clone();
             let reusable = (len as u32).saturating_sub(1);
-            let mut every = BTreeSet::new();
-            for b in 1..=reusable {
-                every.extend(naive_required(&geo, &p, b));
-            }
             // Mostly present (so that coverage happens), sometimes missing.
-            for (i, a) in every.iter().enumerate() {
-                match seeds[i % seeds.len()] {
-                    0 | 3 => { c.insert_device(&[*a]).unwrap(); }
-                    1 => { c.publish_d2h(&[*a]).unwrap(); }
-                    2 => { c.insert_device(&[*a]).unwrap(); c.publish_d2h(&[*a]).unwrap(); }
-                    _ => {}
-                }
-            }
+            place_required(&mut c, &p, reusable, |i| match seeds[i % seeds.len()] {
+                0 | 3 => (true, false),
+                1 => (false, true),
+                2 => (true, true),
+                _ => (false, false),
+            });
             if cover {
                 // The bound's own requirement held on the Device (the rest stays random).
                 for a in naive_required(&geo, &p, reusable) {
@@ -842,18 +854,12 @@ mod props {
             let p: Vec<u32> = (0..len as u32).map(|i| (i * 7 + i / 5) % vocab).collect();
             let geo = c.geometry().clone();
             let reusable = (len as u32).saturating_sub(1);
-            let mut every = BTreeSet::new();
-            for b in 1..=reusable {
-                every.extend(naive_required(&geo, &p, b));
-            }
-            for (i, a) in every.iter().enumerate() {
-                match seeds[i % seeds.len()] {
-                    0 => { c.insert_device(&[*a]).unwrap(); }
-                    1 => { c.publish_d2h(&[*a]).unwrap(); }
-                    2 => { c.insert_device(&[*a]).unwrap(); c.publish_d2h(&[*a]).unwrap(); }
-                    _ => {}
-                }
-            }
+            place_required(&mut c, &p, reusable, |i| match seeds[i % seeds.len()] {
+                0 => (true, false),
+                1 => (false, true),
+                2 => (true, true),
+                _ => (false, false),
+            });
             let plan = c.plan_query(&p, reusable, ALL, NO_LIMITS);
             // Some pages of a block may exist; the block exists only when all of them do.
             let pages: Vec<bool> = (0..plan.rows.len()).map(|i| exists[i % exists.len()]).collect();

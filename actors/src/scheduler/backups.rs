@@ -100,6 +100,37 @@ mod tests {
         })
     }
 
+    /// A request of prompt `seed` computed after a miss and its D2H blocks offered (seven
+    /// full ones and the prompt end's tail, returned); the next round's plan dispatches
+    /// them.
+    fn offered(rig: &mut Rig, seed: u32) -> Vec<crate::cache::keys::BlockAddr> {
+        admit_after_a_miss(rig, 1, &prompt(30, seed));
+        let blocks = rig.s.d2h_blocks.clone();
+        assert_eq!(rig.d2h_done(), 8);
+        blocks
+    }
+
+    /// The operations of a plan's PUTs.
+    fn put_ops(plan: &Plan<StorageOp>) -> Vec<messages::OperationId> {
+        puts(plan).iter().map(|p| p.op).collect()
+    }
+
+    /// The PUTs of a plan.
+    fn puts(plan: &Plan<StorageOp>) -> Vec<&messages::StoragePutOp> {
+        plan.storage
+            .iter()
+            .filter_map(|o| match o {
+                StorageOp::Put(p) => Some(p),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The source references of PUT `op` (its ticket's).
+    fn put_sources(rig: &Rig, op: messages::OperationId) -> Vec<crate::storage_transfer::HostRef> {
+        rig.stm.as_ref().unwrap().ticket(op).unwrap().refs.clone()
+    }
+
     #[test]
     fn d2h_done_yields_candidates_only_for_computed_blocks() {
         let mut rig = rig(true);
@@ -140,29 +171,10 @@ mod tests {
     #[test]
     fn a_capacity_rejected_put_gives_its_sources_back_and_retakes_them_at_redispatch() {
         let mut rig = rig(true);
-        let p = prompt(30, 4);
-        admit_after_a_miss(&mut rig, 1, &p);
-        let blocks = rig.s.d2h_blocks.clone();
-        assert_eq!(rig.d2h_done(), 8);
-        let puts = |plan: &Plan<StorageOp>| -> Vec<messages::OperationId> {
-            plan.storage
-                .iter()
-                .filter_map(|o| match o {
-                    StorageOp::Put(p) => Some(p.op),
-                    _ => None,
-                })
-                .collect()
-        };
-        let first = puts(&rig.round(Default::default()));
+        let blocks = offered(&mut rig, 4);
+        let first = put_ops(&rig.round(Default::default()));
         assert_eq!(first.len(), 1);
-        let sources = rig
-            .stm
-            .as_ref()
-            .unwrap()
-            .ticket(first[0])
-            .unwrap()
-            .refs
-            .clone();
+        let sources = put_sources(&rig, first[0]);
         let plan = rig.round(super::super::AgreedInputs {
             completions: vec![StorageDone::put(
                 first[0],
@@ -173,7 +185,7 @@ mod tests {
             )],
             ..Default::default()
         });
-        let mut again = puts(&plan);
+        let mut again = put_ops(&plan);
         assert!(
             again.is_empty(),
             "the capacity backoff holds the re-offered candidates"
@@ -185,17 +197,10 @@ mod tests {
             if !again.is_empty() {
                 break;
             }
-            again = puts(&rig.round(Default::default()));
+            again = put_ops(&rig.round(Default::default()));
         }
         assert_eq!(again.len(), 1, "re-dispatched");
-        let resent = rig
-            .stm
-            .as_ref()
-            .unwrap()
-            .ticket(again[0])
-            .unwrap()
-            .refs
-            .clone();
+        let resent = put_sources(&rig, again[0]);
         assert_eq!(resent.len(), 8);
         for h in &resent {
             assert!(
@@ -223,27 +228,16 @@ mod tests {
     #[test]
     fn offered_candidates_are_dispatched_as_one_put_of_resident_pages() {
         let mut rig = rig(true);
-        let p = prompt(30, 3);
-        admit_after_a_miss(&mut rig, 1, &p);
-        // Seven full blocks and the prompt end's tail.
-        let blocks = rig.s.d2h_blocks.clone();
-        assert_eq!(rig.d2h_done(), 8);
+        let blocks = offered(&mut rig, 3);
         let plan = rig.round(Default::default());
-        let puts: Vec<_> = plan
-            .storage
-            .iter()
-            .filter_map(|o| match o {
-                StorageOp::Put(p) => Some(p),
-                _ => None,
-            })
-            .collect();
+        let puts = puts(&plan);
         assert_eq!(puts.len(), 1, "{:?}", plan.storage);
         assert_eq!(puts[0].keys.len(), 8);
         assert_eq!(puts[0].sources.len(), 8);
         // Each source's reference holds its page's block from dispatch until the PUT
         // settles.
         let put = puts[0].op;
-        let sources = rig.stm.as_ref().unwrap().ticket(put).unwrap().refs.clone();
+        let sources = put_sources(&rig, put);
         for h in &sources {
             match rig.s.refs.get(h) {
                 Some(RefUse::PutSource(held)) => assert!(blocks.contains(&held.addr())),
