@@ -110,9 +110,9 @@ pub fn pack<'s>(
     pack_with(scratch, table, index, candidates, credits, true)
 }
 
-/// `pack`; `skip_covered` passes over the fallbacks that add nothing (`adds_nothing`)
-/// without working out their extra blocks (false only in the test that checks it changes
-/// no packing).
+/// `pack`; `skip_covered` passes over the fallbacks that add nothing (`adds_nothing`, or
+/// an aligned fallback of Full-history groups) without working out their extra blocks
+/// (false only in the test that checks it changes no packing).
 fn pack_with<'s>(
     scratch: &'s mut PackScratch,
     table: &MatchTable,
@@ -147,7 +147,18 @@ fn pack_with<'s>(
     boundaries.clear();
     blocks.clear();
     let mut keys = 0;
+    // With Full history only, an aligned fallback (below the primary) requires a subset of
+    // the primary's blocks: it fits whatever the primary fits and adds nothing, so it is
+    // recorded without its tally or its extra blocks.
+    let nested = skip_covered && table.full_history_only();
     for &c in &candidates[pi..] {
+        if nested && c.tail.is_none() && !boundaries.is_empty() {
+            boundaries.push(PackedBoundary {
+                candidate: c,
+                new_keys: 0,
+            });
+            continue;
+        }
         // A fallback is reserved alone: its own Host charge must fit.
         if !boundaries.is_empty() && fits(c).2 > credits.host_blocks {
             continue;
@@ -272,12 +283,17 @@ mod tests {
     use crate::cache::tail::TailCandidate;
 
     /// Skipping the fallbacks that add nothing changes no packing: the same boundaries, new
-    /// keys, blocks and charge as working out every fallback's extra blocks, over Full,
-    /// sliding-window and State groups, tails, mixed availability and tight credits.
+    /// keys, blocks and charge as working out every fallback's extra blocks, over Full
+    /// (one group, and two of different block sizes), sliding-window and State groups,
+    /// tails, mixed availability and tight credits.
     #[test]
     fn skipping_fallbacks_that_add_nothing_changes_no_packing() {
         let geometries = [
             vec![GroupSpec::full("attn", 4, 2, 64)],
+            vec![
+                GroupSpec::full("attn", 4, 2, 64),
+                GroupSpec::full("wide", 12, 1, 64),
+            ],
             vec![
                 GroupSpec::full("attn", 16, 1, 64),
                 GroupSpec::state("ssm", 32, 8),

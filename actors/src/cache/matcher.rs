@@ -478,6 +478,12 @@ impl MatchTable {
         self.groups.len()
     }
 
+    /// Whether every group keeps Full history: a boundary then requires every block below
+    /// it, so a shorter aligned boundary requires a subset of a longer one's blocks.
+    pub fn full_history_only(&self) -> bool {
+        self.groups.iter().all(|g| g.kind == GroupKind::Full)
+    }
+
     fn tail_block_at(&self, i: usize, g: usize) -> Option<(BlockAddr, Have)> {
         self.tail_blocks[i * self.groups.len() + g]
     }
