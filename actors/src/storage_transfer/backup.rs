@@ -13,6 +13,7 @@ use super::HostRef;
 use crate::id_map::IdMap;
 #[cfg(test)]
 use messages::StorageKey;
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 /// A lookup-only table keyed by backup key (never iterated where the order could reach a
@@ -195,10 +196,10 @@ impl BackupQueue {
     }
 
     fn unqueue(&mut self, key: &BackupKey) {
-        if let Some(rec) = self.keys.get_mut(key) {
-            rec.queued = false;
-            if rec.idle() {
-                self.keys.remove(key);
+        if let Entry::Occupied(mut e) = self.keys.entry(*key) {
+            e.get_mut().queued = false;
+            if e.get().idle() {
+                e.remove();
             }
         }
     }
@@ -213,8 +214,9 @@ impl BackupQueue {
     ) -> Option<(BackupCandidate, Option<T>)> {
         let c = self.queue.pop_front()?;
         let taken = take(&c);
-        match self.keys.get_mut(&c.key) {
-            Some(rec) => {
+        match self.keys.entry(c.key) {
+            Entry::Occupied(mut e) => {
+                let rec = e.get_mut();
                 // The queue holds each key once and none a pending PUT covers.
                 debug_assert!(rec.queued && !rec.pending_in(epoch));
                 rec.queued = false;
@@ -226,10 +228,10 @@ impl BackupQueue {
                     };
                     rec.pending_epoch = epoch;
                 } else if rec.idle() {
-                    self.keys.remove(&c.key);
+                    e.remove();
                 }
             }
-            None => debug_assert!(false, "a queued candidate's key has a record"),
+            Entry::Vacant(_) => debug_assert!(false, "a queued candidate's key has a record"),
         }
         Some((c, taken))
     }
@@ -237,11 +239,12 @@ impl BackupQueue {
     /// A PUT of clear epoch `epoch` that carried `key` completed: one PUT fewer covers it
     /// (a newer epoch's PUTs are not this one's to count down).
     pub fn unpend(&mut self, key: &BackupKey, epoch: u64) {
-        if let Some(rec) = self.keys.get_mut(key) {
+        if let Entry::Occupied(mut e) = self.keys.entry(*key) {
+            let rec = e.get_mut();
             if rec.pending_in(epoch) {
                 rec.pending -= 1;
                 if rec.idle() {
-                    self.keys.remove(key);
+                    e.remove();
                 }
             }
         }
