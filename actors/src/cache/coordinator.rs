@@ -661,7 +661,7 @@ impl CacheCoordinator {
             bound.min(local.saturating_add(limits.lookahead_tokens))
         };
         candidates.clear();
-        candidates.extend(table.candidates_iter(local).filter(|c| c.boundary <= hi));
+        candidates.extend(table.candidates_in(local, hi));
         match candidates.first() {
             Some(c) if c.boundary - local >= limits.min_extension_tokens.max(1) => {}
             _ => {
@@ -758,10 +758,7 @@ impl CacheCoordinator {
         let device_tokens = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
         let mut longest_legal = None;
         let ceiling = table.legal_ceiling(Have::Assumed);
-        for c in table.candidates_iter(device_tokens) {
-            if c.boundary > ceiling {
-                continue;
-            }
+        for c in table.candidates_in(device_tokens, ceiling) {
             let t = table.tally(c);
             if !t.legal_at(Have::Assumed) {
                 continue;

@@ -310,9 +310,15 @@ impl MatchTable {
 
     /// `candidates` without collecting them (longest first, allocation-free).
     pub fn candidates_iter(&self, lo: u32) -> impl Iterator<Item = Candidate> + '_ {
+        self.candidates_in(lo, u32::MAX)
+    }
+
+    /// The candidates in (lo, top], longest first: the walk starts at `top` (the candidates
+    /// above it are never visited, as a legal ceiling or a lookahead bound allows).
+    pub fn candidates_in(&self, lo: u32, top: u32) -> impl Iterator<Item = Candidate> + '_ {
         let l = self.parent_tokens;
-        let mut ti = self.tails.len();
-        let mut a = self.hi / l * l;
+        let mut ti = self.tails.partition_point(|t| t.boundary <= top);
+        let mut a = self.hi.min(top) / l * l;
         let mut done = false;
         std::iter::from_fn(move || loop {
             if done {
@@ -376,16 +382,14 @@ impl MatchTable {
 
     /// The longest legal candidate above `lo` at level `min` (boundary 0 when none).
     pub fn longest(&self, lo: u32, min: Have) -> Option<Candidate> {
-        let ceiling = self.legal_ceiling(min);
-        self.candidates_iter(lo)
-            .filter(|c| c.boundary <= ceiling)
+        self.candidates_in(lo, self.legal_ceiling(min))
             .find(|c| self.legal(*c, min))
     }
 
     /// The highest boundary a candidate legal at `min` can have: a Full-history group needs
     /// every complete block below the boundary at `min` or better (and its tail block, in
     /// the block after them), so no boundary past its first block below `min` is legal.
-    /// Candidates above it are passed over without a tally (u32::MAX: no Full group).
+    /// Candidates above it are never visited (u32::MAX: no Full group).
     pub fn legal_ceiling(&self, min: Have) -> u32 {
         self.ceilings[min as usize]
     }
@@ -402,10 +406,7 @@ impl MatchTable {
         debug_assert!(strict >= min);
         let (ceiling_min, ceiling_strict) = (self.legal_ceiling(min), self.legal_ceiling(strict));
         let mut first = None;
-        for c in self.candidates_iter(lo) {
-            if c.boundary > ceiling_min {
-                continue;
-            }
+        for c in self.candidates_in(lo, ceiling_min) {
             let t = self.tally(c);
             if first.is_none() && t.legal_at(min) {
                 first = Some(c);

@@ -906,10 +906,16 @@ fn the_one_pass_longest_pair_agrees_with_two_scans() {
     let p = prompt(23, 200);
     let index = PromptIndex::new(&g, &p, p.len() as u32);
     let levels = [Have::Missing, Have::Assumed, Have::Host, Have::Device];
+    // Tail candidates between and at the aligned boundaries (32-token parent blocks).
+    let tails: Vec<_> = [20, 61, 97, 150, 199]
+        .iter()
+        .filter_map(|b| super::tail::TailCandidate::at(&index, &p, *b))
+        .collect();
+    assert_eq!(tails.len(), 5);
     // Availability patterns: a block's level from its hash and a seed (mixed levels,
     // Device prefixes, nothing, everything).
     for seed in 0u64..64 {
-        let table = MatchTable::build(&g, &index, &p, 199, &[], None, |a| {
+        let table = MatchTable::build(&g, &index, &p, 199, &tails, None, |a| {
             let h = a.hash.as_u128() as u64;
             match seed % 4 {
                 0 => levels[((h ^ seed.wrapping_mul(0x9E37)) % 4) as usize],
@@ -938,6 +944,30 @@ fn the_one_pass_longest_pair_agrees_with_two_scans() {
                         .candidates_iter(lo)
                         .filter(|c| c.boundary > ceiling)
                         .all(|c| !table.legal(c, level)));
+                }
+                // A walk that starts at `top` yields the candidates at or below it, in order.
+                for top in [
+                    0,
+                    lo,
+                    lo + 1,
+                    20,
+                    31,
+                    32,
+                    33,
+                    60,
+                    61,
+                    62,
+                    150,
+                    198,
+                    199,
+                    u32::MAX,
+                ] {
+                    let below: Vec<_> = table
+                        .candidates_iter(lo)
+                        .filter(|c| c.boundary <= top)
+                        .collect();
+                    let walked: Vec<_> = table.candidates_in(lo, top).collect();
+                    assert_eq!(walked, below, "seed {seed} lo {lo} top {top}");
                 }
             }
         }
