@@ -177,16 +177,19 @@ pub struct ExistenceHints {
     pub tails: Vec<TailCandidate>,
 }
 
-/// One GET (or PUT) row: a page key and its Host range.
+/// One GET (or PUT) row: a page and its Host range (its object key is kept in a list of
+/// its own beside the rows, which the operation takes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransferRow {
-    pub key: StorageKey,
     pub block: BlockAddr,
     pub page: u32,
     pub range: HostRange,
     /// Whether this rank copies the row (page-cyclic owner translation).
     pub locally_owned: bool,
 }
+
+/// A PUT's source rows and, beside them, each row's page key.
+pub type SourceRows = (Vec<TransferRow>, Vec<StorageKey>);
 
 /// Host destinations reserved for a GET. Holds one reference per destination block (the GET
 /// ticket's); no warm dependency stays pinned. Consumed by `publish_host` or `abandon`.
@@ -196,6 +199,8 @@ pub struct Reservation {
     pub device_tokens: u32,
     pub tail: Option<TailCandidate>,
     pub rows: Vec<TransferRow>,
+    /// Each row's page key, in row order: the GET takes the list (no copy of a key).
+    pub keys: Vec<StorageKey>,
     /// Destination blocks, each one held reference (its slot kept: published or released
     /// without probing the index again).
     pub destinations: Vec<HeldBlock<Host>>,
@@ -208,9 +213,6 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    pub fn keys(&self) -> Vec<StorageKey> {
-        self.rows.iter().map(|r| r.key.clone()).collect()
-    }
     pub fn host_ranges(&self) -> Vec<HostRange> {
         self.rows.iter().map(|r| r.range).collect()
     }
@@ -805,6 +807,7 @@ impl CacheCoordinator {
             device_tokens,
             tail,
             rows: Vec::new(),
+            keys: Vec::new(),
             destinations: Vec::new(),
             charged_host_blocks: 0,
             shortened,
@@ -839,12 +842,13 @@ impl CacheCoordinator {
         // is (its Host range comes with the allocation).
         let mut held = Vec::new();
         let mut ok = enough;
-        let mut rows = Vec::new();
+        let (mut rows, mut keys) = (Vec::new(), Vec::new());
         if enough {
             let pages: usize = dests()
                 .map(|b| self.geometry.group(b.addr.group as usize).pages_per_block as usize)
                 .sum();
             rows.reserve_exact(pages);
+            keys.reserve_exact(pages);
             held.reserve_exact(dests().count());
             for b in dests() {
                 let Ok((_, h, block)) = self.host.allocate_held(b.addr) else {
@@ -855,8 +859,8 @@ impl CacheCoordinator {
                 let g = b.addr.group as usize;
                 let spec = self.geometry.group(g);
                 for page in 0..spec.pages_per_block {
+                    keys.push(page_key(&self.namespace, &self.geometry, b.addr, page));
                     rows.push(TransferRow {
-                        key: page_key(&self.namespace, &self.geometry, b.addr, page),
                         block: b.addr,
                         page,
                         range: page_of(block, page, spec.page_bytes),
@@ -872,6 +876,7 @@ impl CacheCoordinator {
                 device_tokens: 0,
                 tail: None,
                 rows,
+                keys,
                 destinations: held,
                 charged_host_blocks: charge,
                 shortened: false,
@@ -1065,24 +1070,25 @@ impl CacheCoordinator {
         Ok(new)
     }
 
-    /// PUT dispatch: rechecks Host residency and takes one source reference per block.
-    /// None (and no reference) when any block is no longer resident.
+    /// PUT dispatch: rechecks Host residency and takes one source reference per block;
+    /// the rows and their page keys. None (and no reference) when any block is no longer
+    /// resident.
     pub fn backup_sources(
         &mut self,
         blocks: &[PlacedBlock],
-    ) -> Result<Option<Vec<TransferRow>>, CacheError> {
+    ) -> Result<Option<SourceRows>, CacheError> {
         if !blocks.iter().all(|b| self.host.contains(b.addr)) {
             return Ok(None);
         }
         let addrs: Vec<BlockAddr> = blocks.iter().map(|b| b.addr).collect();
         self.acquire_host_refs(&addrs)?;
-        let mut rows = Vec::new();
+        let (mut rows, mut keys) = (Vec::new(), Vec::new());
         for b in blocks {
             let g = b.addr.group as usize;
             let spec = self.geometry.group(g);
             for page in 0..spec.pages_per_block {
+                keys.push(page_key(&self.namespace, &self.geometry, b.addr, page));
                 rows.push(TransferRow {
-                    key: page_key(&self.namespace, &self.geometry, b.addr, page),
                     block: b.addr,
                     page,
                     range: self.host.page_range(b.addr, page, spec.page_bytes)?,
@@ -1090,7 +1096,7 @@ impl CacheCoordinator {
                 });
             }
         }
-        Ok(Some(rows))
+        Ok(Some((rows, keys)))
     }
 
     /// A full clear (cache clear, namespace rotation, weight update) without draining:

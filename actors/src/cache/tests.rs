@@ -556,7 +556,7 @@ fn page_sharded_rows_follow_owner_translation_with_replica_keys() {
         let owned: Vec<bool> = r.rows.iter().map(|x| x.locally_owned).collect();
         let expect: Vec<bool> = (0..8).map(|i| (i % 2) as usize == rank % 2).collect();
         assert_eq!(owned, expect);
-        keys.push(r.keys());
+        keys.push(r.keys.clone());
     }
     assert_eq!(keys[0], keys[1], "one payload replica, one set of keys");
     assert_eq!(keys[2], keys[3]);
@@ -580,7 +580,7 @@ fn identical_inputs_give_identical_plans_and_reservations() {
         c.publish_d2h(&c.computed_blocks(&p, 160)).unwrap();
         let plan = c.plan_query(&p, 300, ALL, NO_LIMITS);
         let r = c.reserve(&p, 300, &all_hints(&plan), 60).unwrap();
-        (plan, r.keys(), r.host_ranges(), r.boundary)
+        (plan, r.keys.clone(), r.host_ranges(), r.boundary)
     };
     assert_eq!(run(), run());
 }
@@ -596,8 +596,8 @@ fn backup_sources_recheck_residency_and_hold_references() {
         c.publish_d2h(&blocks).unwrap().is_empty(),
         "already resident"
     );
-    let rows = c.backup_sources(&placed).unwrap().unwrap();
-    assert_eq!(rows.len(), 2);
+    let (rows, keys) = c.backup_sources(&placed).unwrap().unwrap();
+    assert_eq!((rows.len(), keys.len()), (2, 2));
     assert!(rows.iter().all(|r| r.locally_owned));
     assert_eq!(rows[1].range, c.host().host_range(blocks[1]).unwrap());
     // Sources are held: a new D2H cannot evict them.
@@ -625,11 +625,11 @@ fn page_sharded_backup_rows_follow_owner_translation() {
     let placed = c.placed_blocks(&p, 32);
     let blocks: Vec<BlockAddr> = placed.iter().map(|b| b.addr).collect();
     c.publish_d2h(&blocks).unwrap();
-    let rows = c.backup_sources(&placed).unwrap().unwrap();
+    let (rows, keys) = c.backup_sources(&placed).unwrap().unwrap();
     // Pages 0..6 of the group's sequence, dealt over ranks 0 and 1: rank 1 owns the odd ones.
     let owned: Vec<bool> = rows.iter().map(|r| r.locally_owned).collect();
     assert_eq!(owned, vec![false, true, false, true, false, true]);
-    assert!(rows.iter().all(|r| r.key.text().ends_with("-s0")));
+    assert!(keys.iter().all(|k| k.text().ends_with("-s0")));
 }
 
 // ---------------------------------------------------------------- property tests
@@ -888,13 +888,14 @@ fn a_reservations_rows_carry_the_keys_its_query_asked_for() {
     let hints = all_hints(&plan);
     let r = c.reserve(&p, 160, &hints, 100).unwrap();
     assert!(!r.rows.is_empty());
-    for row in &r.rows {
+    assert_eq!(r.keys.len(), r.rows.len(), "one key per row");
+    for (row, key) in r.rows.iter().zip(&r.keys) {
         let i = plan
             .rows
             .iter()
             .position(|q| q.block == row.block && q.page == row.page)
             .expect("a queried row");
-        assert_eq!(row.key, plan.keys[i], "the queried key");
+        assert_eq!(*key, plan.keys[i], "the queried key");
     }
 }
 

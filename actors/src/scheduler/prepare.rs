@@ -14,7 +14,7 @@ use crate::cache::credits::QueryCredits;
 use crate::cache::geometry::CacheGeometry;
 use crate::frontend::FallbackReason;
 use crate::storage_transfer::trace::RequestTrace;
-use crate::storage_transfer::{Refusal, StorageTransferManager};
+use crate::storage_transfer::{Destinations, Refusal, StorageTransferManager};
 use messages::RequestId;
 use std::collections::BTreeSet;
 
@@ -151,7 +151,8 @@ impl Scheduler {
         let host_credits = stm.host_credits_left();
         let reusable = r.reusable();
         let whole = r.whole_index(&cfg.layout.geometry);
-        let res = match cache.reserve_in(Some(&whole), &r.prompt, reusable, hints, host_credits) {
+        let mut res = match cache.reserve_in(Some(&whole), &r.prompt, reusable, hints, host_credits)
+        {
             Ok(res) => res,
             Err(_) => {
                 self.end_prefetch(id, Some(FallbackReason::Miss));
@@ -170,14 +171,13 @@ impl Scheduler {
         }
         *next_read += 1;
         let read = *next_read;
-        let dests: Vec<(crate::storage_transfer::HostRef, messages::HostRange)> = res
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(i, row)| (super::get_row_ref(read, i), row.range))
-            .collect();
-        let rows = dests.len();
-        let keys = res.keys();
+        let rows = res.rows.len();
+        let mut dests = Destinations::with_capacity(rows);
+        for (i, row) in res.rows.iter().enumerate() {
+            dests.push(super::get_row_ref(read, i), row.range);
+        }
+        // The GET takes the reservation's page keys (its rows keep their pages and ranges).
+        let keys = std::mem::take(&mut res.keys);
         let parent = trace.request_span(id).cloned();
         match stm.plan_get(id, keys, dests, parent) {
             Ok(_) => {

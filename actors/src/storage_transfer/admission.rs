@@ -6,9 +6,8 @@
 
 use super::credits::{CreditClass, Credits};
 use super::manager::Refusal;
-use super::HostRef;
+use super::{Destinations, HostRef};
 use messages::settings::StorageConfig;
-use messages::HostRange;
 
 /// The manager's planning gates at the start of a plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -74,22 +73,23 @@ pub fn admit_get(
     credits: &mut Credits,
     cfg: &StorageConfig,
     keys: usize,
-    destinations: &[(HostRef, HostRange)],
+    destinations: &Destinations,
 ) -> Result<(), Refusal> {
     if gates.quarantined {
         return Err(Refusal::Disabled);
     }
     check_keys(cfg, keys)?;
-    if keys != destinations.len() {
+    let Destinations { refs, ranges } = destinations;
+    if keys != refs.len() || keys != ranges.len() {
         return Err(Refusal::Malformed(format!(
             "{keys} keys but {} destinations",
             destinations.len()
         )));
     }
-    if destinations.iter().any(|(_, r)| r.len == 0) {
+    if ranges.iter().any(|r| r.len == 0) {
         return Err(Refusal::Malformed("empty Host range".into()));
     }
-    if !distinct_refs(destinations) {
+    if !distinct_refs(refs) {
         return Err(Refusal::Malformed("a Host reference appears twice".into()));
     }
     if gates.gate_closed {
@@ -115,11 +115,11 @@ pub fn backup_room(credits: &Credits, cfg: &StorageConfig) -> usize {
 
 /// Whether no Host reference appears twice. The scheduler hands out references in
 /// ascending order, so one pass usually decides; any other order is sorted in a copy.
-fn distinct_refs(destinations: &[(HostRef, HostRange)]) -> bool {
-    if destinations.windows(2).all(|w| w[0].0 < w[1].0) {
+fn distinct_refs(refs: &[HostRef]) -> bool {
+    if refs.windows(2).all(|w| w[0] < w[1]) {
         return true;
     }
-    let mut refs: Vec<HostRef> = destinations.iter().map(|(h, _)| *h).collect();
+    let mut refs = refs.to_vec();
     refs.sort_unstable();
     refs.windows(2).all(|w| w[0] != w[1])
 }
@@ -128,6 +128,7 @@ fn distinct_refs(destinations: &[(HostRef, HostRange)]) -> bool {
 mod tests {
     use super::*;
     use crate::storage_transfer::tests_support::config;
+    use messages::HostRange;
 
     fn dests(refs: &[u64]) -> Vec<(HostRef, HostRange)> {
         refs.iter()
@@ -141,7 +142,13 @@ mod tests {
         for refs in [&[3u64, 9, 3][..], &[1, 1], &[9, 4, 7, 4]] {
             let mut credits = Credits::new(&cfg);
             let d = dests(refs);
-            let r = admit_get(Gates::default(), &mut credits, &cfg, d.len(), &d);
+            let r = admit_get(
+                Gates::default(),
+                &mut credits,
+                &cfg,
+                d.len(),
+                &d.clone().into(),
+            );
             assert!(
                 matches!(&r, Err(Refusal::Malformed(m)) if m.contains("appears twice")),
                 "{refs:?}: {r:?}"
@@ -152,7 +159,13 @@ mod tests {
             let mut credits = Credits::new(&cfg);
             let d = dests(refs);
             assert_eq!(
-                admit_get(Gates::default(), &mut credits, &cfg, d.len(), &d),
+                admit_get(
+                    Gates::default(),
+                    &mut credits,
+                    &cfg,
+                    d.len(),
+                    &d.clone().into()
+                ),
                 Ok(()),
                 "{refs:?}"
             );

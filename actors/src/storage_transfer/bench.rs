@@ -3,7 +3,7 @@
 //! 10k waiting requests, in microseconds per round. Not a test: it asserts no timings.
 
 use super::manager::{RoundInput, StorageTransferManager};
-use super::{HostRef, StorageLease};
+use super::{Destinations, HostRef, StorageLease};
 use messages::settings::{PressureWatermark, StorageConfig};
 use messages::{HostRange, OperationId, PressureObservation, RequestId, StorageDone, StorageKey};
 use std::collections::{HashMap, VecDeque};
@@ -103,12 +103,11 @@ pub fn bench_stm(
                      next_host: &mut u64|
      -> Option<OperationId> {
         let r = answered.pop_front()?;
-        let dests = (0..4)
-            .map(|i| {
-                *next_host += 1;
-                (HostRef(*next_host), HostRange::new(i * 4096, 4096))
-            })
-            .collect();
+        let mut dests = Destinations::with_capacity(4);
+        for i in 0..4 {
+            *next_host += 1;
+            dests.push(HostRef(*next_host), HostRange::new(i * 4096, 4096));
+        }
         m.issue_get(r, keys(r.0), dests).ok().map(|g| g.op)
     };
     for _ in 0..outstanding / 2 {

@@ -18,7 +18,7 @@ use super::round::Planning;
 use super::stats::StmStats;
 use super::ticket::{Ticket, TicketState};
 use super::trace::OperationTrace;
-use super::HostRef;
+use super::{Destinations, HostRef};
 use crate::id_map::{id_map, sorted_keys, IdMap};
 use messages::settings::StorageConfig;
 use messages::{
@@ -760,8 +760,9 @@ impl StorageTransferManager {
         &mut self,
         request: RequestId,
         keys: Vec<StorageKey>,
-        destinations: Vec<(HostRef, HostRange)>,
+        destinations: impl Into<Destinations>,
     ) -> Result<StorageGetOp, Refusal> {
+        let destinations = destinations.into();
         if self.quarantined {
             return Err(Refusal::Disabled);
         }
@@ -777,7 +778,7 @@ impl StorageTransferManager {
             &destinations,
         )?;
         let op = self.ids.next_id();
-        let (refs, ranges): (Vec<HostRef>, Vec<HostRange>) = destinations.into_iter().unzip();
+        let Destinations { refs, ranges } = destinations;
         self.tickets.insert(
             op,
             Ticket::new(

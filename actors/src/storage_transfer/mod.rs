@@ -61,6 +61,45 @@ impl fmt::Display for HostRef {
     }
 }
 
+/// A GET's Host destinations, row by row: the reference the ticket holds and the range the
+/// operation writes (two lists, so neither is copied out of the other at issue).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Destinations {
+    pub refs: Vec<HostRef>,
+    pub ranges: Vec<messages::HostRange>,
+}
+
+impl Destinations {
+    /// Empty lists with room for `rows` rows.
+    pub fn with_capacity(rows: usize) -> Self {
+        Self {
+            refs: Vec::with_capacity(rows),
+            ranges: Vec::with_capacity(rows),
+        }
+    }
+
+    pub fn push(&mut self, host: HostRef, range: messages::HostRange) {
+        self.refs.push(host);
+        self.ranges.push(range);
+    }
+
+    /// Rows (a malformed value whose lists differ in length counts its longer list).
+    pub fn len(&self) -> usize {
+        self.refs.len().max(self.ranges.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Vec<(HostRef, messages::HostRange)>> for Destinations {
+    fn from(rows: Vec<(HostRef, messages::HostRange)>) -> Self {
+        let (refs, ranges) = rows.into_iter().unzip();
+        Self { refs, ranges }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests_support {
     use super::HostRef;

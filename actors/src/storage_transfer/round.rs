@@ -17,7 +17,7 @@ use super::effects::RoundEffects;
 use super::lease::StorageLease;
 use super::manager::{Refusal, RoundInput, StorageTransferManager};
 use super::report::{BackendTrouble, HandBack, StorageReport};
-use super::{ClearKind, HostRef};
+use super::{ClearKind, Destinations, HostRef};
 use messages::{
     HostRange, OperationId, ProtocolError, Rejection, RequestId, StorageCancelOp, StorageKey,
     StorageOp,
@@ -137,7 +137,7 @@ impl StorageTransferManager {
         &mut self,
         request: RequestId,
         keys: Vec<StorageKey>,
-        destinations: Vec<(HostRef, HostRange)>,
+        destinations: impl Into<Destinations>,
         parent: Option<Span>,
     ) -> Result<OperationId, Refusal> {
         let g = self.issue_get(request, keys, destinations)?;
