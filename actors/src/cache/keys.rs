@@ -135,6 +135,9 @@ pub struct PromptIndex {
     /// Tokens this view covers (a prefix of the hashed ones).
     len: u32,
     chains: std::sync::Arc<Chains>,
+    /// One tail identity worked out ahead (`with_tail_at`): its boundary and hash. Every
+    /// view keeps it; `tail_identity` at that boundary hashes nothing.
+    known_tail: Option<(u32, ContentHash)>,
 }
 
 #[derive(Debug)]
@@ -200,7 +203,22 @@ impl PromptIndex {
                 parent_tokens,
                 parent_chain,
             }),
+            known_tail: None,
         }
+    }
+
+    /// The same index, with the tail identity at `boundary` worked out now (a request
+    /// asks about its reusable bound at QUERY planning, reservation and admission).
+    /// Unchanged when `boundary` is aligned to the parent block or past the index.
+    pub fn with_tail_at(mut self, tokens: &[u32], boundary: u32) -> Self {
+        if boundary > 0
+            && boundary <= self.len
+            && !boundary.is_multiple_of(self.chains.parent_tokens)
+        {
+            let h = self.hash_tail(&mut Vec::new(), tokens, boundary);
+            self.known_tail = Some((boundary, h));
+        }
+        self
     }
 
     /// The same hashes viewed up to `upto` tokens (clamped to this index): what
@@ -209,6 +227,7 @@ impl PromptIndex {
         PromptIndex {
             len: upto.min(self.len),
             chains: self.chains.clone(),
+            known_tail: self.known_tail,
         }
     }
 
@@ -269,6 +288,10 @@ impl PromptIndex {
         g: usize,
         boundary: u32,
     ) -> ContentHash {
+        if self.chains.group_chain[g] == self.chains.parent_chain {
+            // The LCM parent chain's partial block is the tail identity there.
+            return self.tail_identity(scratch, tokens, boundary);
+        }
         let b = self.chains.block_tokens[g];
         let k = boundary / b;
         chain_hash(
@@ -279,13 +302,23 @@ impl PromptIndex {
     }
 
     /// The tail identity at `boundary`: the LCM parent chain at the aligned boundary below
-    /// it, extended by the remaining tokens.
+    /// it, extended by the remaining tokens (`tokens`: the prompt this index hashed).
     pub fn tail_identity(
         &self,
         scratch: &mut Vec<u8>,
         tokens: &[u32],
         boundary: u32,
     ) -> ContentHash {
+        match self.known_tail {
+            Some((b, h)) if b == boundary => {
+                debug_assert_eq!(h, self.hash_tail(scratch, tokens, boundary));
+                h
+            }
+            _ => self.hash_tail(scratch, tokens, boundary),
+        }
+    }
+
+    fn hash_tail(&self, scratch: &mut Vec<u8>, tokens: &[u32], boundary: u32) -> ContentHash {
         let p = self.chains.parent_tokens;
         let k = boundary / p;
         chain_hash(
@@ -350,6 +383,53 @@ mod tests {
         }
         // a view never reaches past what was hashed
         assert_eq!(PromptIndex::new(&g, &p, 20).limited(40).len(), 20);
+    }
+
+    /// A tail identity worked out ahead is the hash of its tokens, kept by every view;
+    /// other boundaries are still hashed from theirs, and a parent-chain group's partial
+    /// block is the tail identity there.
+    #[test]
+    fn a_tail_identity_worked_out_ahead_is_the_hash_of_its_tokens() {
+        let g = geo();
+        let p: Vec<u32> = (0..45).map(|i| i * 11 % 37).collect();
+        let plain = PromptIndex::new(&g, &p, 45);
+        let mut s = Vec::new();
+        let direct = |b: u32| {
+            let k = b / 8;
+            chain_hash(
+                &mut Vec::new(),
+                plain.parent_hash(k),
+                &p[(k * 8) as usize..b as usize],
+            )
+        };
+        let ahead = PromptIndex::new(&g, &p, 45).with_tail_at(&p, 44);
+        assert_eq!(ahead.known_tail, Some((44, direct(44))));
+        let view = ahead.limited(44);
+        assert_eq!(view.known_tail, ahead.known_tail);
+        assert_eq!(view.tail_identity(&mut s, &p, 44), direct(44));
+        for b in [43, 41, 9, 1] {
+            assert_eq!(view.tail_identity(&mut s, &p, b), direct(b), "{b}");
+            assert_ne!(direct(b), direct(44), "{b}");
+        }
+        // Aligned (or past the index): nothing is worked out ahead.
+        assert_eq!(
+            PromptIndex::new(&g, &p, 45).with_tail_at(&p, 40).known_tail,
+            None
+        );
+        assert_eq!(
+            PromptIndex::new(&g, &p, 45).with_tail_at(&p, 46).known_tail,
+            None
+        );
+        // Group 2 (8-token checkpoints) lies on the parent chain, group 0 (4-token blocks)
+        // does not.
+        assert!(ahead.on_parent_chain(2) && !ahead.on_parent_chain(0));
+        assert_eq!(ahead.tail_block_hash(&mut s, &p, 2, 44), direct(44));
+        assert_eq!(ahead.tail_block_hash(&mut s, &p, 2, 43), direct(43));
+        assert_eq!(
+            ahead.tail_block_hash(&mut s, &p, 0, 43),
+            plain.tail_block_hash(&mut s, &p, 0, 43)
+        );
+        assert_ne!(ahead.tail_block_hash(&mut s, &p, 0, 43), direct(43));
     }
 
     #[test]

@@ -140,11 +140,15 @@ impl Request {
         }
     }
 
-    /// The index of the whole prompt, hashed once per request.
+    /// The index of the whole prompt, hashed once per request, with the tail identity at
+    /// the reusable bound (asked by every match of the request) worked out once too.
     pub fn whole_index(&mut self, geometry: &CacheGeometry) -> PromptIndex {
         let prompt = &self.prompt;
+        let bound = (prompt.len() as u32).saturating_sub(1);
         self.index
-            .get_or_insert_with(|| PromptIndex::new(geometry, prompt, prompt.len() as u32))
+            .get_or_insert_with(|| {
+                PromptIndex::new(geometry, prompt, prompt.len() as u32).with_tail_at(prompt, bound)
+            })
             .clone()
     }
 
