@@ -457,7 +457,7 @@ impl<T: Tier> BlockPool<T> {
     }
 
     /// Publishes an unpublished entry: it becomes visible to probes. References stay.
-    pub fn publish(&mut self, addr: BlockAddr) -> Result<(), PoolError> {
+    pub fn publish(&mut self, addr: BlockAddr) -> Result<u32, PoolError> {
         let s = self.slot_of(addr)?;
         let g = &mut self.groups[addr.group as usize];
         let slot = &mut g.slots[s as usize];
@@ -472,7 +472,7 @@ impl<T: Tier> BlockPool<T> {
             *v |= PUBLISHED;
         }
         g.settle(s);
-        Ok(())
+        Ok(s)
     }
 
     /// Inserts a published, unreferenced block (computed on Device, or a D2H copy), or
@@ -718,6 +718,35 @@ impl BlockPool<Host> {
         Ok((HeldBlock::new(addr, s), slot_range(g, s)))
     }
 
+    /// `acquire_published_page` of a block last seen in slot `slot` (where `publish` put
+    /// it): the slot is checked to still carry the block, published, instead of probing the
+    /// index. Unknown when the block left the slot (evicted, its slot perhaps reused).
+    pub fn acquire_published_page_at(
+        &mut self,
+        addr: BlockAddr,
+        slot: u32,
+        page: u32,
+        page_bytes: u64,
+    ) -> Result<(HeldBlock<Host>, HostRange), PoolError> {
+        let unknown = PoolError::Unknown {
+            tier: Host::NAME,
+            group: addr.group,
+        };
+        let g = self
+            .groups
+            .get_mut(addr.group as usize)
+            .ok_or(unknown.clone())?;
+        match g.slots.get(slot as usize) {
+            Some(e) if e.hash == addr.hash && e.state == Some(EntryState::Published) => {}
+            _ => return Err(unknown),
+        }
+        g.take_ref(slot);
+        Ok((
+            HeldBlock::new(addr, slot),
+            page_of(slot_range(g, slot), page, page_bytes),
+        ))
+    }
+
     /// A PUT source: `acquire_published` and the Host range of one of the block's pages.
     pub fn acquire_published_page(
         &mut self,
@@ -817,6 +846,55 @@ mod tests {
         assert!(
             p.acquire_published_page(a(1, 1), 0, 32).is_err(),
             "unknown group"
+        );
+    }
+
+    /// A page acquired by the slot `publish` reported is the one `acquire_published_page`
+    /// gives (same reference, same range), and only while that slot still carries the
+    /// block, published: an unpublished entry, an evicted block, a slot reused by another
+    /// block, another slot or an unknown group take nothing.
+    #[test]
+    fn acquiring_a_published_page_by_its_slot_checks_the_slot_carries_it() {
+        let mut p = BlockPool::<Host>::new(&[2], &[64]);
+        p.allocate(a(0, 1)).unwrap();
+        assert!(
+            p.acquire_published_page_at(a(0, 1), 0, 1, 32).is_err(),
+            "unpublished"
+        );
+        let slot = p.publish(a(0, 1)).unwrap();
+        p.release(a(0, 1)).unwrap();
+        let other = 1 - slot;
+        assert!(
+            p.acquire_published_page_at(a(0, 1), other, 1, 32).is_err(),
+            "another slot"
+        );
+        assert!(
+            p.acquire_published_page_at(a(1, 1), slot, 1, 32).is_err(),
+            "unknown group"
+        );
+        assert_eq!(p.refs(a(0, 1)), 0, "nothing taken");
+        let (held, r) = p.acquire_published_page_at(a(0, 1), slot, 1, 32).unwrap();
+        assert_eq!(r, p.page_range(a(0, 1), 1, 32).unwrap());
+        assert_eq!((held.addr(), p.refs(a(0, 1))), (a(0, 1), 1));
+        p.release_held(held).unwrap();
+        // Evicted, then its slot reused by another block: the old slot names nothing.
+        assert!(p.evict(a(0, 1)));
+        assert!(
+            p.acquire_published_page_at(a(0, 1), slot, 1, 32).is_err(),
+            "evicted"
+        );
+        p.allocate(a(0, 2)).unwrap();
+        p.allocate(a(0, 3)).unwrap();
+        p.publish(a(0, 2)).unwrap();
+        p.publish(a(0, 3)).unwrap();
+        assert!(
+            p.acquire_published_page_at(a(0, 1), slot, 1, 32).is_err(),
+            "reused"
+        );
+        assert_eq!(
+            p.refs(a(0, 2)) + p.refs(a(0, 3)),
+            2,
+            "only their own references"
         );
     }
 

@@ -10,7 +10,7 @@
 //! I/O and never reads a clock: deadlines arrive as the manager's `waits_ended`.
 
 use super::request::{PrefetchPhase, Request, RequestState};
-use super::{AgreedInputs, NewRequest, RefUse, Scheduler};
+use super::{AgreedInputs, NewRequest, Scheduler};
 use crate::frontend::FallbackReason;
 use crate::storage_transfer::{
     BackendTrouble, HandBack, HostRef, RoundEffects, RoundInput, StorageReport,
@@ -319,7 +319,7 @@ impl Scheduler {
             super::get_row_of(h).is_none(),
             "GET rows: on_read_rows_released"
         );
-        if let Some(RefUse::PutSource(held)) = self.refs.remove(&h) {
+        if let Some(held) = self.put_sources.take(h) {
             let _ = self.cache.host_mut().release_held(held);
         }
     }
@@ -556,7 +556,10 @@ mod tests {
             .collect();
         let read = rows[0].0;
         assert_eq!(rows, (0..refs.len()).map(|i| (read, i)).collect::<Vec<_>>());
-        assert!(rig.s.refs.is_empty(), "GET rows take no reference entries");
+        assert!(
+            rig.s.put_sources.is_empty(),
+            "GET rows take no PUT source entries"
+        );
         // Releasing one row twice counts it once: the read stays until every row is back.
         // (Twice in one run of releases and again in a later one.)
         rig.s.on_read_rows_released(read, &[refs[0], refs[0]]);

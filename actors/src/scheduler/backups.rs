@@ -6,7 +6,8 @@
 //! It never decides what to admit or read, never decides a PUT or its credits itself (the
 //! manager does, asked directly) and never performs I/O.
 
-use super::{RefUse, Scheduler};
+use super::put_sources::{candidate_ref, candidate_slot};
+use super::Scheduler;
 use crate::cache::keys::{page_key, BlockAddr, ContentHash};
 use crate::storage_transfer::{
     BackupCandidate, BackupKey, BlockPage, HostRef, StorageTransferManager,
@@ -24,9 +25,9 @@ impl Scheduler {
         let blocks = std::mem::take(&mut self.d2h_blocks);
         let mut candidates = Vec::with_capacity(if self.l3_enabled() { blocks.len() } else { 0 });
         for a in blocks {
-            if self.cache.host_mut().publish(a).is_err() {
+            let Ok(slot) = self.cache.host_mut().publish(a) else {
                 continue;
-            }
+            };
             let _ = self.cache.host_mut().release(a);
             if self.l3_enabled() {
                 let pages = self
@@ -35,9 +36,10 @@ impl Scheduler {
                     .group(a.group as usize)
                     .pages_per_block;
                 // The object key is made only at PUT dispatch (a dropped or coalesced
-                // candidate never costs one).
+                // candidate never costs one); the reference names the slot the block was
+                // published in (it holds nothing: dispatch rechecks the slot).
+                let host = candidate_ref(slot);
                 for page in 0..pages {
-                    let host = self.new_ref();
                     let key = BlockPage {
                         hash: a.hash.as_u128(),
                         group: a.group,
@@ -54,7 +56,7 @@ impl Scheduler {
     /// reference on each resident page; evicted candidates are forgotten (unavailable).
     pub(super) fn dispatch_backups(&mut self, stm: &mut StorageTransferManager) {
         let cache = &mut self.cache;
-        let refs = &mut self.refs;
+        let sources = &mut self.put_sources;
         let mut residency = |key: &BackupKey, h: HostRef| {
             // The candidate's key names its page (`d2h_done` made it from the block).
             let addr = BlockAddr {
@@ -63,17 +65,19 @@ impl Scheduler {
             };
             let page = key.page;
             let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
-            // Resident (published) pages take their source reference here; the reference's
-            // entry keeps it until the PUT settles.
-            let (source, range) = cache
-                .host_mut()
-                .acquire_published_page(addr, page, page_bytes)
-                .ok()?;
-            let previous = refs.insert(h, RefUse::PutSource(source));
-            debug_assert!(previous.is_none(), "one PUT at a time carries a candidate");
+            // Resident (published) pages take their source reference here: in the slot the
+            // candidate names, checked to still carry the block, or (a re-offered candidate
+            // names no slot) found by the index. The source is kept until the PUT settles.
+            let host = cache.host_mut();
+            let taken = match candidate_slot(h) {
+                Some(slot) => host.acquire_published_page_at(addr, slot, page, page_bytes),
+                None => host.acquire_published_page(addr, page, page_bytes),
+            };
+            let (source, range) = taken.ok()?;
             Some((
                 page_key(cache.namespace(), cache.geometry(), addr, page),
                 range,
+                sources.hold(source),
             ))
         };
         stm.plan_backups(&mut residency);
@@ -83,7 +87,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::super::tests::*;
-    use super::super::{Plan, RefUse};
+    use super::super::Plan;
     use crate::storage_transfer::BlockPage;
     use messages::{StorageDone, StorageOp};
 
@@ -144,6 +148,10 @@ mod tests {
         let blocks = rig.s.d2h_blocks.clone();
         let candidates = rig.s.d2h_done();
         assert_eq!(candidates.len(), 8, "one page per tiny block");
+        assert!(
+            rig.s.put_sources.is_empty(),
+            "a candidate holds nothing until its PUT's dispatch"
+        );
         let c = rig.s.cache();
         for (cand, a) in candidates.iter().zip(&blocks) {
             assert_eq!(
@@ -155,8 +163,8 @@ mod tests {
                 }
             );
             assert!(
-                !rig.s.refs.contains_key(&cand.host),
-                "a candidate holds nothing until its PUT's dispatch"
+                super::super::put_sources::candidate_slot(cand.host).is_some(),
+                "a candidate's reference names the Host slot of its block"
             );
             assert!(c.host().contains(*a), "published in Host L2");
         }
@@ -190,7 +198,7 @@ mod tests {
             again.is_empty(),
             "the capacity backoff holds the re-offered candidates"
         );
-        assert!(sources.iter().all(|h| !rig.s.refs.contains_key(h)));
+        assert!(sources.iter().all(|h| !rig.s.put_sources.contains(*h)));
         assert!(blocks.iter().all(|b| rig.s.cache().host().refs(*b) == 0));
         // The capacity backoff passes; the candidates go out again.
         for _ in 0..200 {
@@ -204,9 +212,13 @@ mod tests {
         assert_eq!(resent.len(), 8);
         for h in &resent {
             assert!(
-                matches!(rig.s.refs.get(h), Some(RefUse::PutSource(held)) if blocks.contains(&held.addr())),
+                rig.s
+                    .put_sources
+                    .get(*h)
+                    .is_some_and(|held| blocks.contains(&held.addr())),
                 "{h:?}"
             );
+            assert!(!sources.contains(h), "a new reference for a new source");
         }
         assert!(blocks.iter().all(|b| rig.s.cache().host().refs(*b) == 1));
     }
@@ -221,7 +233,7 @@ mod tests {
         assert!(blocks.iter().all(|a| !rig.s.cache().host().contains(*a)));
         assert!(rig.s.d2h_done().is_empty());
         assert!(blocks.iter().all(|a| rig.s.cache().host().contains(*a)));
-        assert!(rig.s.refs.is_empty());
+        assert!(rig.s.put_sources.is_empty());
         assert!(rig.s.d2h_blocks.is_empty());
     }
 
@@ -239,8 +251,8 @@ mod tests {
         let put = puts[0].op;
         let sources = put_sources(&rig, put);
         for h in &sources {
-            match rig.s.refs.get(h) {
-                Some(RefUse::PutSource(held)) => assert!(blocks.contains(&held.addr())),
+            match rig.s.put_sources.get(*h) {
+                Some(held) => assert!(blocks.contains(&held.addr())),
                 None => panic!("source {h:?} holds nothing"),
             }
         }
@@ -255,7 +267,8 @@ mod tests {
             )],
             ..Default::default()
         });
-        assert!(sources.iter().all(|h| !rig.s.refs.contains_key(h)));
+        assert!(sources.iter().all(|h| !rig.s.put_sources.contains(*h)));
+        assert!(rig.s.put_sources.is_empty());
         assert!(blocks.iter().all(|b| rig.s.cache().host().refs(*b) == 0));
     }
 }

@@ -28,6 +28,7 @@ pub mod geometry;
 mod lifecycle;
 mod plan;
 mod prepare;
+mod put_sources;
 pub mod request;
 #[cfg(test)]
 mod tests;
@@ -51,6 +52,7 @@ use messages::settings::StorageConfig;
 use messages::{
     Namespace, PressureObservation, RequestId, SamplingParams, StorageDone, TokenLogprobs,
 };
+use put_sources::PutSources;
 use request::{PrefixSplit, Request};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -146,18 +148,9 @@ pub(crate) fn tail_kind(kind: crate::cache::GroupKind) -> usize {
     }
 }
 
-/// What a Host reference handed to the StorageTransferManager holds.
-#[derive(Debug)]
-enum RefUse {
-    /// A dispatched PUT's source: the Host reference it holds from dispatch until the PUT
-    /// settles (released without a probe). A backup candidate's reference takes an entry
-    /// only then: its key names its page.
-    PutSource(HeldBlock<Host>),
-}
-
 /// A GET destination row's reference names its read and row itself (the top bit set, the
-/// read above `GET_ROW_BITS`, the row below), so a read's rows take no entry in `refs`;
-/// PUT sources count up from 1 below the top bit.
+/// read above `GET_ROW_BITS`, the row below), so a read's rows take no entry anywhere;
+/// backup candidates and PUT sources are named below it (`put_sources`).
 const GET_ROW: u64 = 1 << 63;
 const GET_ROW_BITS: u32 = 24;
 /// The most rows one GET may have (its row index must fit below the read).
@@ -215,13 +208,10 @@ pub struct Scheduler {
     /// The per-row outcome of the GET being published (its buffer serves the next one).
     row_ok: Vec<bool>,
     free_scratch: Vec<u32>,
-    /// What each PUT source reference handed to the manager holds, from dispatch to
-    /// settlement (lookups only). Inserted and removed, never walked (its order reaches no
-    /// decision).
-    refs: IdMap<HostRef, RefUse>,
+    /// The held source of each dispatched PUT's reference, from dispatch to settlement.
+    put_sources: PutSources,
     /// Reads in flight or held Ready, by read number (lookups only).
     reads: IdMap<u64, ReadRecord>,
-    next_ref: u64,
     next_read: u64,
     /// Blocks whose D2H copy is in flight this round (published by `d2h_done`).
     d2h_blocks: Vec<BlockAddr>,
@@ -273,9 +263,8 @@ impl Scheduler {
             hints: Default::default(),
             row_ok: Vec::new(),
             free_scratch,
-            refs: IdMap::default(),
+            put_sources: PutSources::default(),
             reads: IdMap::default(),
-            next_ref: 0,
             next_read: 0,
             d2h_blocks: vec![],
             h2d_host_refs: vec![],
@@ -370,12 +359,6 @@ impl Scheduler {
     /// Whether L3 work is enabled (storage configured and not quarantined).
     pub fn l3_enabled(&self) -> bool {
         self.l3_enabled
-    }
-
-    /// A new backup candidate's reference (its entry in `refs` is made at dispatch).
-    fn new_ref(&mut self) -> HostRef {
-        self.next_ref += 1;
-        HostRef(self.next_ref)
     }
 
     /// The span of a live request (None when untraced).

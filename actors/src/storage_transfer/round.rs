@@ -25,9 +25,11 @@ use messages::{
 use std::collections::BTreeMap;
 use tracing::Span;
 
-/// The cache owner's residency recheck of a backup candidate at PUT dispatch: the object
-/// key and Host range of a resident page whose source reference it took, or None.
-pub type Residency<'a> = dyn FnMut(&BackupKey, HostRef) -> Option<(StorageKey, HostRange)> + 'a;
+/// The cache owner's residency recheck of a backup candidate (its key and reference) at PUT
+/// dispatch: for a resident page whose source reference it took, the object key, the Host
+/// range and the reference that names the source (the PUT's ticket holds it); or None.
+pub type Residency<'a> =
+    dyn FnMut(&BackupKey, HostRef) -> Option<(StorageKey, HostRange, HostRef)> + 'a;
 
 /// The round's planning in progress, between `begin_round` and `end_plan`.
 #[derive(Debug, Default)]
@@ -149,10 +151,10 @@ impl StorageTransferManager {
     /// Dispatches create-only PUTs of the plan from the queued candidates, oldest first,
     /// within the backup credits and `backup_bytes_in_flight` (a PUT only while less is
     /// outstanding, each up to a quarter of it). `residency(key, host)` rechecks the Host entry:
-    /// `Some((object key, range))` means it is resident and the caller took a source
-    /// reference (which the ticket then owns until retirement) and made the object key (a
-    /// page's key is made only here); `None` drops the candidate as unavailable (the caller
-    /// forgets it). Candidates that find no credits or bytes are never taken: they stay
+    /// `Some((object key, range, source))` means it is resident and the caller took a source
+    /// reference, named by `source` (which the ticket then owns until retirement), and made
+    /// the object key (a page's key is made only here); `None` drops the candidate as
+    /// unavailable (the caller forgets it). Candidates that find no credits or bytes are never taken: they stay
     /// queued, in order.
     /// Returns the PUTs' operation IDs.
     pub fn plan_backups(&mut self, residency: &mut Residency<'_>) -> Vec<OperationId> {
@@ -191,11 +193,11 @@ impl StorageTransferManager {
                 // either coalesces), so no PUT carries a key twice or one already in flight.
                 debug_assert!(!backup.contains(&c.key));
                 match taken {
-                    Some((key, range)) => {
+                    Some((key, range, source)) => {
                         bytes += range.len;
                         keys.push(key);
                         backup.push(c.key);
-                        refs.push(c.host);
+                        refs.push(source);
                         ranges.push(range);
                     }
                     None => unavailable += 1,
@@ -225,7 +227,7 @@ impl StorageTransferManager {
     ) -> Vec<OperationId> {
         self.plan_backups(&mut |k: &BackupKey, h: HostRef| {
             let key = super::backup::named_key(k)?;
-            residency(&key, h).map(|r| (key, r))
+            residency(&key, h).map(|r| (key, r, h))
         })
     }
 

@@ -1067,6 +1067,7 @@ fn a_page_candidate_gets_its_object_key_at_dispatch_and_a_clear_ends_its_coverag
         Some((
             key(&format!("obj-{}", k.page)),
             HostRange::new(h.0 * 16, 16),
+            HostRef(100 + h.0),
         ))
     });
     assert_eq!(planned.len(), 1);
@@ -1076,6 +1077,11 @@ fn a_page_candidate_gets_its_object_key_at_dispatch_and_a_clear_ends_its_coverag
         other => panic!("{other:?}"),
     };
     assert_eq!(put.keys, vec![key("obj-0"), key("obj-1")]);
+    assert_eq!(
+        m.ticket(put.op).unwrap().refs,
+        vec![HostRef(101), HostRef(102)],
+        "the ticket holds the references residency named the sources by"
+    );
     assert_eq!(
         m.offer_backup(page(0), HostRef(4)),
         OfferOutcome::Coalesced,
@@ -1090,7 +1096,7 @@ fn a_page_candidate_gets_its_object_key_at_dispatch_and_a_clear_ends_its_coverag
     })
     .unwrap();
     let planned = m.plan_backups(&mut |_: &BackupKey, h: HostRef| {
-        Some((key("new-obj-0"), HostRange::new(h.0 * 16, 16)))
+        Some((key("new-obj-0"), HostRange::new(h.0 * 16, 16), h))
     });
     assert_eq!(planned.len(), 1);
     assert!(m
