@@ -66,11 +66,14 @@ impl Scheduler {
             let page = key.page;
             let page_bytes = cache.geometry().group(addr.group as usize).page_bytes;
             // Resident (published) pages take their source reference here: in the slot the
-            // candidate names, checked to still carry the block, or (a re-offered candidate
-            // names no slot) found by the index. The source is kept until the PUT settles.
+            // candidate names, checked to still carry the block; otherwise (the block left
+            // that slot and may be resident in another, or a re-offered candidate names no
+            // slot) found by the index. The source is kept until the PUT settles.
             let host = cache.host_mut();
             let taken = match candidate_slot(h) {
-                Some(slot) => host.acquire_published_page_at(addr, slot, page, page_bytes),
+                Some(slot) => host
+                    .acquire_published_page_at(addr, slot, page, page_bytes)
+                    .or_else(|_| host.acquire_published_page(addr, page, page_bytes)),
                 None => host.acquire_published_page(addr, page, page_bytes),
             };
             let (source, range) = taken.ok()?;
@@ -221,6 +224,42 @@ mod tests {
             assert!(!sources.contains(h), "a new reference for a new source");
         }
         assert!(blocks.iter().all(|b| rig.s.cache().host().refs(*b) == 1));
+    }
+
+    /// A candidate whose block left the Host slot it was published in and came back in
+    /// another (evicted, then stored again) is still dispatched, found by the index; a
+    /// block evicted for good is dropped as unavailable.
+    #[test]
+    fn a_candidate_whose_block_moved_to_another_slot_is_still_dispatched() {
+        use crate::cache::keys::{BlockAddr, ContentHash};
+        let mut rig = rig(true);
+        let blocks = offered(&mut rig, 5);
+        let (moved, gone) = (blocks[0], blocks[1]);
+        let host = rig.s.cache.host_mut();
+        let was = host.host_range(moved).unwrap();
+        assert!(host.evict(gone) && host.evict(moved));
+        // Another block takes `moved`'s slot; `moved` comes back in another, `gone` does not.
+        let other = BlockAddr::new(moved.group as usize, ContentHash::from_u128(0xdead));
+        host.insert_published(other, &mut vec![]).unwrap();
+        host.insert_published(moved, &mut vec![]).unwrap();
+        assert_eq!(
+            host.host_range(other).unwrap(),
+            was,
+            "the old slot holds another block"
+        );
+        assert_ne!(host.host_range(moved).unwrap(), was);
+        let plan = rig.round(Default::default());
+        let puts = puts(&plan);
+        assert_eq!(puts.len(), 1, "{:?}", plan.storage);
+        assert_eq!(puts[0].keys.len(), 7, "every page but the evicted block's");
+        let host = rig.s.cache().host();
+        assert_eq!(host.refs(moved), 1, "its source is held where it is now");
+        assert_eq!(
+            host.refs(other),
+            0,
+            "the slot's new block is not taken for it"
+        );
+        assert!(blocks[2..].iter().all(|b| host.refs(*b) == 1));
     }
 
     #[test]
