@@ -701,19 +701,28 @@ impl BlockPool<Host> {
         &mut self,
         addr: BlockAddr,
     ) -> Result<(HeldBlock<Host>, HostRange), PoolError> {
-        let unknown = PoolError::Unknown {
+        self.acquire_found(addr, |g| {
+            let v = *g.index.get(&addr.hash)?;
+            (v & PUBLISHED != 0).then_some(v & SLOT_MASK)
+        })
+    }
+
+    /// One reference on the published entry of `addr` in the slot `find` gives (None: the
+    /// entry is absent or unpublished, an error that takes nothing), with its Host range.
+    fn acquire_found(
+        &mut self,
+        addr: BlockAddr,
+        find: impl FnOnce(&GroupPool) -> Option<u32>,
+    ) -> Result<(HeldBlock<Host>, HostRange), PoolError> {
+        let unknown = || PoolError::Unknown {
             tier: Host::NAME,
             group: addr.group,
         };
         let g = self
             .groups
             .get_mut(addr.group as usize)
-            .ok_or(unknown.clone())?;
-        let v = *g.index.get(&addr.hash).ok_or(unknown.clone())?;
-        if v & PUBLISHED == 0 {
-            return Err(unknown);
-        }
-        let s = v & SLOT_MASK;
+            .ok_or_else(unknown)?;
+        let s = find(g).ok_or_else(unknown)?;
         g.take_ref(s);
         Ok((HeldBlock::new(addr, s), slot_range(g, s)))
     }
@@ -728,23 +737,11 @@ impl BlockPool<Host> {
         page: u32,
         page_bytes: u64,
     ) -> Result<(HeldBlock<Host>, HostRange), PoolError> {
-        let unknown = PoolError::Unknown {
-            tier: Host::NAME,
-            group: addr.group,
-        };
-        let g = self
-            .groups
-            .get_mut(addr.group as usize)
-            .ok_or(unknown.clone())?;
-        match g.slots.get(slot as usize) {
-            Some(e) if e.hash == addr.hash && e.state == Some(EntryState::Published) => {}
-            _ => return Err(unknown),
-        }
-        g.take_ref(slot);
-        Ok((
-            HeldBlock::new(addr, slot),
-            page_of(slot_range(g, slot), page, page_bytes),
-        ))
+        let (held, block) = self.acquire_found(addr, |g| {
+            let e = g.slots.get(slot as usize)?;
+            (e.hash == addr.hash && e.state == Some(EntryState::Published)).then_some(slot)
+        })?;
+        Ok((held, page_of(block, page, page_bytes)))
     }
 
     /// A PUT source: `acquire_published` and the Host range of one of the block's pages.

@@ -38,7 +38,6 @@ pub(super) fn candidate_slot(h: HostRef) -> Option<u32> {
 pub(super) struct PutSources {
     slots: Vec<(u64, Option<HeldBlock<Host>>)>,
     free: Vec<u32>,
-    held: usize,
 }
 
 impl PutSources {
@@ -55,7 +54,6 @@ impl PutSources {
         debug_assert!(entry.1.is_none(), "a free slot holds nothing");
         entry.0 = (entry.0 + 1) & GENERATION_MASK;
         entry.1 = Some(source);
-        self.held += 1;
         HostRef(PUT_SOURCE | entry.0 << SLOT_BITS | u64::from(slot))
     }
 
@@ -77,7 +75,6 @@ impl PutSources {
         let slot = self.entry(h)?;
         let source = self.slots[slot].1.take();
         self.free.push(slot as u32);
-        self.held -= 1;
         source
     }
 
@@ -96,12 +93,12 @@ impl PutSources {
     /// Sources held.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.held
+        self.slots.len() - self.free.len()
     }
 
     #[cfg(test)]
     pub(super) fn is_empty(&self) -> bool {
-        self.held == 0
+        self.len() == 0
     }
 }
 
