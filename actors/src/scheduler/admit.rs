@@ -60,7 +60,7 @@ impl Scheduler {
     fn try_admit(&mut self, id: RequestId, plan: &mut Plan) -> Result<bool, String> {
         let (prompt, reusable, whole) = match self.requests.get_mut(&id) {
             Some(r) => {
-                let whole = r.whole_index(&self.cfg.layout.geometry);
+                let whole = r.whole_index(&self.cache);
                 (r.prompt.clone(), r.reusable(), whole)
             }
             None => return Ok(true),

@@ -116,7 +116,6 @@ impl Scheduler {
         let Self {
             requests,
             cache,
-            cfg,
             trace,
             reads,
             next_read,
@@ -150,7 +149,7 @@ impl Scheduler {
         }
         let host_credits = stm.host_credits_left();
         let reusable = r.reusable();
-        let whole = r.whole_index(&cfg.layout.geometry);
+        let whole = r.whole_index(cache);
         let mut res = match cache.reserve_in(Some(&whole), &r.prompt, reusable, hints, host_credits)
         {
             Ok(res) => res,
@@ -243,7 +242,7 @@ impl Preparer<'_> {
         }
         // The page keys are made only for a QUERY the manager admits (most refusals,
         // e.g. exhausted credits, then cost no key strings).
-        let whole = r.whole_index(self.geometry);
+        let whole = r.whole_index(self.cache);
         // Local data already covers the bound (a repeated prompt): nothing to QUERY,
         // decided from the bound's own blocks without a match table.
         if self

@@ -3,8 +3,7 @@
 //! Ready hold own the StorageLease; whatever ends the state hands the lease back.
 //! A Prefetching request owns no Device pages or slot and is never a forward candidate.
 
-use crate::cache::coordinator::QueryPlan;
-use crate::cache::geometry::CacheGeometry;
+use crate::cache::coordinator::{CacheCoordinator, QueryPlan};
 use crate::cache::keys::PromptIndex;
 use crate::frontend::FallbackReason;
 use crate::model::DecodeState;
@@ -141,13 +140,19 @@ impl Request {
     }
 
     /// The index of the whole prompt, hashed once per request, with the tail identity at
-    /// the reusable bound (asked by every match of the request) worked out once too.
-    pub fn whole_index(&mut self, geometry: &CacheGeometry) -> PromptIndex {
+    /// the reusable bound (asked by every match of the request when tails are on) worked
+    /// out once too.
+    pub fn whole_index(&mut self, cache: &CacheCoordinator) -> PromptIndex {
         let prompt = &self.prompt;
         let bound = (prompt.len() as u32).saturating_sub(1);
         self.index
             .get_or_insert_with(|| {
-                PromptIndex::new(geometry, prompt, prompt.len() as u32).with_tail_at(prompt, bound)
+                let index = PromptIndex::new(cache.geometry(), prompt, prompt.len() as u32);
+                if cache.tails_enabled() {
+                    index.with_tail_at(prompt, bound)
+                } else {
+                    index
+                }
             })
             .clone()
     }
