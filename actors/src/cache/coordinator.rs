@@ -89,10 +89,11 @@ pub struct PlannedBoundary {
     pub new_keys: u32,
 }
 
-/// One key of a QUERY: a page of a missing block.
+/// One key of a QUERY: a page of a missing block, and the block's place in the prompt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueryRow {
     pub block: BlockAddr,
+    pub slot: BlockSlot,
     pub page: u32,
 }
 
@@ -127,8 +128,7 @@ impl QueryPlan {
         exists: &[bool],
         out: &mut ExistenceHints,
     ) -> Result<(), CacheError> {
-        out.blocks.clear();
-        out.tails.clear();
+        out.clear();
         if exists.len() != self.rows.len() {
             return Err(CacheError::Length {
                 what: "existence",
@@ -136,14 +136,25 @@ impl QueryPlan {
                 got: exists.len(),
             });
         }
-        // A block exists when every one of its rows does. One list: the blocks of existing
-        // rows, then those of missing rows, each half sorted; one merge pass keeps the
-        // distinct existing blocks that no missing row names.
-        let rows = || self.rows.iter().zip(exists);
-        let blocks = &mut out.blocks;
-        blocks.extend(rows().filter(|(_, ok)| **ok).map(|(r, _)| r.block));
-        let present = blocks.len();
-        blocks.extend(rows().filter(|(_, ok)| !**ok).map(|(r, _)| r.block));
+        // A block exists when every one of its rows does. Complete blocks, by place, in one
+        // pass: the existing rows' blocks gather at the front of the list, the missing
+        // rows' behind them; each half is sorted, and one merge pass keeps the distinct
+        // existing blocks that no missing row names.
+        let blocks = &mut out.full;
+        let mut present = 0;
+        let mut tail_rows = false;
+        for (r, ok) in self.rows.iter().zip(exists) {
+            let BlockSlot::Full(k) = r.slot else {
+                tail_rows = true;
+                continue;
+            };
+            blocks.push(HintedBlock::new(r.block, k));
+            if *ok {
+                let last = blocks.len() - 1;
+                blocks.swap(present, last);
+                present += 1;
+            }
+        }
         blocks[..present].sort_unstable();
         blocks[present..].sort_unstable();
         let (mut kept, mut missing) = (0, present);
@@ -162,9 +173,43 @@ impl QueryPlan {
             kept += 1;
         }
         blocks.truncate(kept);
+        // Tail blocks (a QUERY asks for a few at most): by address, searched linearly.
+        if tail_rows {
+            let rows = || self.rows.iter().zip(exists);
+            let tail_rows = || rows().filter(|(r, _)| r.slot == BlockSlot::Tail);
+            for (r, _) in tail_rows().filter(|(_, ok)| **ok) {
+                let missing = tail_rows().any(|(m, ok)| !*ok && m.block == r.block);
+                if !missing && !out.tail_blocks.contains(&r.block) {
+                    out.tail_blocks.push(r.block);
+                }
+            }
+        }
         out.tails
             .extend(self.boundaries.iter().filter_map(|b| b.tail));
         Ok(())
+    }
+}
+
+/// A complete block named by its place in the prompt (group, then position in the group)
+/// and its hash: hints are looked up by place (an integer search), and the hash keeps a
+/// hint of another prompt from standing in for this one's block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HintedBlock {
+    /// `group << 32 | position`.
+    pub place: u64,
+    pub hash: ContentHash,
+}
+
+impl HintedBlock {
+    pub fn new(addr: BlockAddr, k: u32) -> Self {
+        Self {
+            place: Self::place(addr.group, k),
+            hash: addr.hash,
+        }
+    }
+
+    fn place(group: u32, k: u32) -> u64 {
+        (group as u64) << 32 | k as u64
     }
 }
 
@@ -172,9 +217,38 @@ impl QueryPlan {
 /// candidates the query covered. They never establish a hit by themselves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExistenceHints {
-    /// Sorted and distinct (made from sorted rows; looked up by binary search).
-    pub blocks: Vec<BlockAddr>,
+    /// Complete blocks, sorted and distinct (looked up by place).
+    pub full: Vec<HintedBlock>,
+    /// Tail blocks, distinct (looked up by address).
+    pub tail_blocks: Vec<BlockAddr>,
     pub tails: Vec<TailCandidate>,
+}
+
+impl ExistenceHints {
+    /// No block is known to exist.
+    pub fn is_empty(&self) -> bool {
+        self.full.is_empty() && self.tail_blocks.is_empty()
+    }
+
+    /// Forgets every block and tail (the lists keep their buffers).
+    pub fn clear(&mut self) {
+        self.full.clear();
+        self.tail_blocks.clear();
+        self.tails.clear();
+    }
+
+    /// Whether block `addr`, at `slot` of its group, is known to exist.
+    pub fn has(&self, addr: BlockAddr, slot: BlockSlot) -> bool {
+        match slot {
+            BlockSlot::Full(k) => {
+                let place = HintedBlock::place(addr.group, k);
+                self.full
+                    .binary_search_by(|b| b.place.cmp(&place))
+                    .is_ok_and(|i| self.full[i].hash == addr.hash)
+            }
+            BlockSlot::Tail => self.tail_blocks.contains(&addr),
+        }
+    }
 }
 
 /// One GET (or PUT) row: a page and its Host range (its object key is kept in a list of
@@ -413,11 +487,11 @@ impl CacheCoordinator {
         tokens: &[u32],
         bound: u32,
         tails: &[TailCandidate],
-        hints: Option<&[BlockAddr]>,
+        hints: Option<&ExistenceHints>,
         clamp: Option<Have>,
     ) {
         // Every tail comes from `tail_candidates`: this prompt's own identities.
-        let avail = |a| {
+        let avail = |a, slot| {
             if self.device.contains(a) {
                 return Have::Device;
             }
@@ -426,7 +500,7 @@ impl CacheCoordinator {
                 // In flight for another GET: neither visible nor reservable.
                 Some(EntryState::Unpublished) => Have::Missing,
                 None => match hints {
-                    Some(h) if h.binary_search(&a).is_ok() => Have::Assumed,
+                    Some(h) if h.has(a, slot) => Have::Assumed,
                     _ => Have::Missing,
                 },
             }
@@ -695,6 +769,7 @@ impl CacheCoordinator {
             for page in 0..table.pages(b.addr.group as usize) {
                 plan.rows.push(QueryRow {
                     block: b.addr,
+                    slot: b.slot,
                     page,
                 });
             }
@@ -754,7 +829,7 @@ impl CacheCoordinator {
             tokens,
             bound,
             tails,
-            Some(&hints.blocks[..]),
+            Some(hints),
             Some(Have::Assumed),
         );
         let device_tokens = table.longest(0, Have::Device).map_or(0, |c| c.boundary);
@@ -1035,7 +1110,7 @@ impl CacheCoordinator {
             boundary,
             &tails,
             None,
-            |_| Have::Missing,
+            |_, _| Have::Missing,
         );
         let c = Candidate {
             boundary,

@@ -316,7 +316,7 @@ mod tests {
                 .filter_map(|b| TailCandidate::at(&index, &p, *b))
                 .collect();
             for seed in 0u64..48 {
-                let table = MatchTable::build(&g, &index, &p, 203, &tails, None, |a| {
+                let table = MatchTable::build(&g, &index, &p, 203, &tails, None, |a, _| {
                     let h = a.hash.as_u128() as u64 ^ seed.wrapping_mul(0x9E37_79B9);
                     match seed % 3 {
                         0 => levels[(h % 4) as usize],

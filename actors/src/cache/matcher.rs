@@ -155,7 +155,8 @@ pub struct MatchTable {
 
 impl MatchTable {
     /// Classifies every complete block of every group up to `hi` (clamped to the index) and
-    /// each tail candidate's blocks with `avail`. With `clamp`, callers that only ask for
+    /// each tail candidate's blocks with `avail` (given each block's address and its place:
+    /// complete block `k` of its group, or the group's tail block). With `clamp`, callers that only ask for
     /// legality at that level or better let the table stop above the first Full-history
     /// block below it (no boundary past it can be legal at that level).
     pub fn build(
@@ -165,7 +166,7 @@ impl MatchTable {
         hi: u32,
         tails: &[TailCandidate],
         clamp: Option<Have>,
-        avail: impl FnMut(BlockAddr) -> Have,
+        avail: impl FnMut(BlockAddr, BlockSlot) -> Have,
     ) -> Self {
         let mut table = Self::default();
         table.rebuild(geometry, index, tokens, hi, tails, clamp, avail, false);
@@ -185,7 +186,7 @@ impl MatchTable {
         hi: u32,
         tails: &[TailCandidate],
         clamp: Option<Have>,
-        mut avail: impl FnMut(BlockAddr) -> Have,
+        mut avail: impl FnMut(BlockAddr, BlockSlot) -> Have,
         tails_exact: bool,
     ) {
         debug_assert!(
@@ -213,7 +214,10 @@ impl MatchTable {
                 gt.classified = true;
                 let n = hi / spec.block_tokens;
                 for k in 0..n {
-                    let h = avail(BlockAddr::new(g, index.block_hash(g, k)));
+                    let h = avail(
+                        BlockAddr::new(g, index.block_hash(g, k)),
+                        BlockSlot::Full(k),
+                    );
                     gt.have.push(h);
                     if h < min {
                         hi = hi.min((k + 1) * spec.block_tokens);
@@ -227,8 +231,12 @@ impl MatchTable {
             if gt.classified {
                 gt.have.truncate(n as usize);
             } else {
-                gt.have
-                    .extend((0..n).map(|k| avail(BlockAddr::new(g, index.block_hash(g, k)))));
+                gt.have.extend((0..n).map(|k| {
+                    avail(
+                        BlockAddr::new(g, index.block_hash(g, k)),
+                        BlockSlot::Full(k),
+                    )
+                }));
             }
             let mut run = [0u32; 4];
             gt.counts.push(run);
@@ -286,7 +294,8 @@ impl MatchTable {
                     index.tail_block_hash(&mut self.scratch, tokens, g, t.boundary)
                 };
                 let addr = BlockAddr::new(g, hash);
-                self.tail_blocks.push(Some((addr, avail(addr))));
+                self.tail_blocks
+                    .push(Some((addr, avail(addr, BlockSlot::Tail))));
             }
         }
         self.hi = hi;

@@ -15,8 +15,8 @@ pub mod tail;
 
 pub use coordinator::{
     AdmissionMatch, Bypass, CacheCoordinator, CacheError, CoordinatorConfig, ExistenceHints,
-    PlacedBlock, PlannedBoundary, QueryLimits, QueryPlan, QueryRow, ReadyHold, Reservation,
-    TransferRow,
+    HintedBlock, PlacedBlock, PlannedBoundary, QueryLimits, QueryPlan, QueryRow, ReadyHold,
+    Reservation, TransferRow,
 };
 pub use credits::QueryCredits;
 pub use geometry::{CacheGeometry, GeometryError, GroupKind, GroupSpec};

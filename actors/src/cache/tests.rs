@@ -6,6 +6,7 @@ use super::coordinator::*;
 use super::credits::QueryCredits;
 use super::geometry::{CacheGeometry, GroupKind, GroupSpec};
 use super::keys::{chain_hash, BlockAddr, ContentHash};
+use super::matcher::BlockSlot;
 use messages::{DeploymentIdentity, Namespace};
 use std::collections::BTreeSet;
 
@@ -274,7 +275,7 @@ fn eviction_between_query_and_reservation_shortens_never_hits() {
     let mut exists = vec![true; plan.rows.len()];
     exists[0] = false;
     let h = plan.existence_hints(&exists).unwrap();
-    assert_eq!(h.blocks.len(), 3);
+    assert_eq!(h.full.len(), 3);
     let r = c.reserve(&p, 128, &h, 100).unwrap();
     assert_eq!(r.boundary, 32);
 }
@@ -370,7 +371,7 @@ fn a_match_tables_tail_blocks_are_the_prompts_own() {
         boundary: 203,
         hash: ContentHash::from_u128(0),
     };
-    let table = MatchTable::build(&g, &index, &p, 203, &[foreign, own], None, |_| {
+    let table = MatchTable::build(&g, &index, &p, 203, &[foreign, own], None, |_, _| {
         Have::Missing
     });
     let tails: Vec<Candidate> = table
@@ -864,7 +865,8 @@ mod props {
             // Some pages of a block may exist; the block exists only when all of them do.
             let pages: Vec<bool> = (0..plan.rows.len()).map(|i| exists[i % exists.len()]).collect();
             let mut hints = plan.existence_hints(&pages).unwrap();
-            hints.blocks.clear();
+            hints.full.clear();
+            hints.tail_blocks.clear();
             let free: Vec<u64> = (0..geo.group_count() as u32).map(|g| c.host().available(g)).collect();
             let r = c.reserve(&p, reusable, &hints, u32::MAX).unwrap();
             prop_assert!(r.is_empty(), "{:?}", r);
@@ -916,7 +918,7 @@ fn the_one_pass_longest_pair_agrees_with_two_scans() {
     // Availability patterns: a block's level from its hash and a seed (mixed levels,
     // Device prefixes, nothing, everything).
     for seed in 0u64..64 {
-        let table = MatchTable::build(&g, &index, &p, 199, &tails, None, |a| {
+        let table = MatchTable::build(&g, &index, &p, 199, &tails, None, |a, _| {
             let h = a.hash.as_u128() as u64;
             match seed % 4 {
                 0 => levels[((h ^ seed.wrapping_mul(0x9E37)) % 4) as usize],
@@ -978,11 +980,19 @@ fn the_one_pass_longest_pair_agrees_with_two_scans() {
 #[test]
 fn a_block_exists_only_when_every_one_of_its_pages_does_in_any_row_order() {
     let block = |n: u128, g: usize| BlockAddr::new(g, ContentHash::from_u128(n));
+    // Block n sits at position n of its group; tail blocks are n >= 100.
     let row = |n: u128, g: usize, page: u32| QueryRow {
         block: block(n, g),
+        slot: if n >= 100 {
+            BlockSlot::Tail
+        } else {
+            BlockSlot::Full(n as u32)
+        },
         page,
     };
-    // Two pages per block; block 2's pages are apart, and block 3 misses its second page.
+    let placed = |n: u128, g: usize| HintedBlock::new(block(n, g), n as u32);
+    // Two pages per block; block 2's pages are apart, and block 3 misses its second page;
+    // tail block 100's pages are apart too.
     let plan = QueryPlan {
         local_tokens: 0,
         device_tokens: 0,
@@ -992,30 +1002,49 @@ fn a_block_exists_only_when_every_one_of_its_pages_does_in_any_row_order() {
         rows: vec![
             row(2, 0, 0),
             row(1, 0, 0),
+            row(100, 0, 0),
             row(1, 0, 1),
             row(3, 0, 0),
             row(2, 0, 1),
             row(3, 0, 1),
             row(4, 1, 0),
+            row(100, 0, 1),
         ],
         host_blocks: 0,
     };
     let h = plan
-        .existence_hints(&[true, true, true, true, true, false, true])
+        .existence_hints(&[true, true, true, true, true, true, false, true, true])
         .unwrap();
-    assert_eq!(h.blocks, vec![block(1, 0), block(2, 0), block(4, 1)]);
+    assert_eq!(h.full, vec![placed(1, 0), placed(2, 0), placed(4, 1)]);
+    assert_eq!(h.tail_blocks, vec![block(100, 0)]);
+    assert!(h.has(block(2, 0), BlockSlot::Full(2)));
+    assert!(h.has(block(100, 0), BlockSlot::Tail));
+    // A block is found by its place and must carry the hinted hash there: another
+    // prompt's block at the same place, or this block at another place, is not hinted.
+    assert!(!h.has(block(7, 0), BlockSlot::Full(2)));
+    assert!(!h.has(block(2, 0), BlockSlot::Full(3)));
+    assert!(!h.has(block(2, 0), BlockSlot::Tail));
+    assert!(!h.has(block(3, 0), BlockSlot::Full(3)));
     let h = plan
-        .existence_hints(&[true, true, true, true, false, true, false])
+        .existence_hints(&[false, true, true, true, true, true, true, false, false])
         .unwrap();
-    assert_eq!(h.blocks, vec![block(1, 0), block(3, 0)]);
+    assert_eq!(h.full, vec![placed(1, 0), placed(3, 0)]);
+    assert!(h.tail_blocks.is_empty(), "a tail page is missing");
+    assert!(!h.is_empty());
+    assert!(plan
+        .existence_hints(&[false; 9])
+        .is_ok_and(|h| h.is_empty()));
     assert!(plan.existence_hints(&[true]).is_err());
     // Hints made into reused lists hold only the latest answer's blocks (an error leaves
     // them empty, not holding the last answer's).
     let mut reused = plan
-        .existence_hints(&[true, true, true, true, true, false, true])
+        .existence_hints(&[true, true, true, true, true, true, false, true, true])
         .unwrap();
-    plan.existence_hints_into(&[true, true, true, true, false, true, false], &mut reused)
-        .unwrap();
+    plan.existence_hints_into(
+        &[false, true, true, true, true, true, true, false, false],
+        &mut reused,
+    )
+    .unwrap();
     assert_eq!(reused, h);
     assert!(plan.existence_hints_into(&[true], &mut reused).is_err());
     assert_eq!(reused, ExistenceHints::default());

@@ -143,7 +143,7 @@ impl Scheduler {
         }
         // No block is known to exist: a reservation could only assume what local data
         // already holds, so it would reserve nothing (a Miss). Decided without matching.
-        if hints.blocks.is_empty() {
+        if hints.is_empty() {
             self.end_prefetch(id, Some(FallbackReason::Miss));
             return;
         }
