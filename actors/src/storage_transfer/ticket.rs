@@ -38,8 +38,8 @@ pub struct Ticket {
     /// Per row of a GET or PUT: the Host reference (destination or source); empty for a
     /// QUERY.
     pub refs: Vec<HostRef>,
-    /// Per key: whether the ticket still holds `refs[i]`.
-    pub held: Vec<bool>,
+    /// Per row: whether the ticket still holds `refs[i]`.
+    held: HeldRows,
     /// Operation credits charged (1 until settlement).
     pub charged_operations: u32,
     /// Host credits charged: one per held reference.
@@ -70,7 +70,7 @@ impl Ticket {
         epoch: u64,
         issued_us: u64,
     ) -> Self {
-        let held = vec![true; refs.len()];
+        let held = HeldRows::all(refs.len());
         let charged_hosts = refs.len() as u32;
         let rows = match kind {
             StorageOpKind::Query => keys.len(),
@@ -140,9 +140,9 @@ impl Ticket {
     fn held(&self) -> impl Iterator<Item = HostRef> + '_ {
         self.refs
             .iter()
-            .zip(&self.held)
-            .filter(|(_, h)| **h)
-            .map(|(r, _)| *r)
+            .enumerate()
+            .filter(|(i, _)| self.held.has(*i))
+            .map(|(_, r)| *r)
     }
 
     /// Release the reference of row `i` (after retirement). Returns it when it was held.
@@ -150,14 +150,11 @@ impl Ticket {
         if self.state == TicketState::Quarantined || self.state == TicketState::Settled {
             return None;
         }
-        match self.held.get_mut(i) {
-            Some(h) if *h => {
-                *h = false;
-                self.charged_hosts = self.charged_hosts.saturating_sub(1);
-                self.refs.get(i).copied()
-            }
-            _ => None,
+        if !self.held.take(i) {
+            return None;
         }
+        self.charged_hosts = self.charged_hosts.saturating_sub(1);
+        self.refs.get(i).copied()
     }
 
     /// Settle: release every remaining reference, appended to `released`. Returns the
@@ -173,7 +170,7 @@ impl Ticket {
         let ops = self.charged_operations;
         // charged_hosts always equals the number of held references.
         debug_assert_eq!(hosts as usize, released.len() - before);
-        self.held.iter_mut().for_each(|h| *h = false);
+        self.held.clear();
         self.charged_hosts = 0;
         self.charged_operations = 0;
         self.state = TicketState::Settled;
@@ -189,6 +186,65 @@ impl Ticket {
 
     pub fn is_read(&self) -> bool {
         self.kind != StorageOpKind::Put
+    }
+}
+
+/// Which rows a ticket still holds, one bit per row: the first 64 rows in a word of the
+/// ticket itself, any further rows in words of their own (so a ticket of up to 64 rows
+/// allocates nothing for them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct HeldRows {
+    first: u64,
+    rest: Vec<u64>,
+}
+
+impl HeldRows {
+    /// Rows `0..n` held.
+    fn all(n: usize) -> Self {
+        let word = |bits: usize| {
+            if bits >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << bits) - 1
+            }
+        };
+        let rest = (64..n).step_by(64).map(|lo| word(n - lo)).collect();
+        Self {
+            first: word(n),
+            rest,
+        }
+    }
+
+    fn word(&self, i: usize) -> Option<(&u64, u64)> {
+        let w = match i / 64 {
+            0 => &self.first,
+            k => self.rest.get(k - 1)?,
+        };
+        Some((w, 1u64 << (i % 64)))
+    }
+
+    fn has(&self, i: usize) -> bool {
+        self.word(i).is_some_and(|(w, bit)| w & bit != 0)
+    }
+
+    /// Clears row `i`'s bit; whether it was held.
+    fn take(&mut self, i: usize) -> bool {
+        let bit = 1u64 << (i % 64);
+        let w = match i / 64 {
+            0 => &mut self.first,
+            k => match self.rest.get_mut(k - 1) {
+                Some(w) => w,
+                None => return false,
+            },
+        };
+        let held = *w & bit != 0;
+        *w &= !bit;
+        held
+    }
+
+    fn clear(&mut self) {
+        self.first = 0;
+        self.rest.iter_mut().for_each(|w| *w = 0);
     }
 }
 
@@ -227,6 +283,43 @@ mod tests {
         let mut t = get_ticket();
         assert_eq!(t.settle(&mut kept), Some((1, 2)));
         assert_eq!(kept, vec![HostRef(99), HostRef(10), HostRef(11)]);
+    }
+
+    /// Rows past the first word are held and released one by one like the first ones,
+    /// and no row past the ticket's own is ever held.
+    #[test]
+    fn a_ticket_holds_each_of_many_rows_once() {
+        for n in [0usize, 1, 63, 64, 65, 128, 130] {
+            let refs: Vec<HostRef> = (0..n as u64).map(HostRef).collect();
+            let mut t = Ticket::new(
+                OperationId(2),
+                StorageOpKind::Put,
+                CreditClass::Backup,
+                Vec::new(),
+                refs.clone(),
+                None,
+                0,
+                0,
+            );
+            assert_eq!(t.held_refs(), refs, "{n} rows");
+            assert_eq!(t.release_row(n), None, "no row {n} of {n}");
+            assert_eq!(t.release_row(n + 64), None);
+            let released: Vec<usize> = (0..n).filter(|i| i % 3 == 1).collect();
+            for &i in &released {
+                assert_eq!(t.release_row(i), Some(HostRef(i as u64)));
+                assert_eq!(t.release_row(i), None);
+            }
+            let mut settled = Vec::new();
+            let (_, hosts) = t.settle(&mut settled).unwrap();
+            let kept: Vec<HostRef> = refs
+                .iter()
+                .copied()
+                .filter(|r| !released.contains(&(r.0 as usize)))
+                .collect();
+            assert_eq!(settled, kept, "{n} rows");
+            assert_eq!(hosts as usize, kept.len());
+            assert!(t.held_refs().is_empty());
+        }
     }
 
     #[test]
