@@ -11,7 +11,9 @@
 use super::credits::{pack, PackScratch, QueryCredits};
 use super::geometry::CacheGeometry;
 use super::keys::{page_key, BlockAddr, ContentHash, PromptIndex};
-use super::matcher::{requirement, BlockSlot, Candidate, Have, MatchTable, RequiredBlock};
+use super::matcher::{
+    requirement, Availability, BlockSlot, Candidate, Have, MatchTable, RequiredBlock,
+};
 use super::pool::{page_of, BlockPool, Device, EntryState, HeldBlock, Host, PoolError};
 use super::tail::{TailCandidate, TailHint, TailTable};
 use messages::{HostRange, Namespace, StorageKey};
@@ -362,6 +364,33 @@ struct MatchScratch {
     pack: PackScratch,
 }
 
+/// A block's level in the real pools (and, for a reservation, the existence hints): a
+/// published Device entry, else a published Host entry; a Host entry in flight for another
+/// GET is neither visible nor reservable; otherwise a hinted block is Assumed.
+struct PoolLevels<'a> {
+    device: &'a BlockPool<Device>,
+    host: &'a BlockPool<Host>,
+    hints: Option<&'a ExistenceHints>,
+}
+
+impl Availability for PoolLevels<'_> {
+    /// Inlined into the match table's loops (one call per block of every match).
+    #[inline(always)]
+    fn level(&mut self, a: BlockAddr, slot: BlockSlot) -> Have {
+        if self.device.contains(a) {
+            return Have::Device;
+        }
+        match self.host.state(a) {
+            Some(EntryState::Published) => Have::Host,
+            Some(EntryState::Unpublished) => Have::Missing,
+            None => match self.hints {
+                Some(h) if h.has(a, slot) => Have::Assumed,
+                _ => Have::Missing,
+            },
+        }
+    }
+}
+
 impl CacheCoordinator {
     pub fn new(
         geometry: CacheGeometry,
@@ -491,19 +520,10 @@ impl CacheCoordinator {
         clamp: Option<Have>,
     ) {
         // Every tail comes from `tail_candidates`: this prompt's own identities.
-        let avail = |a, slot| {
-            if self.device.contains(a) {
-                return Have::Device;
-            }
-            match self.host.state(a) {
-                Some(EntryState::Published) => Have::Host,
-                // In flight for another GET: neither visible nor reservable.
-                Some(EntryState::Unpublished) => Have::Missing,
-                None => match hints {
-                    Some(h) if h.has(a, slot) => Have::Assumed,
-                    _ => Have::Missing,
-                },
-            }
+        let avail = PoolLevels {
+            device: &self.device,
+            host: &self.host,
+            hints,
         };
         table.rebuild(
             &self.geometry,

@@ -133,6 +133,20 @@ pub fn requirement(kind: GroupKind, block_tokens: u32, b: u32) -> (u32, u32, boo
     }
 }
 
+/// Where a block is available: the one question a match table asks of each block it
+/// classifies (given the block's address and its place: complete block `k` of its group,
+/// or the group's tail block). Any `FnMut(BlockAddr, BlockSlot) -> Have` answers it; the
+/// CacheCoordinator answers with its pools (`PoolLevels`), inlined into the table's loops.
+pub trait Availability {
+    fn level(&mut self, addr: BlockAddr, slot: BlockSlot) -> Have;
+}
+
+impl<F: FnMut(BlockAddr, BlockSlot) -> Have> Availability for F {
+    fn level(&mut self, addr: BlockAddr, slot: BlockSlot) -> Have {
+        self(addr, slot)
+    }
+}
+
 /// The per-request match table. Its buffers outlive one request: `rebuild` refills them for
 /// the next prompt, so a caller that keeps a table (the CacheCoordinator keeps one) matches
 /// without allocating once the buffers have grown to its prompts' size.
@@ -186,7 +200,7 @@ impl MatchTable {
         hi: u32,
         tails: &[TailCandidate],
         clamp: Option<Have>,
-        mut avail: impl FnMut(BlockAddr, BlockSlot) -> Have,
+        mut avail: impl Availability,
         tails_exact: bool,
     ) {
         debug_assert!(
@@ -214,7 +228,7 @@ impl MatchTable {
                 gt.classified = true;
                 let n = hi / spec.block_tokens;
                 for k in 0..n {
-                    let h = avail(
+                    let h = avail.level(
                         BlockAddr::new(g, index.block_hash(g, k)),
                         BlockSlot::Full(k),
                     );
@@ -232,7 +246,7 @@ impl MatchTable {
                 gt.have.truncate(n as usize);
             } else {
                 gt.have.extend((0..n).map(|k| {
-                    avail(
+                    avail.level(
                         BlockAddr::new(g, index.block_hash(g, k)),
                         BlockSlot::Full(k),
                     )
@@ -295,7 +309,7 @@ impl MatchTable {
                 };
                 let addr = BlockAddr::new(g, hash);
                 self.tail_blocks
-                    .push(Some((addr, avail(addr, BlockSlot::Tail))));
+                    .push(Some((addr, avail.level(addr, BlockSlot::Tail))));
             }
         }
         self.hi = hi;
