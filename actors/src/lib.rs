@@ -31,5 +31,6 @@ pub mod l3;
 pub mod metrics;
 pub mod model;
 pub mod names;
+pub mod row_set;
 pub mod scheduler;
 pub mod storage_transfer;

@@ -150,13 +150,16 @@ impl Scheduler {
         // Publication of fully successful, retired rows of attached GETs, request by
         // request in request order (sorted once; each request's references sorted for the
         // lookups).
-        let mut published: Vec<(RequestId, HostRef)> =
-            fx.publish.iter().map(|r| (r.request, r.host)).collect();
+        // (In the scheduler's own list, kept for the next round.)
+        let mut published = std::mem::take(&mut self.published);
+        published.clear();
+        published.extend(fx.publish.iter().map(|r| (r.request, r.host)));
         published.sort_unstable();
         published.dedup();
         for rows in published.chunk_by(|a, b| a.0 == b.0) {
             self.on_get_published(rows[0].0, rows);
         }
+        self.published = published;
         for (req, why) in fx.waits_ended.drain(..) {
             self.on_wait_ended(req, why);
         }
@@ -292,14 +295,10 @@ impl Scheduler {
             let Some((_, row)) = super::get_row_of(*h) else {
                 continue;
             };
-            if let Some(released) = rec.released_rows.get_mut(row) {
-                if !*released {
-                    *released = true;
-                    rec.released += 1;
-                }
-            }
+            // A repeated release of one row (or a row past the read's) changes nothing.
+            rec.released_rows.insert(row);
         }
-        if rec.released < rec.released_rows.len() {
+        if rec.released_rows.count() < rec.released_rows.len() {
             return;
         }
         if let Some(rec) = self.reads.remove(&read) {

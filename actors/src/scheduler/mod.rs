@@ -45,6 +45,7 @@ use crate::device::{DecodeStep, DeviceSlot};
 use crate::frontend::FallbackReason;
 use crate::id_map::IdMap;
 use crate::model::{RankDigest, SyntheticModel};
+use crate::row_set::RowSet;
 use crate::storage_transfer::trace::RequestTrace;
 use crate::storage_transfer::{HandBack, HostRef};
 use geometry::RankLayout;
@@ -173,10 +174,9 @@ fn get_row_of(h: HostRef) -> Option<(u64, usize)> {
 /// A read's Host destinations: reserved until publication, then the Ready hold's blocks.
 #[derive(Debug)]
 struct ReadRecord {
-    /// Per destination row (its reference is `get_row_ref(read, row)`): whether the
-    /// manager has released it.
-    released_rows: Vec<bool>,
-    released: usize,
+    /// The destination rows (row `i`'s reference is `get_row_ref(read, i)`) the manager
+    /// has released.
+    released_rows: RowSet,
     reservation: Option<Reservation>,
     hold: Option<ReadyHold>,
 }
@@ -207,6 +207,8 @@ pub struct Scheduler {
     hints: crate::cache::coordinator::ExistenceHints,
     /// The per-row outcome of the GET being published (its buffer serves the next one).
     row_ok: Vec<bool>,
+    /// The round's published GET rows by request (its buffer serves the next round).
+    published: Vec<(RequestId, HostRef)>,
     free_scratch: Vec<u32>,
     /// The held source of each dispatched PUT's reference, from dispatch to settlement.
     put_sources: PutSources,
@@ -262,6 +264,7 @@ impl Scheduler {
             unprepared: Vec::new(),
             hints: Default::default(),
             row_ok: Vec::new(),
+            published: Vec::new(),
             free_scratch,
             put_sources: PutSources::default(),
             reads: IdMap::default(),

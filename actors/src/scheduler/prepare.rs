@@ -13,6 +13,7 @@ use crate::cache::coordinator::{CacheCoordinator, ExistenceHints, QueryLimits};
 use crate::cache::credits::QueryCredits;
 use crate::cache::geometry::CacheGeometry;
 use crate::frontend::FallbackReason;
+use crate::row_set::RowSet;
 use crate::storage_transfer::trace::RequestTrace;
 use crate::storage_transfer::{Destinations, Refusal, StorageTransferManager};
 use messages::RequestId;
@@ -183,8 +184,7 @@ impl Scheduler {
                 reads.insert(
                     read,
                     ReadRecord {
-                        released_rows: vec![false; rows],
-                        released: 0,
+                        released_rows: RowSet::none(rows),
                         reservation: Some(res),
                         hold: None,
                     },

@@ -53,13 +53,20 @@ impl DeadlineQueue {
     /// from the queue. Entries of deadlines that ended early come back too: the owner
     /// checks each against its record.
     pub fn pop_due(&mut self, now_us: u64) -> Vec<(u64, RequestId)> {
+        let mut out = Vec::new();
+        self.pop_due_into(now_us, &mut out);
+        out
+    }
+
+    /// `pop_due` into `out` (emptied first; a caller that keeps one list reuses it).
+    pub fn pop_due_into(&mut self, now_us: u64, out: &mut Vec<(u64, RequestId)>) {
+        out.clear();
         let n = self.due.partition_point(|&(d, _)| d <= now_us);
         if n == 0 {
-            return Vec::new();
+            return;
         }
-        let mut out: Vec<(u64, RequestId)> = self.due.drain(..n).collect();
+        out.extend(self.due.drain(..n));
         out.sort_unstable();
-        out
     }
     /// Keeps only the entries `live` accepts, when the queue holds more than twice `live_count`
     /// entries and `RETAIN_SLACK` besides (so a pass costs at most two entries per ended one).

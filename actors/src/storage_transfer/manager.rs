@@ -74,6 +74,8 @@ pub struct StorageTransferManager {
     waits: IdMap<RequestId, Wait>,
     deadlines: DeadlineQueue,
     ready_expiry: DeadlineQueue,
+    /// The entries a tick popped from either queue (emptied after each use).
+    due_now: Vec<(u64, RequestId)>,
     pub(super) credits: Credits,
     gate: PressureGate,
     pub(super) backups: BackupQueue,
@@ -147,6 +149,7 @@ impl StorageTransferManager {
             waits: id_map(),
             deadlines: DeadlineQueue::new(),
             ready_expiry: DeadlineQueue::new(),
+            due_now: Vec::new(),
             backup_bytes_outstanding: 0,
             now_us: 0,
             lease_serial: 0,
@@ -391,19 +394,25 @@ impl StorageTransferManager {
         let now = self.now_us;
         // A popped entry counts only while its request still waits with that due tick (an
         // ended deadline's entry stays in the queue until it comes due).
-        for (due, request) in self.deadlines.pop_due(now) {
+        // The due entries are popped into the manager's own list, kept for the next tick.
+        let mut due_now = std::mem::take(&mut self.due_now);
+        self.deadlines.pop_due_into(now, &mut due_now);
+        for &(due, request) in &due_now {
             if soft_deadline_live(&self.waits, due, request) {
                 self.soft_timeouts += 1;
                 self.end_wait(request, WaitEnd::SoftTimeout, fx);
             }
         }
-        for (due, request) in self.ready_expiry.pop_due(now) {
+        self.ready_expiry.pop_due_into(now, &mut due_now);
+        for &(due, request) in &due_now {
             if ready_expiry_live(&self.waits, due, request) {
                 self.ready_expirations += 1;
                 fx.ready_expired.push(request);
                 self.end_ready(request, fx);
             }
         }
+        due_now.clear();
+        self.due_now = due_now;
         let waits = &self.waits;
         self.deadlines
             .retain_if_stale(waits.len(), |due, r| soft_deadline_live(waits, due, r));

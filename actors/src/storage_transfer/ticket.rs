@@ -10,6 +10,7 @@
 
 use super::credits::CreditClass;
 use super::HostRef;
+use crate::row_set::RowSet;
 use messages::{OperationId, RequestId, StorageKey, StorageOpKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,7 +40,7 @@ pub struct Ticket {
     /// QUERY.
     pub refs: Vec<HostRef>,
     /// Per row: whether the ticket still holds `refs[i]`.
-    held: HeldRows,
+    held: RowSet,
     /// Operation credits charged (1 until settlement).
     pub charged_operations: u32,
     /// Host credits charged: one per held reference.
@@ -70,7 +71,7 @@ impl Ticket {
         epoch: u64,
         issued_us: u64,
     ) -> Self {
-        let held = HeldRows::all(refs.len());
+        let held = RowSet::all(refs.len());
         let charged_hosts = refs.len() as u32;
         let rows = match kind {
             StorageOpKind::Query => keys.len(),
@@ -141,7 +142,7 @@ impl Ticket {
         self.refs
             .iter()
             .enumerate()
-            .filter(|(i, _)| self.held.has(*i))
+            .filter(|(i, _)| self.held.contains(*i))
             .map(|(_, r)| *r)
     }
 
@@ -150,7 +151,7 @@ impl Ticket {
         if self.state == TicketState::Quarantined || self.state == TicketState::Settled {
             return None;
         }
-        if !self.held.take(i) {
+        if !self.held.remove(i) {
             return None;
         }
         self.charged_hosts = self.charged_hosts.saturating_sub(1);
@@ -186,65 +187,6 @@ impl Ticket {
 
     pub fn is_read(&self) -> bool {
         self.kind != StorageOpKind::Put
-    }
-}
-
-/// Which rows a ticket still holds, one bit per row: the first 64 rows in a word of the
-/// ticket itself, any further rows in words of their own (so a ticket of up to 64 rows
-/// allocates nothing for them).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct HeldRows {
-    first: u64,
-    rest: Vec<u64>,
-}
-
-impl HeldRows {
-    /// Rows `0..n` held.
-    fn all(n: usize) -> Self {
-        let word = |bits: usize| {
-            if bits >= 64 {
-                u64::MAX
-            } else {
-                (1u64 << bits) - 1
-            }
-        };
-        let rest = (64..n).step_by(64).map(|lo| word(n - lo)).collect();
-        Self {
-            first: word(n),
-            rest,
-        }
-    }
-
-    fn word(&self, i: usize) -> Option<(&u64, u64)> {
-        let w = match i / 64 {
-            0 => &self.first,
-            k => self.rest.get(k - 1)?,
-        };
-        Some((w, 1u64 << (i % 64)))
-    }
-
-    fn has(&self, i: usize) -> bool {
-        self.word(i).is_some_and(|(w, bit)| w & bit != 0)
-    }
-
-    /// Clears row `i`'s bit; whether it was held.
-    fn take(&mut self, i: usize) -> bool {
-        let bit = 1u64 << (i % 64);
-        let w = match i / 64 {
-            0 => &mut self.first,
-            k => match self.rest.get_mut(k - 1) {
-                Some(w) => w,
-                None => return false,
-            },
-        };
-        let held = *w & bit != 0;
-        *w &= !bit;
-        held
-    }
-
-    fn clear(&mut self) {
-        self.first = 0;
-        self.rest.iter_mut().for_each(|w| *w = 0);
     }
 }
 
