@@ -354,7 +354,8 @@ impl std::fmt::Debug for SpareMatch {
 }
 
 /// Buffers a match reuses: the table, the tail candidates, the required blocks, the
-/// candidate list and the packing's records.
+/// candidate list and the packing's records; and the lists of QUERY plans answered and
+/// handed back (`recycle_plan`), for the next plans.
 #[derive(Debug, Default)]
 struct MatchScratch {
     table: MatchTable,
@@ -362,7 +363,18 @@ struct MatchScratch {
     required: Vec<RequiredBlock>,
     candidates: Vec<Candidate>,
     pack: PackScratch,
+    plans: Vec<PlanLists>,
 }
+
+/// The two lists of a handed-back QUERY plan, emptied.
+#[derive(Debug, Default)]
+struct PlanLists {
+    boundaries: Vec<PlannedBoundary>,
+    rows: Vec<QueryRow>,
+}
+
+/// Handed-back plan lists kept at most (about a round's QUERYs; more are freed).
+const SPARE_PLANS: usize = 64;
 
 /// A block's level in the real pools (and, for a reservation, the existence hints): a
 /// published Device entry, else a published Host entry; a Host entry in flight for another
@@ -729,6 +741,7 @@ impl CacheCoordinator {
             tails,
             candidates,
             pack: pack_scratch,
+            plans,
             ..
         } = m;
         let bound = Self::bound(tokens, reusable);
@@ -770,15 +783,17 @@ impl CacheCoordinator {
             return plan;
         };
         plan.host_blocks = packing.host_blocks;
-        plan.boundaries = packing
-            .boundaries
-            .iter()
-            .map(|b| PlannedBoundary {
+        // A QUERY goes out: its lists are those of an answered plan when one was handed
+        // back (`recycle_plan`), so a steady flow of QUERYs allocates none.
+        let lists = plans.pop().unwrap_or_default();
+        plan.boundaries = lists.boundaries;
+        plan.rows = lists.rows;
+        plan.boundaries
+            .extend(packing.boundaries.iter().map(|b| PlannedBoundary {
                 boundary: b.candidate.boundary,
                 tail: b.candidate.tail.map(|i| table.tail(i)),
                 new_keys: b.new_keys,
-            })
-            .collect();
+            }));
         let rows: usize = packing
             .blocks
             .iter()
@@ -795,6 +810,31 @@ impl CacheCoordinator {
             }
         }
         plan
+    }
+
+    /// Takes back an answered (or abandoned) QUERY plan: its lists, emptied, serve the next
+    /// plans (at most `SPARE_PLANS` are kept).
+    pub fn recycle_plan(&self, plan: QueryPlan) {
+        let QueryPlan {
+            mut boundaries,
+            mut rows,
+            ..
+        } = plan;
+        if boundaries.capacity() == 0 && rows.capacity() == 0 {
+            return;
+        }
+        self.spare.lend(|m| {
+            if m.plans.len() < SPARE_PLANS {
+                boundaries.clear();
+                rows.clear();
+                m.plans.push(PlanLists { boundaries, rows });
+            }
+        });
+    }
+
+    /// The handed-back plan lists kept now (`recycle_plan`).
+    pub fn spare_plans(&self) -> usize {
+        self.spare.lend(|m| m.plans.len())
     }
 
     /// Reservation after agreed existence: re-match above the Device-only hit with the

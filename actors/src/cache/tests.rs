@@ -1049,3 +1049,46 @@ fn a_block_exists_only_when_every_one_of_its_pages_does_in_any_row_order() {
     assert!(plan.existence_hints_into(&[true], &mut reused).is_err());
     assert_eq!(reused, ExistenceHints::default());
 }
+
+/// An answered plan handed back lends its lists to the next plan, which comes out exactly
+/// as a plan made with fresh lists; a plan with no lists is not kept, and at most
+/// `SPARE_PLANS` (64) are.
+#[test]
+fn a_recycled_plans_lists_serve_the_next_plan_unchanged() {
+    let p = prompt(40, 200);
+    let q = prompt(41, 200);
+    let c = coord(vec![full(16)], 0, 100);
+    let fresh_q = c.plan_query_rows(&q, 100, ALL, NO_LIMITS);
+    let plan_p = c.plan_query_rows(&p, 100, ALL, NO_LIMITS);
+    assert!(!plan_p.rows.is_empty() && plan_p.rows != fresh_q.rows);
+    let (rows_at, boundaries_at) = (plan_p.rows.as_ptr(), plan_p.boundaries.as_ptr());
+    c.recycle_plan(plan_p);
+    assert_eq!(c.spare_plans(), 1);
+    let again_q = c.plan_query_rows(&q, 100, ALL, NO_LIMITS);
+    assert_eq!(c.spare_plans(), 0);
+    assert_eq!(again_q, fresh_q, "nothing of the recycled plan shows");
+    assert_eq!(
+        again_q.rows.as_ptr(),
+        rows_at,
+        "the recycled rows list is reused"
+    );
+    assert_eq!(again_q.boundaries.as_ptr(), boundaries_at);
+    // A plan that never allocated (a bypass) is not kept.
+    c.recycle_plan(QueryPlan {
+        local_tokens: 0,
+        device_tokens: 0,
+        bypass: Some(Bypass::LocalCoversBound),
+        boundaries: Vec::new(),
+        keys: Vec::new(),
+        rows: Vec::new(),
+        host_blocks: 0,
+    });
+    assert_eq!(c.spare_plans(), 0);
+    let plans: Vec<QueryPlan> = (0..100)
+        .map(|_| c.plan_query_rows(&p, 100, ALL, NO_LIMITS))
+        .collect();
+    for plan in plans {
+        c.recycle_plan(plan);
+    }
+    assert_eq!(c.spare_plans(), 64);
+}

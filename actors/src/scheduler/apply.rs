@@ -267,12 +267,16 @@ impl Scheduler {
         let RequestState::Prefetching {
             lease,
             continuation: _,
-            phase: _,
+            phase,
         } = state
         else {
             r.state = state;
             return;
         };
+        // An answered or abandoned plan's lists serve the next QUERYs.
+        if let PrefetchPhase::Query(plan) = phase {
+            self.cache.recycle_plan(plan);
+        }
         self.queue_front_by_arrival(id);
         self.handbacks.push(HandBack::Detach(lease));
     }
@@ -531,6 +535,28 @@ mod tests {
         assert_ne!(t.context.last(), t.written.first());
         assert_eq!(r.fallback, FallbackReason::None);
         assert!(r.resources.ready.is_none(), "admission took the Ready hold");
+    }
+
+    /// An answered QUERY's plan hands its lists back to the cache owner, whether its GET
+    /// is planned or the answer is a miss, and the next arrival's QUERY takes them.
+    #[test]
+    fn an_answered_querys_plan_lends_its_lists_to_the_next_query() {
+        let mut rig = rig(true);
+        assert_eq!(rig.s.cache.spare_plans(), 0);
+        let plan = get_after_a_full_hit(&mut rig, &prompt(32, 9));
+        assert!(matches!(&plan.storage[..], [StorageOp::Get(_)]));
+        assert_eq!(rig.s.cache.spare_plans(), 1, "the GET's QUERY plan");
+        let plan = rig.arrive(&[(2, &prompt(32, 10), 2)]);
+        let [StorageOp::Query(q)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        assert_eq!(rig.s.cache.spare_plans(), 0, "taken by the next QUERY");
+        let exists = vec![false; q.keys.len()];
+        rig.round(AgreedInputs {
+            completions: vec![StorageDone::query(q.op, exists, true)],
+            ..AgreedInputs::default()
+        });
+        assert_eq!(rig.s.cache.spare_plans(), 1, "a missed QUERY's plan");
     }
 
     #[test]

@@ -190,7 +190,12 @@ impl Scheduler {
                     },
                 );
                 if let RequestState::Prefetching { phase, .. } = &mut r.state {
-                    *phase = PrefetchPhase::Get(read);
+                    // The answered plan's lists serve the next QUERYs.
+                    if let PrefetchPhase::Query(plan) =
+                        std::mem::replace(phase, PrefetchPhase::Get(read))
+                    {
+                        cache.recycle_plan(plan);
+                    }
                 }
             }
             Err(e) => {
