@@ -323,6 +323,33 @@ pub struct CacheCoordinator {
     /// The match buffers one planning call borrows and returns (taken out of the cell for
     /// the call, so a match allocates nothing once they have grown to the prompts' size).
     spare: SpareMatch,
+    /// Lists of ended reservations and Ready holds, for the next reservations.
+    lists: SpareLists,
+}
+
+/// The emptied lists of reservations and Ready holds that ended (at most `SPARE_PLANS` of
+/// each kind kept): a reservation takes its rows and destinations lists from here.
+#[derive(Debug, Default)]
+struct SpareLists {
+    rows: Vec<Vec<TransferRow>>,
+    held: Vec<Vec<HeldBlock<Host>>>,
+}
+
+impl SpareLists {
+    fn keep_rows(&mut self, mut rows: Vec<TransferRow>) {
+        if rows.capacity() > 0 && self.rows.len() < SPARE_PLANS {
+            rows.clear();
+            self.rows.push(rows);
+        }
+    }
+
+    /// Keeps an emptied list of held blocks (one still holding a reference is dropped:
+    /// a handle is never forgotten here).
+    fn keep_held(&mut self, held: Vec<HeldBlock<Host>>) {
+        if held.is_empty() && held.capacity() > 0 && self.held.len() < SPARE_PLANS {
+            self.held.push(held);
+        }
+    }
 }
 
 /// The coordinator's match buffers, lent to one call at a time (`take`, then `set` back).
@@ -421,6 +448,7 @@ impl CacheCoordinator {
             host: BlockPool::new(&config.host_blocks, &bytes),
             tails: TailTable::new(config.tail_capacity),
             spare: Default::default(),
+            lists: SpareLists::default(),
             geometry,
             namespace,
         })
@@ -975,9 +1003,10 @@ impl CacheCoordinator {
         });
         // The first `taken` destinations are allocated; each one's rows are written as it
         // is (its Host range comes with the allocation).
-        let mut held = Vec::new();
+        // The rows and destinations lists of an ended reservation when there is one.
+        let mut held = self.lists.held.pop().unwrap_or_default();
         let mut ok = enough;
-        let (mut rows, mut keys) = (Vec::new(), Vec::new());
+        let (mut rows, mut keys) = (self.lists.rows.pop().unwrap_or_default(), Vec::new());
         if enough {
             let pages: usize = dests()
                 .map(|b| self.geometry.group(b.addr.group as usize).pages_per_block as usize)
@@ -1023,9 +1052,11 @@ impl CacheCoordinator {
                     .collect(),
             })
         } else {
-            for h in held {
+            for h in held.drain(..) {
                 self.host.release_held(h)?;
             }
+            self.lists.keep_held(held);
+            self.lists.keep_rows(rows);
             None
         };
         for a in warm() {
@@ -1058,6 +1089,7 @@ impl CacheCoordinator {
                 failed.insert(row.block);
             }
         }
+        self.lists.keep_rows(reservation.rows);
         // The hold keeps the published destinations (their held references) in the
         // reservation's own list; a failed one (rare) leaves it, released.
         let mut blocks = reservation.destinations;
@@ -1086,13 +1118,29 @@ impl CacheCoordinator {
 
     /// Ends a Ready hold (expiry, or after admission took its own references).
     pub fn release_hold(&mut self, hold: ReadyHold) -> Result<(), CacheError> {
-        self.release_held(hold.blocks)
+        self.release_list(hold.blocks)
+    }
+
+    /// Gives a list's held references back, then keeps the emptied list for the next
+    /// reservation.
+    fn release_list(&mut self, mut blocks: Vec<HeldBlock<Host>>) -> Result<(), CacheError> {
+        for h in blocks.drain(..) {
+            self.host.release_held(h)?;
+        }
+        self.lists.keep_held(blocks);
+        Ok(())
     }
 
     /// Frees a reservation whose GET retired without publishing (detached, cancelled or
     /// expired). Never call it for an unretired (quarantined) operation.
     pub fn abandon(&mut self, reservation: Reservation) -> Result<(), CacheError> {
-        self.release_held(reservation.destinations)
+        self.lists.keep_rows(reservation.rows);
+        self.release_list(reservation.destinations)
+    }
+
+    /// The ended reservations' lists kept now: (rows lists, destinations lists).
+    pub fn spare_reservation_lists(&self) -> (usize, usize) {
+        (self.lists.rows.len(), self.lists.held.len())
     }
 
     /// Gives held Host references back (each without an index probe).

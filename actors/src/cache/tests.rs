@@ -1092,3 +1092,58 @@ fn a_recycled_plans_lists_serve_the_next_plan_unchanged() {
     }
     assert_eq!(c.spare_plans(), 64);
 }
+
+/// A reservation that ends (published then released, or abandoned) leaves its rows and
+/// destinations lists to the next reservation, which comes out as one made with fresh
+/// lists; a list still holding references is never kept.
+#[test]
+fn an_ended_reservations_lists_serve_the_next_reservation() {
+    let p = prompt(42, 200);
+    let q = prompt(43, 200);
+    let mut c = coord(vec![full(16)], 0, 100);
+    let mut fresh = coord(vec![full(16)], 0, 100);
+    assert_eq!(c.spare_reservation_lists(), (0, 0));
+    let plan = c.plan_query(&p, 100, ALL, NO_LIMITS);
+    let r = c.reserve(&p, 100, &all_hints(&plan), 100).unwrap();
+    assert!(!r.is_empty());
+    let (rows_at, held_at) = (r.rows.as_ptr(), r.destinations.as_ptr());
+    let rows = r.rows.len();
+    let hold = c.publish_host(r, &vec![true; rows]).unwrap();
+    assert_eq!(
+        c.spare_reservation_lists(),
+        (1, 0),
+        "the rows list, at publication"
+    );
+    c.release_hold(hold).unwrap();
+    assert_eq!(
+        c.spare_reservation_lists(),
+        (1, 1),
+        "the destinations, at the hold's end"
+    );
+    let plan_q = c.plan_query(&q, 100, ALL, NO_LIMITS);
+    let r = c.reserve(&q, 100, &all_hints(&plan_q), 100).unwrap();
+    assert_eq!(c.spare_reservation_lists(), (0, 0));
+    assert_eq!(
+        (r.rows.as_ptr(), r.destinations.as_ptr()),
+        (rows_at, held_at)
+    );
+    let plan_f = fresh.plan_query(&q, 100, ALL, NO_LIMITS);
+    let f = fresh.reserve(&q, 100, &all_hints(&plan_f), 100).unwrap();
+    // (The Host ranges differ: `c` still caches `p`'s published blocks.)
+    let placed = |r: &Reservation| r.rows.iter().map(|w| (w.block, w.page)).collect::<Vec<_>>();
+    assert_eq!(
+        (r.boundary, placed(&r), &r.keys),
+        (f.boundary, placed(&f), &f.keys)
+    );
+    assert_eq!(r.rows.len(), r.destinations.len());
+    assert_eq!(
+        r.destinations.iter().map(|h| h.addr()).collect::<Vec<_>>(),
+        f.destinations.iter().map(|h| h.addr()).collect::<Vec<_>>()
+    );
+    // Abandoned: both lists come back, every reference given back first.
+    c.abandon(r).unwrap();
+    assert_eq!(c.spare_reservation_lists(), (1, 1));
+    assert!(group_blocks(&c, &q, 0, 96)
+        .iter()
+        .all(|b| c.host().refs(*b) == 0));
+}
