@@ -636,10 +636,7 @@ impl CacheCoordinator {
         } = m;
         let bound = Self::bound(tokens, reusable);
         let index = self.index_for(whole, tokens, bound);
-        self.tail_candidates(tails, &index, tokens, 0, bound, &[]);
-        self.table(table, &index, tokens, bound, tails, None, Some(Have::Host));
-        let device = table.longest(0, Have::Device);
-        let best = table.longest(0, Have::Host);
+        let (device, best) = self.admission_table(table, tails, &index, tokens, bound);
         let device_tokens = device.map_or(0, |c| c.boundary);
         let Some(best) = best else {
             return AdmissionMatch {
@@ -664,6 +661,41 @@ impl CacheCoordinator {
                 .collect(),
             copy_on_write: self.partial_history(required),
         }
+    }
+
+    /// The admission table over real Device and published Host blocks: the longest
+    /// boundary legal on the Device alone, and the longest legal over both.
+    fn admission_table(
+        &self,
+        table: &mut MatchTable,
+        tails: &mut Vec<TailCandidate>,
+        index: &PromptIndex,
+        tokens: &[u32],
+        bound: u32,
+    ) -> (Option<Candidate>, Option<Candidate>) {
+        self.tail_candidates(tails, index, tokens, 0, bound, &[]);
+        self.table(table, index, tokens, bound, tails, None, Some(Have::Host));
+        (table.longest(0, Have::Device), table.longest(0, Have::Host))
+    }
+
+    /// `admission_match_in`'s boundary and Device tokens only (what admission plans its
+    /// blocks from): no list of the Host blocks, no copy-on-write check.
+    pub fn admission_boundary_in(
+        &self,
+        whole: &PromptIndex,
+        tokens: &[u32],
+        reusable: u32,
+    ) -> (u32, u32) {
+        self.spare.lend(|m| {
+            let bound = Self::bound(tokens, reusable);
+            let index = self.index_for(Some(whole), tokens, bound);
+            let (device, best) =
+                self.admission_table(&mut m.table, &mut m.tails, &index, tokens, bound);
+            (
+                best.map_or(0, |c| c.boundary),
+                device.map_or(0, |c| c.boundary),
+            )
+        })
     }
 
     fn partial_history(&self, required: &[RequiredBlock]) -> bool {

@@ -761,6 +761,12 @@ mod props {
                 prop_assert!(!legal(*b, &on_dev));
             }
             prop_assert_eq!(m.host_tokens, m.boundary - m.device_tokens);
+            // Admission's own question (no Host blocks list) has the same answer.
+            let whole = crate::cache::keys::PromptIndex::new(&geo, &p, len as u32);
+            prop_assert_eq!(
+                c.admission_boundary_in(&whole, &p, bound),
+                (m.boundary, m.device_tokens)
+            );
         }
 
         #[test]

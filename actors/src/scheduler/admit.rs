@@ -68,10 +68,10 @@ impl Scheduler {
         // With tails on, a tail boundary (its partial history blocks, the SWA lookback and
         // the State checkpoint taken exactly there) is reused like an aligned one; off,
         // the coordinator proposes only aligned boundaries.
-        let m = self.cache.admission_match_in(&whole, &prompt, reusable);
+        let (boundary, device_tokens) = self.cache.admission_boundary_in(&whole, &prompt, reusable);
         let matched = Matched {
-            boundary: m.boundary,
-            device_tokens: m.device_tokens,
+            boundary,
+            device_tokens,
             reusable,
             prompt_len: prompt.len() as u32,
         };
