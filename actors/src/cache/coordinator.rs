@@ -138,6 +138,12 @@ impl QueryPlan {
                 got: exists.len(),
             });
         }
+        // No key exists (a common answer for a new prompt): no block does either.
+        if !exists.contains(&true) {
+            out.tails
+                .extend(self.boundaries.iter().filter_map(|b| b.tail));
+            return Ok(());
+        }
         // A block exists when every one of its rows does. Complete blocks, by place, in one
         // pass: the existing rows' blocks gather at the front of the list, the missing
         // rows' behind them; each half is sorted, and one merge pass keeps the distinct

@@ -323,6 +323,12 @@ fn a_tail_candidate_of_another_prompt_is_ignored() {
     let plan_p = c.plan_query(&p, 70, ALL, NO_LIMITS);
     let mut hints = all_hints(&plan_p);
     assert_eq!(hints.tails.len(), 1);
+    // An answer with no existing key hints no block; the tail candidates still ride along.
+    let none = plan_p
+        .existence_hints(&vec![false; plan_p.rows.len()])
+        .unwrap();
+    assert!(none.is_empty());
+    assert_eq!(none.tails, hints.tails);
     let own = hints.tails.clone();
     // With bound 100, 70 is no exact bound: only a carried candidate can propose it.
     hints.tails = vec![tail_q];
