@@ -44,11 +44,10 @@ pub struct Packing<'s> {
 }
 
 /// Buffers one packing reuses from the last (lent by the coordinator's match scratch):
-/// the included-block record, the extra-blocks list and the packing's own two lists.
+/// the included-block record and the packing's own two lists.
 #[derive(Debug, Default)]
 pub struct PackScratch {
     inc: Included,
-    extra: Vec<RequiredBlock>,
     boundaries: Vec<PackedBoundary>,
     blocks: Vec<RequiredBlock>,
 }
@@ -139,7 +138,7 @@ fn pack_with<'s>(
         .find(|(_, f)| f.0)?;
     let PackScratch {
         inc,
-        extra,
+
         boundaries,
         blocks,
     } = scratch;
@@ -170,17 +169,20 @@ fn pack_with<'s>(
             });
             continue;
         }
-        extra_blocks(table, index, inc, c, extra);
-        let extra_keys: u32 = extra
+        // The extra blocks are written at the end of the packing's own list and cut off
+        // again when they do not fit (no second list to copy from).
+        let start = blocks.len();
+        extra_blocks(table, index, inc, c, blocks);
+        let extra_keys: u32 = blocks[start..]
             .iter()
             .map(|b| table.pages(b.addr.group as usize))
             .sum();
         if keys + extra_keys > credits.keys {
+            blocks.truncate(start);
             continue;
         }
-        include(table, inc, c, extra);
+        include(table, inc, c, &blocks[start..]);
         keys += extra_keys;
-        blocks.extend_from_slice(extra);
         boundaries.push(PackedBoundary {
             candidate: c,
             new_keys: extra_keys,
@@ -213,7 +215,7 @@ fn adds_nothing(table: &MatchTable, inc: &Included, c: Candidate) -> bool {
 }
 
 /// The missing blocks `c` requires that are not yet included, by group then position
-/// (into `out`, emptied first).
+/// (appended to `out`).
 fn extra_blocks(
     table: &MatchTable,
     index: &PromptIndex,
@@ -221,7 +223,6 @@ fn extra_blocks(
     c: Candidate,
     out: &mut Vec<RequiredBlock>,
 ) {
-    out.clear();
     for g in 0..table.group_count() {
         let (s, e, tail) = table.requirement(g, c.boundary);
         let (clo, chi) = inc.groups[g].covered;
