@@ -138,10 +138,10 @@ impl QueryPlan {
                 got: exists.len(),
             });
         }
+        out.tails
+            .extend(self.boundaries.iter().filter_map(|b| b.tail));
         // No key exists (a common answer for a new prompt): no block does either.
         if !exists.contains(&true) {
-            out.tails
-                .extend(self.boundaries.iter().filter_map(|b| b.tail));
             return Ok(());
         }
         // A block exists when every one of its rows does. Complete blocks, by place, in one
@@ -192,8 +192,6 @@ impl QueryPlan {
                 }
             }
         }
-        out.tails
-            .extend(self.boundaries.iter().filter_map(|b| b.tail));
         Ok(())
     }
 }
@@ -333,7 +331,7 @@ pub struct CacheCoordinator {
     lists: SpareLists,
 }
 
-/// The emptied lists of reservations and Ready holds that ended (at most `SPARE_PLANS` of
+/// The emptied lists of reservations and Ready holds that ended (at most `SPARE_LISTS` of
 /// each kind kept): a reservation takes its rows and destinations lists from here.
 #[derive(Debug, Default)]
 struct SpareLists {
@@ -343,7 +341,7 @@ struct SpareLists {
 
 impl SpareLists {
     fn keep_rows(&mut self, mut rows: Vec<TransferRow>) {
-        if rows.capacity() > 0 && self.rows.len() < SPARE_PLANS {
+        if rows.capacity() > 0 && self.rows.len() < SPARE_LISTS {
             rows.clear();
             self.rows.push(rows);
         }
@@ -352,7 +350,7 @@ impl SpareLists {
     /// Keeps an emptied list of held blocks (one still holding a reference is dropped:
     /// a handle is never forgotten here).
     fn keep_held(&mut self, held: Vec<HeldBlock<Host>>) {
-        if held.is_empty() && held.capacity() > 0 && self.held.len() < SPARE_PLANS {
+        if held.is_empty() && held.capacity() > 0 && self.held.len() < SPARE_LISTS {
             self.held.push(held);
         }
     }
@@ -406,8 +404,9 @@ struct PlanLists {
     rows: Vec<QueryRow>,
 }
 
-/// Handed-back plan lists kept at most (about a round's QUERYs; more are freed).
-const SPARE_PLANS: usize = 64;
+/// Emptied lists of one kind kept at most for reuse (about a round's operations; more
+/// are freed).
+const SPARE_LISTS: usize = 64;
 
 /// A block's level in the real pools (and, for a reservation, the existence hints): a
 /// published Device entry, else a published Host entry; a Host entry in flight for another
@@ -599,38 +598,19 @@ impl CacheCoordinator {
         }
     }
 
-    /// Ordinary admission (and the local probe): the longest legal boundary over real Device
-    /// and published Host blocks, and how many tokens each tier supplies.
+    /// Ordinary admission's full answer (and the local probe): the longest legal boundary
+    /// over real Device and published Host blocks, how many tokens each tier supplies, the
+    /// Host blocks it reads and whether a partial history block is copied on write. Tail
+    /// boundaries are candidates when tails are on (`tail_candidates`); off, only aligned
+    /// boundaries are. (The scheduler's admission asks `admission_boundary_in`.)
     pub fn admission_match(&self, tokens: &[u32], reusable: u32) -> AdmissionMatch {
-        self.admission_match_with(None, tokens, reusable)
-    }
-
-    /// `admission_match` over the request's index of its whole prompt.
-    pub fn admission_match_in(
-        &self,
-        whole: &PromptIndex,
-        tokens: &[u32],
-        reusable: u32,
-    ) -> AdmissionMatch {
-        self.admission_match_with(Some(whole), tokens, reusable)
-    }
-
-    /// Tail boundaries are candidates when tails are on (`tail_candidates`); off, only
-    /// aligned boundaries are.
-    fn admission_match_with(
-        &self,
-        whole: Option<&PromptIndex>,
-        tokens: &[u32],
-        reusable: u32,
-    ) -> AdmissionMatch {
         self.spare
-            .lend(|m| self.admission_match_into(m, whole, tokens, reusable))
+            .lend(|m| self.admission_match_into(m, tokens, reusable))
     }
 
     fn admission_match_into(
         &self,
         m: &mut MatchScratch,
-        whole: Option<&PromptIndex>,
         tokens: &[u32],
         reusable: u32,
     ) -> AdmissionMatch {
@@ -641,7 +621,7 @@ impl CacheCoordinator {
             ..
         } = m;
         let bound = Self::bound(tokens, reusable);
-        let index = self.index_for(whole, tokens, bound);
+        let index = self.index_for(None, tokens, bound);
         let (device, best) = self.admission_table(table, tails, &index, tokens, bound);
         let device_tokens = device.map_or(0, |c| c.boundary);
         let Some(best) = best else {
@@ -684,8 +664,9 @@ impl CacheCoordinator {
         (table.longest(0, Have::Device), table.longest(0, Have::Host))
     }
 
-    /// `admission_match_in`'s boundary and Device tokens only (what admission plans its
-    /// blocks from): no list of the Host blocks, no copy-on-write check.
+    /// `admission_match`'s boundary and Device tokens only, over the request's index of its
+    /// whole prompt (what admission plans its blocks from): no list of the Host blocks, no
+    /// copy-on-write check.
     pub fn admission_boundary_in(
         &self,
         whole: &PromptIndex,
@@ -879,7 +860,7 @@ impl CacheCoordinator {
     }
 
     /// Takes back an answered (or abandoned) QUERY plan: its lists, emptied, serve the next
-    /// plans (at most `SPARE_PLANS` are kept).
+    /// plans (at most `SPARE_LISTS` are kept).
     pub fn recycle_plan(&self, plan: QueryPlan) {
         let QueryPlan {
             mut boundaries,
@@ -890,7 +871,7 @@ impl CacheCoordinator {
             return;
         }
         self.spare.lend(|m| {
-            if m.plans.len() < SPARE_PLANS {
+            if m.plans.len() < SPARE_LISTS {
                 boundaries.clear();
                 rows.clear();
                 m.plans.push(PlanLists { boundaries, rows });

@@ -138,7 +138,6 @@ fn pack_with<'s>(
         .find(|(_, f)| f.0)?;
     let PackScratch {
         inc,
-
         boundaries,
         blocks,
     } = scratch;

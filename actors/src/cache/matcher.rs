@@ -170,9 +170,9 @@ pub struct MatchTable {
 impl MatchTable {
     /// Classifies every complete block of every group up to `hi` (clamped to the index) and
     /// each tail candidate's blocks with `avail` (given each block's address and its place:
-    /// complete block `k` of its group, or the group's tail block). With `clamp`, callers that only ask for
-    /// legality at that level or better let the table stop above the first Full-history
-    /// block below it (no boundary past it can be legal at that level).
+    /// complete block `k` of its group, or the group's tail block). With `clamp`, callers
+    /// that only ask for legality at that level or better let the table stop above the
+    /// first Full-history block below it (no boundary past it can be legal at that level).
     pub fn build(
         geometry: &CacheGeometry,
         index: &PromptIndex,

@@ -1064,7 +1064,7 @@ fn a_block_exists_only_when_every_one_of_its_pages_does_in_any_row_order() {
 
 /// An answered plan handed back lends its lists to the next plan, which comes out exactly
 /// as a plan made with fresh lists; a plan with no lists is not kept, and at most
-/// `SPARE_PLANS` (64) are.
+/// `SPARE_LISTS` (64) are.
 #[test]
 fn a_recycled_plans_lists_serve_the_next_plan_unchanged() {
     let p = prompt(40, 200);
