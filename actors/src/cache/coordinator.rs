@@ -17,6 +17,7 @@ use super::matcher::{
 use super::pool::{page_of, BlockPool, Device, EntryState, HeldBlock, Host, PoolError};
 use super::tail::{TailCandidate, TailHint, TailTable};
 use messages::{HostRange, Namespace, StorageKey};
+use std::cell::Cell;
 use std::collections::BTreeSet;
 use thiserror::Error;
 
@@ -329,6 +330,20 @@ pub struct CacheCoordinator {
     spare: SpareMatch,
     /// Lists of ended reservations and Ready holds, for the next reservations.
     lists: SpareLists,
+    /// The last bound `local_covers_bound` found covered (see `CoveredBound`).
+    covered: Cell<Option<CoveredBound>>,
+}
+
+/// A bound found covered by local data: which prompt prefix (its bound and the hash that
+/// names its tokens), and how many entries each pool had withdrawn then. Adding entries
+/// never uncovers a bound, so while neither count has moved the same prefix is still
+/// covered; a repeated prompt (n samples of one prompt, a retried request) is then
+/// answered without probing its blocks again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CoveredBound {
+    bound: u32,
+    prefix: ContentHash,
+    withdrawn: (u64, u64),
 }
 
 /// The emptied lists of reservations and Ready holds that ended (at most `SPARE_LISTS` of
@@ -454,6 +469,7 @@ impl CacheCoordinator {
             tails: TailTable::new(config.tail_capacity),
             spare: Default::default(),
             lists: SpareLists::default(),
+            covered: Cell::new(None),
             geometry,
             namespace,
         })
@@ -698,16 +714,34 @@ impl CacheCoordinator {
     /// the bound and no QUERY can extend the hit (`plan_query_rows_in` would bypass with
     /// `LocalCoversBound`). It looks up only the bound's own requirement, the highest blocks
     /// first and then the tail, and builds no match table: false at the first missing block.
+    /// The same prefix found covered last time, with nothing withdrawn from either pool
+    /// since, is covered without probing (`CoveredBound`).
     /// A nonaligned bound with tails off is no candidate, so false.
     pub fn local_covers_bound(&self, whole: &PromptIndex, tokens: &[u32], reusable: u32) -> bool {
         let bound = Self::bound(tokens, reusable).min(whole.len());
         if bound == 0 {
             return true;
         }
-        if !bound.is_multiple_of(self.geometry.parent_tokens()) && !self.tails_enabled() {
+        let aligned = bound.is_multiple_of(self.geometry.parent_tokens());
+        if !aligned && !self.tails_enabled() {
             return false;
         }
         let mut scratch = Vec::new();
+        // The hash naming tokens [0, bound): the parent chain at an aligned bound, else the
+        // tail identity there (worked out once per request by its whole index).
+        let prefix = if aligned {
+            whole.parent_hash(bound / self.geometry.parent_tokens())
+        } else {
+            whole.tail_identity(&mut scratch, tokens, bound)
+        };
+        let now = CoveredBound {
+            bound,
+            prefix,
+            withdrawn: (self.device.withdrawn(), self.host.withdrawn()),
+        };
+        if self.covered.get() == Some(now) {
+            return true;
+        }
         for (g, spec) in self.geometry.groups().iter().enumerate() {
             let (on_device, on_host) = (self.device.published_in(g), self.host.published_in(g));
             let local = |h: ContentHash| on_device(h) || on_host(h);
@@ -724,6 +758,7 @@ impl CacheCoordinator {
                 return false;
             }
         }
+        self.covered.set(Some(now));
         true
     }
 

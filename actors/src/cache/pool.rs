@@ -171,6 +171,9 @@ struct GroupPool {
     region_base: u64,
     group: u32,
     on_free: FreeHook,
+    /// Published entries that stopped being published (evicted, freed or hidden by a
+    /// clear): a probe answer "published" may have changed only when this moved.
+    withdrawn: u64,
 }
 
 impl GroupPool {
@@ -245,6 +248,9 @@ impl GroupPool {
 
     fn free_slot(&mut self, s: u32) {
         self.freed(s);
+        if self.slots[s as usize].state == Some(EntryState::Published) {
+            self.withdrawn += 1;
+        }
         let hash = self.slots[s as usize].hash;
         self.index.remove(&hash);
         self.slots[s as usize] = Slot::EMPTY;
@@ -281,6 +287,7 @@ impl GroupPool {
         }
         self.unlink(victim);
         self.freed(victim);
+        self.withdrawn += 1;
         let hash = self.slots[victim as usize].hash;
         self.index.remove(&hash);
         self.slots[victim as usize] = Slot::EMPTY;
@@ -319,6 +326,7 @@ impl<T: Tier> BlockPool<T> {
                     region_base: base,
                     group: group as u32,
                     on_free: FreeHook::default(),
+                    withdrawn: 0,
                 };
                 base = base.saturating_add(bytes.saturating_mul(capacity as u64));
                 g
@@ -391,6 +399,13 @@ impl<T: Tier> BlockPool<T> {
                 .and_then(|i| i.get(&h))
                 .is_some_and(|v| v & PUBLISHED != 0)
         }
+    }
+
+    /// How many entries have stopped being published since the pool was made (evicted,
+    /// freed, or hidden by `clear`): while it stays the same, every hash a probe found
+    /// published is still published.
+    pub fn withdrawn(&self) -> u64 {
+        self.groups.iter().map(|g| g.withdrawn).sum()
     }
 
     /// The entry's state, published or not.
@@ -637,6 +652,7 @@ impl<T: Tier> BlockPool<T> {
                 }
                 kept += 1;
                 if slot.state == Some(EntryState::Published) {
+                    g.withdrawn += 1;
                     slot.state = Some(EntryState::Unpublished);
                     if let Some(v) = g.index.get_mut(&slot.hash) {
                         *v &= SLOT_MASK;
@@ -958,6 +974,42 @@ mod tests {
             p.allocate(a(0, 1)),
             Err(PoolError::AlreadyPresent { .. })
         ));
+    }
+
+    #[test]
+    fn every_way_a_published_entry_goes_counts_as_withdrawn_and_nothing_else_does() {
+        let mut p = BlockPool::<Host>::new(&[2, 2], &[64, 64]);
+        let mut ev = vec![];
+        // An unpublished entry freed on its last release was never visible.
+        p.allocate(a(0, 9)).unwrap();
+        p.release(a(0, 9)).unwrap();
+        p.insert_published(a(0, 1), &mut ev).unwrap();
+        p.insert_published(a(1, 1), &mut ev).unwrap();
+        p.acquire(a(1, 1)).unwrap();
+        p.release(a(1, 1)).unwrap();
+        p.touch(a(0, 1));
+        assert_eq!(
+            p.withdrawn(),
+            0,
+            "allocation, publication, references, touches"
+        );
+        assert!(p.evict(a(0, 1)));
+        assert_eq!(p.withdrawn(), 1, "a targeted eviction");
+        p.insert_published(a(0, 2), &mut ev).unwrap();
+        p.insert_published(a(0, 3), &mut ev).unwrap();
+        p.insert_published(a(0, 4), &mut ev).unwrap();
+        assert_eq!(ev, vec![ContentHash::from_u128(2)]);
+        assert_eq!(p.withdrawn(), 2, "an eviction for room");
+        assert_eq!(p.evict_lru(0, 1), vec![ContentHash::from_u128(3)]);
+        assert_eq!(p.withdrawn(), 3, "an LRU eviction");
+        // Clear: the unreferenced entry is freed, the referenced one hidden; both count,
+        // and the hidden one's later release frees an unpublished entry (no count).
+        p.acquire(a(1, 1)).unwrap();
+        assert_eq!(p.clear(), 1);
+        assert_eq!(p.withdrawn(), 5, "a clear, freed and hidden");
+        p.release(a(1, 1)).unwrap();
+        assert_eq!(p.state(a(1, 1)), None);
+        assert_eq!(p.withdrawn(), 5);
     }
 
     #[test]
