@@ -246,14 +246,20 @@ impl GroupPool {
             + self.lru_len as u64
     }
 
-    fn free_slot(&mut self, s: u32) {
+    /// Empties slot `s` (nothing may hold it): the free hook sees it, its entry leaves the
+    /// index (a published one counts as withdrawn). Returns the hash it carried.
+    fn vacate(&mut self, s: u32) -> ContentHash {
         self.freed(s);
-        if self.slots[s as usize].state == Some(EntryState::Published) {
+        let slot = std::mem::replace(&mut self.slots[s as usize], Slot::EMPTY);
+        if slot.state == Some(EntryState::Published) {
             self.withdrawn += 1;
         }
-        let hash = self.slots[s as usize].hash;
-        self.index.remove(&hash);
-        self.slots[s as usize] = Slot::EMPTY;
+        self.index.remove(&slot.hash);
+        slot.hash
+    }
+
+    fn free_slot(&mut self, s: u32) {
+        self.vacate(s);
         self.free.push(s);
     }
 
@@ -271,7 +277,6 @@ impl GroupPool {
         }
     }
 
-    /// A free slot, evicting the least recently used unreferenced block when needed.
     /// A free slot, or the least recently used unreferenced block's (evicted: its hash).
     fn take_slot(&mut self) -> Option<(u32, Option<ContentHash>)> {
         if let Some(s) = self.free.pop() {
@@ -286,12 +291,7 @@ impl GroupPool {
             return None;
         }
         self.unlink(victim);
-        self.freed(victim);
-        self.withdrawn += 1;
-        let hash = self.slots[victim as usize].hash;
-        self.index.remove(&hash);
-        self.slots[victim as usize] = Slot::EMPTY;
-        Some((victim, Some(hash)))
+        Some((victim, Some(self.vacate(victim))))
     }
 }
 
