@@ -145,11 +145,73 @@ impl QueryPlan {
         if !exists.contains(&true) {
             return Ok(());
         }
-        // A block exists when every one of its rows does. Complete blocks, by place, in one
-        // pass: the existing rows' blocks gather at the front of the list, the missing
-        // rows' behind them; each half is sorted, and one merge pass keeps the distinct
-        // existing blocks that no missing row names.
-        let blocks = &mut out.full;
+        // A block exists when every one of its rows does. A plan's rows (`plan_query`'s)
+        // name each complete block in one run of adjacent rows, blocks in increasing order:
+        // one pass then keeps each run whose rows all exist, already sorted and distinct.
+        // Rows in any other order take the general pass below.
+        let tail_rows = match Self::full_blocks_in_runs(&self.rows, exists, &mut out.full) {
+            Some(tail_rows) => tail_rows,
+            None => {
+                out.full.clear();
+                self.full_blocks_any_order(exists, &mut out.full)
+            }
+        };
+        // Tail blocks (a QUERY asks for a few at most): by address, searched linearly.
+        if tail_rows {
+            let rows = || self.rows.iter().zip(exists);
+            let tail_rows = || rows().filter(|(r, _)| r.slot == BlockSlot::Tail);
+            for (r, _) in tail_rows().filter(|(_, ok)| **ok) {
+                let missing = tail_rows().any(|(m, ok)| !*ok && m.block == r.block);
+                if !missing && !out.tail_blocks.contains(&r.block) {
+                    out.tail_blocks.push(r.block);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The existing complete blocks of `rows` into `blocks` when each block's rows are one
+    /// run of adjacent rows and the runs' blocks increase (tail rows may come between
+    /// runs): then each run whose rows all exist is kept, in order, and the answer is
+    /// whether some row is a tail row. None (with `blocks` holding a part) as soon as the
+    /// rows are in another order.
+    fn full_blocks_in_runs(
+        rows: &[QueryRow],
+        exists: &[bool],
+        blocks: &mut Vec<HintedBlock>,
+    ) -> Option<bool> {
+        let mut run: Option<(HintedBlock, bool)> = None;
+        let mut tail_rows = false;
+        for (r, ok) in rows.iter().zip(exists) {
+            let BlockSlot::Full(k) = r.slot else {
+                tail_rows = true;
+                continue;
+            };
+            let b = HintedBlock::new(r.block, k);
+            run = match run {
+                Some((last, all)) if last == b => Some((last, all && *ok)),
+                Some((last, all)) if last < b => {
+                    if all {
+                        blocks.push(last);
+                    }
+                    Some((b, *ok))
+                }
+                None => Some((b, *ok)),
+                Some(_) => return None,
+            };
+        }
+        if let Some((last, true)) = run {
+            blocks.push(last);
+        }
+        Some(tail_rows)
+    }
+
+    /// The existing complete blocks of rows in any order into `blocks` (sorted, distinct);
+    /// whether some row is a tail row.
+    fn full_blocks_any_order(&self, exists: &[bool], blocks: &mut Vec<HintedBlock>) -> bool {
+        // The existing rows' blocks gather at the front of the list, the missing rows'
+        // behind them; each half is sorted, and one merge pass keeps the distinct existing
+        // blocks that no missing row names.
         let mut present = 0;
         let mut tail_rows = false;
         for (r, ok) in self.rows.iter().zip(exists) {
@@ -182,18 +244,7 @@ impl QueryPlan {
             kept += 1;
         }
         blocks.truncate(kept);
-        // Tail blocks (a QUERY asks for a few at most): by address, searched linearly.
-        if tail_rows {
-            let rows = || self.rows.iter().zip(exists);
-            let tail_rows = || rows().filter(|(r, _)| r.slot == BlockSlot::Tail);
-            for (r, _) in tail_rows().filter(|(_, ok)| **ok) {
-                let missing = tail_rows().any(|(m, ok)| !*ok && m.block == r.block);
-                if !missing && !out.tail_blocks.contains(&r.block) {
-                    out.tail_blocks.push(r.block);
-                }
-            }
-        }
-        Ok(())
+        tail_rows
     }
 }
 

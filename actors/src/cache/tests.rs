@@ -887,6 +887,73 @@ mod props {
             prop_assert_eq!(free, after);
             c.abandon(r).unwrap();
         }
+
+        /// Existence hints hold exactly the complete blocks all of whose rows exist (sorted,
+        /// distinct) and the tail blocks all of whose rows exist, whatever the rows' order:
+        /// in plan order (each block's pages adjacent, blocks increasing, tails between:
+        /// the one-pass path), shuffled, or with a block's pages apart (the general pass).
+        #[test]
+        fn existence_hints_follow_every_row_of_a_block_in_any_order(
+            blocks in proptest::collection::vec((0u32..2, 0u32..12, 0u128..3, 1u32..3, any::<bool>()), 0..10),
+            shuffle in any::<bool>(),
+            seed in any::<u64>(),
+            exists in proptest::collection::vec(proptest::bool::weighted(0.8), 40),
+        ) {
+            // (group, position, hash, pages, tail?): a block of a plan.
+            let mut seen = BTreeSet::new();
+            let mut rows = Vec::new();
+            for (g, k, h, pages, tail) in blocks {
+                let slot = if tail { BlockSlot::Tail } else { BlockSlot::Full(k) };
+                if !seen.insert((g, k, h, tail)) {
+                    continue;
+                }
+                let block = BlockAddr::new(g as usize, ContentHash::from_u128(h + 7 * u128::from(k)));
+                for page in 0..pages {
+                    rows.push(QueryRow { block, slot, page });
+                }
+            }
+            if !shuffle {
+                // Plan order: complete blocks by group then position (pages adjacent).
+                rows.sort_by_key(|r| match r.slot {
+                    BlockSlot::Full(k) => (r.block.group, 0, k, r.block.hash, r.page),
+                    BlockSlot::Tail => (r.block.group, 1, 0, r.block.hash, r.page),
+                });
+            } else {
+                let mut x = seed | 1;
+                for i in (1..rows.len()).rev() {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    rows.swap(i, (x % (i as u64 + 1)) as usize);
+                }
+            }
+            let exists: Vec<bool> = (0..rows.len()).map(|i| exists[i % exists.len()]).collect();
+            let plan = QueryPlan {
+                local_tokens: 0,
+                device_tokens: 0,
+                bypass: None,
+                boundaries: Vec::new(),
+                keys: Vec::new(),
+                rows: rows.clone(),
+                host_blocks: 0,
+            };
+            let h = plan.existence_hints(&exists).unwrap();
+            // The oracle: per block, every one of its rows exists.
+            let mut full = std::collections::BTreeMap::new();
+            let mut tails = std::collections::BTreeMap::new();
+            for (r, ok) in rows.iter().zip(&exists) {
+                match r.slot {
+                    BlockSlot::Full(k) => *full.entry(HintedBlock::new(r.block, k)).or_insert(true) &= *ok,
+                    BlockSlot::Tail => *tails.entry(r.block).or_insert(true) &= *ok,
+                }
+            }
+            let want: Vec<HintedBlock> = full.into_iter().filter(|(_, ok)| *ok).map(|(b, _)| b).collect();
+            prop_assert_eq!(&h.full, &want);
+            let got: BTreeSet<BlockAddr> = h.tail_blocks.iter().copied().collect();
+            prop_assert_eq!(got.len(), h.tail_blocks.len(), "distinct tail blocks");
+            let want: BTreeSet<BlockAddr> = tails.into_iter().filter(|(_, ok)| *ok).map(|(b, _)| b).collect();
+            prop_assert_eq!(got, want);
+        }
     }
 
     proptest! {
