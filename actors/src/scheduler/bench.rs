@@ -9,7 +9,10 @@
 //! operations per round): its ratio shows whether a round's cost follows what changed in it
 //! or what is outstanding. Each pair runs `trials`
 //! times, alternating which side goes first, and reports the trial with the median mean of
-//! each side, so a noisy VM's drift falls on both sides alike.
+//! each side, so a noisy VM's drift falls on both sides alike. Then both sides of each pair
+//! run at once, warmed up side by side and timed in alternating blocks of `BLOCK_ROUNDS`
+//! rounds: the median of the block ratios (each block beside its partner, a millisecond or
+//! so apart) resolves differences of a few percent that whole trials cannot.
 //!
 //! It drives a Scheduler directly with synthetic agreed inputs: new requests topping the
 //! live set up to the target, StorageDone completions for the operations the Scheduler
@@ -107,6 +110,8 @@ pub struct PairFigures {
     pub disabled: RoundFigures,
     /// Storage ÷ disabled mean µs of each trial, in trial order.
     pub trial_ratios: Vec<f64>,
+    /// Storage ÷ disabled mean µs of each block of the interleaved run, in block order.
+    pub block_ratios: Vec<f64>,
 }
 
 fn ratio(a: &RoundFigures, b: &RoundFigures) -> f64 {
@@ -151,26 +156,39 @@ impl PairFigures {
             self.time_ratio(),
             &allocs,
             &self.trial_ratios,
+            &self.block_ratios,
         )
     }
 }
 
 /// One ratio line: `ratio {what}: {ratio}x us/round{extra} (trials lo-hi, paired median m,
-/// over n trials)`.
+/// over n trials; interleaved m, quartiles q1-q3, over b blocks of k rounds)`.
 fn ratio_line(
     f: &mut fmt::Formatter<'_>,
     what: &str,
     ratio: f64,
     extra: &str,
     trials: &[f64],
+    blocks: &[f64],
 ) -> fmt::Result {
     let (lo, hi) = spread(trials);
+    let (q1, q3) = quartiles(blocks);
     writeln!(
         f,
-        "ratio {what}: {ratio:.2}x us/round{extra} (trials {lo:.2}x-{hi:.2}x, paired median {:.2}x, over {} trials)",
+        "ratio {what}: {ratio:.2}x us/round{extra} (trials {lo:.2}x-{hi:.2}x, paired median {:.2}x, over {} trials; interleaved {:.2}x, quartiles {q1:.2}x-{q3:.2}x, over {} blocks of {BLOCK_ROUNDS} rounds)",
         median_ratio(trials),
-        trials.len()
+        trials.len(),
+        median_ratio(blocks),
+        blocks.len()
     )
+}
+
+/// The lower and the upper quartile (0 for none).
+fn quartiles(v: &[f64]) -> (f64, f64) {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = |q: usize| v.get(v.len() * q / 4).copied().unwrap_or(0.0);
+    (at(1), at(3))
 }
 
 /// How many times fewer GETs the scaling pair's second side holds.
@@ -187,6 +205,8 @@ pub struct ScalingFigures {
     pub fewer: RoundFigures,
     /// Held ÷ fewer mean µs of each trial, in trial order.
     pub trial_ratios: Vec<f64>,
+    /// Held ÷ fewer mean µs of each block of the interleaved run, in block order.
+    pub block_ratios: Vec<f64>,
 }
 
 impl ScalingFigures {
@@ -242,8 +262,15 @@ impl fmt::Display for SchedulerBenchReport {
         let c = &self.config;
         writeln!(
             f,
-            "scheduler bench: profile tiny, {} live requests, {} outstanding GETs held, {}-token prompts, {} device blocks, max_running {}; warm-up until the first round's arrivals have finished; median of {} trials per side",
-            c.waiting, c.outstanding, c.prompt_tokens, c.device_blocks, c.max_running, c.trials
+            "scheduler bench: profile tiny, {} live requests, {} outstanding GETs held, {}-token prompts, {} device blocks, max_running {}; warm-up until the first round's arrivals have finished; median of {} trials per side, then {} interleaved blocks of {} rounds per side",
+            c.waiting,
+            c.outstanding,
+            c.prompt_tokens,
+            c.device_blocks,
+            c.max_running,
+            c.trials,
+            interleaved_blocks(c),
+            BLOCK_ROUNDS
         )?;
         write!(f, "{}{}", self.idle.storage, self.idle.disabled)?;
         write!(f, "{}{}", self.loaded.storage, self.loaded.disabled)?;
@@ -260,6 +287,7 @@ impl fmt::Display for SchedulerBenchReport {
             s.time_ratio(),
             "",
             &s.trial_ratios,
+            &s.block_ratios,
         )?;
         self.loaded.write_ratio(f, "")
     }
@@ -632,6 +660,17 @@ fn run_scenario(
     workload: Workload,
     allocations: Option<fn() -> u64>,
 ) -> Result<RoundFigures, String> {
+    let mut d = warmed(cfg, storage, workload)?;
+    let rounds = cfg.rounds.max(1);
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        samples.push(d.round(true, allocations)?);
+    }
+    Ok(figures(&d, &samples, storage, workload))
+}
+
+/// A driver of the scenario past its warm-up: the next round is a steady-state round.
+fn warmed(cfg: &SchedulerBenchConfig, storage: bool, workload: Workload) -> Result<Driver, String> {
     let mut d = Driver::new(cfg, storage, workload)?;
     // Untimed warm-up (bounded): fill the live set and the withheld GETs, then run until
     // the first round's arrivals have all finished, so that every request the timed rounds
@@ -683,12 +722,13 @@ fn run_scenario(
         }
         previous = Some(mean);
     }
-    let rounds = cfg.rounds.max(1);
-    let mut samples = Vec::with_capacity(rounds);
-    for _ in 0..rounds {
-        samples.push(d.round(true, allocations)?);
-    }
-    let n = samples.len() as f64;
+    Ok(d)
+}
+
+/// The figures of a scenario's timed rounds (`samples`, at least one).
+fn figures(d: &Driver, samples: &[RoundSample], storage: bool, workload: Workload) -> RoundFigures {
+    let rounds = samples.len();
+    let n = samples.len().max(1) as f64;
     let mut us: Vec<f64> = samples.iter().map(|s| s.us).collect();
     us.sort_by(f64::total_cmp);
     let mean = |f: &dyn Fn(&RoundSample) -> f64| samples.iter().map(f).sum::<f64>() / n;
@@ -697,7 +737,7 @@ fn run_scenario(
         .map(|s| s.allocs)
         .collect::<Option<Vec<u64>>>()
         .map(|v| v.iter().sum::<u64>() as f64 / n);
-    Ok(RoundFigures {
+    RoundFigures {
         label: match (storage, workload) {
             (true, Workload::Loaded) => "storage enabled",
             (false, Workload::Loaded) => "storage disabled",
@@ -714,12 +754,57 @@ fn run_scenario(
         storage_waiting_requests: mean(&|s| s.waiting as f64),
         ready_holds: mean(&|s| s.ready as f64),
         storage_ops_per_round: mean(&|s| s.ops as f64),
-        storage_ops_halves: halves(&samples),
+        storage_ops_halves: halves(samples),
         admitted_per_round: mean(&|s| s.forwards as f64),
         finished_per_round: mean(&|s| s.finished as f64),
         first_round_forwards: samples.iter().map(|s| s.first_round_forwards).sum(),
         prompt_tokens: d.prompt_tokens,
-    })
+    }
+}
+
+/// Timed rounds in each block of an interleaved pair.
+pub const BLOCK_ROUNDS: usize = 10;
+
+/// Blocks each side of an interleaved pair runs: as many timed rounds as all its trials.
+fn interleaved_blocks(cfg: &SchedulerBenchConfig) -> usize {
+    cfg.trials.max(1) * (cfg.rounds / BLOCK_ROUNDS).max(1)
+}
+
+/// The mean µs of `BLOCK_ROUNDS` timed rounds of `d`.
+fn timed_block(d: &mut Driver) -> Result<f64, String> {
+    let mut us = 0.0;
+    for _ in 0..BLOCK_ROUNDS {
+        us += d.round(true, None)?.us;
+    }
+    Ok(us / BLOCK_ROUNDS as f64)
+}
+
+/// Both sides of a pair warmed up in one process, then timed in alternating blocks of
+/// `BLOCK_ROUNDS` rounds (side a leads the even block pairs, side b the odd ones): the
+/// ratio of each block of a to its partner block of b. Partner blocks run within a
+/// millisecond or so of each other, so a slow spell of a shared machine that lasts longer
+/// moves both alike, and the median of the block ratios resolves a few percent where the
+/// ratios of whole trials (each side's rounds some milliseconds apart) spread by tens.
+fn interleaved(
+    a: (&SchedulerBenchConfig, bool),
+    b: (&SchedulerBenchConfig, bool),
+    workload: Workload,
+    blocks: usize,
+) -> Result<Vec<f64>, String> {
+    let mut da = warmed(a.0, a.1, workload)?;
+    let mut db = warmed(b.0, b.1, workload)?;
+    let mut ratios = Vec::with_capacity(blocks);
+    for k in 0..blocks {
+        let (x, y) = if k % 2 == 0 {
+            let x = timed_block(&mut da)?;
+            (x, timed_block(&mut db)?)
+        } else {
+            let y = timed_block(&mut db)?;
+            (timed_block(&mut da)?, y)
+        };
+        ratios.push(x / y.max(f64::MIN_POSITIVE));
+    }
+    Ok(ratios)
 }
 
 /// Runs both scenarios (storage enabled, then disabled) in one process. `allocations`
@@ -741,6 +826,12 @@ pub fn bench_scheduler(
         || run_scenario(&loaded_cfg, true, Workload::Loaded, allocations),
         || run_scenario(&fewer_cfg, true, Workload::Loaded, allocations),
     )?;
+    let block_ratios = interleaved(
+        (&loaded_cfg, true),
+        (&fewer_cfg, true),
+        Workload::Loaded,
+        interleaved_blocks(cfg),
+    )?;
     held.label = "storage enabled, scaling pair, every GET held";
     fewer.label = "storage enabled, scaling pair, a tenth of the GETs held";
     Ok(SchedulerBenchReport {
@@ -751,6 +842,7 @@ pub fn bench_scheduler(
             held,
             fewer,
             trial_ratios,
+            block_ratios,
         },
     })
 }
@@ -825,10 +917,12 @@ fn run_pair(
         || run_scenario(cfg, true, workload, allocations),
         || run_scenario(cfg, false, workload, allocations),
     )?;
+    let block_ratios = interleaved((cfg, true), (cfg, false), workload, interleaved_blocks(cfg))?;
     Ok(PairFigures {
         storage,
         disabled,
         trial_ratios,
+        block_ratios,
     })
 }
 
@@ -958,6 +1052,33 @@ mod tests {
             lines[lines.len() - 2].starts_with("ratio storage enabled, 50 / 5 GETs held"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn every_pair_is_also_timed_in_interleaved_blocks() {
+        let cfg = SchedulerBenchConfig {
+            rounds: 20,
+            ..small()
+        };
+        let r = bench_scheduler(&cfg, None).unwrap();
+        // Two trials of 20 rounds: 2 * 20 / BLOCK_ROUNDS blocks per pair.
+        for (what, blocks) in [
+            ("loaded", &r.loaded.block_ratios),
+            ("nothing to do", &r.idle.block_ratios),
+            ("scaling", &r.scaling.block_ratios),
+        ] {
+            assert_eq!(blocks.len(), 4, "{what}: {r}");
+            assert!(
+                blocks.iter().all(|x| x.is_finite() && *x > 0.0),
+                "{what}: {blocks:?}"
+            );
+        }
+        let text = r.to_string();
+        for line in text.lines().filter(|l| l.starts_with("ratio ")) {
+            assert!(line.contains(", over 4 blocks of 10 rounds)"), "{line}");
+        }
+        assert_eq!(quartiles(&[4.0, 1.0, 3.0, 2.0]), (2.0, 4.0));
+        assert_eq!(quartiles(&[]), (0.0, 0.0));
     }
 
     #[test]
