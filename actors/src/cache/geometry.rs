@@ -8,6 +8,7 @@
 //! never depend on Host allocation IDs or cyclic owner ranks for anything that reaches a key.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// The fixed two-slot checkpoint contract of State groups: one State block (a recurrent-state
@@ -149,6 +150,46 @@ pub struct CacheGeometry {
     attention_tp_size: u32,
     attention_tp_rank: u32,
     parent_tokens: u32,
+    chains: Arc<ChainLayout>,
+}
+
+/// Where a prompt's chain hashes go (`PromptIndex`): one chain per distinct block size of
+/// the groups (groups sharing a block size share it), plus the LCM parent chain that names
+/// tails when no group has the parent's block size. Worked out once per geometry and
+/// shared by every prompt's index, so an index holds only its hashes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ChainLayout {
+    /// Block tokens of each chain.
+    pub sizes: Vec<u32>,
+    /// The chain each group hashes on.
+    pub group_chain: Vec<usize>,
+    /// Block tokens of each group.
+    pub block_tokens: Vec<u32>,
+    /// The LCM parent chain.
+    pub parent_chain: usize,
+    pub parent_tokens: u32,
+}
+
+impl ChainLayout {
+    fn of(groups: &[GroupSpec], parent_tokens: u32) -> Self {
+        let mut sizes: Vec<u32> = Vec::new();
+        let mut chain_of = |b: u32| match sizes.iter().position(|s| *s == b) {
+            Some(p) => p,
+            None => {
+                sizes.push(b);
+                sizes.len() - 1
+            }
+        };
+        let group_chain = groups.iter().map(|g| chain_of(g.block_tokens)).collect();
+        let parent_chain = chain_of(parent_tokens);
+        Self {
+            sizes,
+            group_chain,
+            block_tokens: groups.iter().map(|g| g.block_tokens).collect(),
+            parent_chain,
+            parent_tokens,
+        }
+    }
 }
 
 impl CacheGeometry {
@@ -214,11 +255,13 @@ impl CacheGeometry {
                 return Err(bad(f("block_tokens"), "the LCM parent block is too large"));
             }
         }
+        let parent_tokens = lcm as u32;
         Ok(Self {
+            chains: Arc::new(ChainLayout::of(&groups, parent_tokens)),
             groups,
             attention_tp_size,
             attention_tp_rank,
-            parent_tokens: lcm as u32,
+            parent_tokens,
         })
     }
 
@@ -245,6 +288,11 @@ impl CacheGeometry {
     /// Tokens of the LCM parent block: the aligned boundaries are its multiples.
     pub fn parent_tokens(&self) -> u32 {
         self.parent_tokens
+    }
+
+    /// Where a prompt's chain hashes go (shared by every index of this geometry).
+    pub fn chain_layout(&self) -> &Arc<ChainLayout> {
+        &self.chains
     }
 
     /// Blocks of group `g` inside one LCM parent block.

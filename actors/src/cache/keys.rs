@@ -6,7 +6,7 @@
 //! `Namespace::key(content hash, group, page, shard)`. This module never derives anything
 //! from Host allocation IDs, slot indices or cyclic owner ranks.
 
-use super::geometry::CacheGeometry;
+use super::geometry::{CacheGeometry, ChainLayout};
 use messages::{Namespace, StorageKey};
 use std::hash::{BuildHasher, Hasher};
 use xxhash_rust::xxh3::xxh3_128;
@@ -140,68 +140,79 @@ pub struct PromptIndex {
     known_tail: Option<(u32, ContentHash)>,
 }
 
+/// A prompt's hashes in one list, chain after chain (the geometry's `ChainLayout` says
+/// which chain each group uses): an index is two allocations, and reading it long after
+/// it was made (admission of a request prepared at arrival) touches few cache lines.
 #[derive(Debug)]
 struct Chains {
-    /// chains[c][k]: hash after k full blocks of chain c (chains[c][0] = ROOT).
-    chains: Vec<Vec<ContentHash>>,
-    /// The chain each group uses.
-    group_chain: Vec<usize>,
-    block_tokens: Vec<u32>,
-    parent_tokens: u32,
-    /// Index of the LCM parent chain in `chains`.
-    parent_chain: usize,
+    layout: std::sync::Arc<ChainLayout>,
+    /// Chain c's hashes: `hashes[start(c) + k]` after k full blocks (k = 0: ROOT).
+    hashes: Vec<ContentHash>,
+    /// Where chains 1.. start in `hashes` (chain 0 starts at 0; empty for one chain).
+    starts: Vec<u32>,
+}
+
+impl Chains {
+    /// Where chain `c` starts in `hashes`.
+    #[inline]
+    fn start(&self, c: usize) -> usize {
+        match c {
+            0 => 0,
+            c => self.starts[c - 1] as usize,
+        }
+    }
+
+    /// Chain `c`'s hash after `k` full blocks (`k` within the chain: the caller's index
+    /// covers it).
+    #[inline]
+    fn hash(&self, c: usize, k: u32) -> ContentHash {
+        debug_assert!(
+            self.start(c) + (k as usize)
+                < self
+                    .starts
+                    .get(c)
+                    .map_or(self.hashes.len(), |e| *e as usize)
+        );
+        self.hashes[self.start(c) + k as usize]
+    }
+
+    /// Chain `c`'s hashes.
+    fn chain(&self, c: usize) -> &[ContentHash] {
+        let end = self
+            .starts
+            .get(c)
+            .map_or(self.hashes.len(), |e| *e as usize);
+        &self.hashes[self.start(c)..end]
+    }
 }
 
 impl PromptIndex {
     /// Hashes the first `upto` tokens (clamped to the prompt) for every group.
     pub fn new(geometry: &CacheGeometry, tokens: &[u32], upto: u32) -> Self {
         let len = upto.min(tokens.len() as u32);
-        let mut sizes: Vec<u32> = Vec::new();
-        let mut group_chain = Vec::with_capacity(geometry.group_count());
-        let mut block_tokens = Vec::with_capacity(geometry.group_count());
-        for g in geometry.groups() {
-            block_tokens.push(g.block_tokens);
-            let pos = match sizes.iter().position(|s| *s == g.block_tokens) {
-                Some(p) => p,
-                None => {
-                    sizes.push(g.block_tokens);
-                    sizes.len() - 1
-                }
-            };
-            group_chain.push(pos);
-        }
-        let parent_tokens = geometry.parent_tokens();
-        let parent_chain = match sizes.iter().position(|s| *s == parent_tokens) {
-            Some(p) => p,
-            None => {
-                sizes.push(parent_tokens);
-                sizes.len() - 1
-            }
-        };
+        let layout = geometry.chain_layout();
+        let total: usize = layout.sizes.iter().map(|&b| (len / b) as usize + 1).sum();
+        let mut hashes = Vec::with_capacity(total);
+        let mut starts = Vec::new();
         let mut scratch = Vec::new();
-        let chains = sizes
-            .iter()
-            .map(|&b| {
-                let n = (len / b) as usize;
-                let mut chain = Vec::with_capacity(n + 1);
-                let mut h = ContentHash::ROOT;
-                chain.push(h);
-                for k in 0..n {
-                    let start = k * b as usize;
-                    h = chain_hash(&mut scratch, h, &tokens[start..start + b as usize]);
-                    chain.push(h);
-                }
-                chain
-            })
-            .collect();
+        for (c, &b) in layout.sizes.iter().enumerate() {
+            if c > 0 {
+                starts.push(hashes.len() as u32);
+            }
+            let mut h = ContentHash::ROOT;
+            hashes.push(h);
+            for k in 0..(len / b) as usize {
+                let start = k * b as usize;
+                h = chain_hash(&mut scratch, h, &tokens[start..start + b as usize]);
+                hashes.push(h);
+            }
+        }
         Self {
             len,
             chains: std::sync::Arc::new(Chains {
-                chains,
-                group_chain,
-                block_tokens,
-                parent_tokens,
-                parent_chain,
+                layout: layout.clone(),
+                hashes,
+                starts,
             }),
             known_tail: None,
         }
@@ -213,7 +224,7 @@ impl PromptIndex {
     pub fn with_tail_at(mut self, tokens: &[u32], boundary: u32) -> Self {
         if boundary > 0
             && boundary <= self.len
-            && !boundary.is_multiple_of(self.chains.parent_tokens)
+            && !boundary.is_multiple_of(self.chains.layout.parent_tokens)
         {
             let h = self.hash_tail(&mut Vec::new(), tokens, boundary);
             self.known_tail = Some((boundary, h));
@@ -242,41 +253,41 @@ impl PromptIndex {
 
     /// Complete blocks of group `g` inside the index.
     pub fn full_blocks(&self, g: usize) -> u32 {
-        self.len / self.chains.block_tokens[g]
+        self.len / self.chains.layout.block_tokens[g]
     }
 
     /// The content hash of block `k` (0-based, complete) of group `g`.
     pub fn block_hash(&self, g: usize, k: u32) -> ContentHash {
-        self.chains.chains[self.chains.group_chain[g]][k as usize + 1]
+        self.chains.hash(self.chains.layout.group_chain[g], k + 1)
     }
 
     /// The content hashes of group `g`'s complete blocks inside the index, block 0 first
     /// (`block_hash(g, k)` is element k).
     #[inline]
     pub fn block_hashes(&self, g: usize) -> &[ContentHash] {
-        let chain = &self.chains.chains[self.chains.group_chain[g]];
+        let chain = self.chains.chain(self.chains.layout.group_chain[g]);
         let n = (self.full_blocks(g) as usize).min(chain.len().saturating_sub(1));
         &chain[1..=n]
     }
 
     /// The hash of the prefix after `k` complete blocks of group `g` (k = 0: ROOT).
     pub fn prefix_hash(&self, g: usize, k: u32) -> ContentHash {
-        self.chains.chains[self.chains.group_chain[g]][k as usize]
+        self.chains.hash(self.chains.layout.group_chain[g], k)
     }
 
     /// Whether group `g` hashes on the LCM parent chain (its blocks are parent blocks), so
     /// that its partial block at a boundary hashes exactly as the tail identity there.
     pub fn on_parent_chain(&self, g: usize) -> bool {
-        self.chains.group_chain[g] == self.chains.parent_chain
+        self.chains.layout.group_chain[g] == self.chains.layout.parent_chain
     }
 
     /// The LCM parent chain hash after `k` parent blocks.
     pub fn parent_hash(&self, k: u32) -> ContentHash {
-        self.chains.chains[self.chains.parent_chain][k as usize]
+        self.chains.hash(self.chains.layout.parent_chain, k)
     }
 
     pub fn parent_tokens(&self) -> u32 {
-        self.chains.parent_tokens
+        self.chains.layout.parent_tokens
     }
 
     /// The hash of group `g`'s partial block ending at `boundary` (boundary not a multiple
@@ -288,11 +299,11 @@ impl PromptIndex {
         g: usize,
         boundary: u32,
     ) -> ContentHash {
-        if self.chains.group_chain[g] == self.chains.parent_chain {
+        if self.chains.layout.group_chain[g] == self.chains.layout.parent_chain {
             // The LCM parent chain's partial block is the tail identity there.
             return self.tail_identity(scratch, tokens, boundary);
         }
-        let b = self.chains.block_tokens[g];
+        let b = self.chains.layout.block_tokens[g];
         let k = boundary / b;
         chain_hash(
             scratch,
@@ -319,7 +330,7 @@ impl PromptIndex {
     }
 
     fn hash_tail(&self, scratch: &mut Vec<u8>, tokens: &[u32], boundary: u32) -> ContentHash {
-        let p = self.chains.parent_tokens;
+        let p = self.chains.layout.parent_tokens;
         let k = boundary / p;
         chain_hash(
             scratch,
@@ -346,6 +357,53 @@ mod tests {
             0,
         )
         .unwrap()
+    }
+
+    /// Every chain of the one list an index keeps holds exactly its own hashes: groups of 4
+    /// and 6 tokens (two chains) and the LCM parent of 12 (a third, named by no group),
+    /// each checked against hashing its blocks one by one.
+    #[test]
+    fn each_chain_of_an_index_is_the_chain_hashed_alone() {
+        let g = CacheGeometry::new(
+            vec![
+                GroupSpec::full("a", 4, 1, 8),
+                GroupSpec::full("b", 6, 1, 8),
+                GroupSpec::state("s", 4, 8),
+            ],
+            1,
+            0,
+        )
+        .unwrap();
+        let layout = g.chain_layout();
+        assert_eq!(layout.sizes, vec![4, 6, 12]);
+        assert_eq!(layout.group_chain, vec![0, 1, 0]);
+        assert_eq!(layout.parent_chain, 2);
+        let p: Vec<u32> = (0..40).map(|i| i * 5 % 17).collect();
+        let mut s = Vec::new();
+        let chain = |b: usize, k: usize, s: &mut Vec<u8>| {
+            (0..k).fold(ContentHash::ROOT, |h, i| {
+                chain_hash(s, h, &p[i * b..(i + 1) * b])
+            })
+        };
+        for upto in [0, 5, 12, 23, 40] {
+            let index = PromptIndex::new(&g, &p, upto);
+            for (grp, b) in [(0usize, 4usize), (1, 6), (2, 4)] {
+                assert_eq!(index.full_blocks(grp) as usize, upto as usize / b);
+                for k in 0..index.full_blocks(grp) {
+                    let want = chain(b, k as usize + 1, &mut s);
+                    assert_eq!(index.block_hash(grp, k), want, "{upto} {grp} {k}");
+                    assert_eq!(index.block_hashes(grp)[k as usize], want);
+                    assert_eq!(index.prefix_hash(grp, k + 1), want);
+                }
+            }
+            for k in 0..=upto / 12 {
+                assert_eq!(
+                    index.parent_hash(k),
+                    chain(12, k as usize, &mut s),
+                    "{upto} {k}"
+                );
+            }
+        }
     }
 
     #[test]
