@@ -389,9 +389,22 @@ impl StorageTransferManager {
         self.spare = Some(fx);
     }
 
-    fn apply_tick(&mut self, tick_us: u64, pressure: PressureObservation, fx: &mut RoundEffects) {
+    pub(super) fn apply_tick(
+        &mut self,
+        tick_us: u64,
+        pressure: PressureObservation,
+        fx: &mut RoundEffects,
+    ) {
         self.now_us = self.now_us.max(tick_us);
         let now = self.now_us;
+        if !self.deadlines.is_empty() || !self.ready_expiry.is_empty() {
+            self.expire(now, fx);
+        }
+        self.observe_pressure(pressure, now, fx);
+    }
+
+    /// Soft deadlines and Ready expiries due at `now`.
+    fn expire(&mut self, now: u64, fx: &mut RoundEffects) {
         // A popped entry counts only while its request still waits with that due tick (an
         // ended deadline's entry stays in the queue until it comes due).
         // The due entries are popped into the manager's own list, kept for the next tick.
@@ -418,6 +431,11 @@ impl StorageTransferManager {
             .retain_if_stale(waits.len(), |due, r| soft_deadline_live(waits, due, r));
         self.ready_expiry
             .retain_if_stale(waits.len(), |due, r| ready_expiry_live(waits, due, r));
+    }
+
+    /// The pressure gate observes this round's pressure: closing, it ends every QUERY wait
+    /// and drops the queued backup candidates.
+    fn observe_pressure(&mut self, pressure: PressureObservation, now: u64, fx: &mut RoundEffects) {
         if self.gate.observe_at(pressure, now) == GateTransition::Closed {
             // In request order (the table's own order is not).
             let mut in_query: Vec<RequestId> = self

@@ -19,8 +19,8 @@ use super::manager::{Refusal, RoundInput, StorageTransferManager};
 use super::report::{BackendTrouble, HandBack, StorageReport};
 use super::{ClearKind, Destinations, HostRef};
 use messages::{
-    HostRange, OperationId, ProtocolError, Rejection, RequestId, StorageCancelOp, StorageKey,
-    StorageOp,
+    HostRange, OperationId, PressureObservation, ProtocolError, Rejection, RequestId,
+    StorageCancelOp, StorageKey, StorageOp,
 };
 use std::collections::BTreeMap;
 use tracing::Span;
@@ -53,6 +53,32 @@ impl StorageTransferManager {
     /// Applies the agreed round (tick, cancellations, completions) and reports to the
     /// scheduler: this round's effects with those deferred from the last plan.
     pub fn begin_round(&mut self, input: RoundInput) -> Result<StorageReport, ProtocolError> {
+        if input.completions.is_empty() && input.cancellations.is_empty() {
+            return Ok(self.quiet_round(input.tick_us, input.pressure));
+        }
+        self.busy_round(input)
+    }
+
+    /// `begin_round` without completions or cancellations (an idle engine's rounds): the
+    /// tick and the pressure apply as in any round, in a few lines of code, so that a
+    /// round with nothing to do for storage also touches little of it.
+    fn quiet_round(&mut self, tick_us: u64, pressure: PressureObservation) -> StorageReport {
+        let mut effects = self.spare.take().unwrap_or_default();
+        if !self.deferred.is_empty() {
+            effects.move_from(&mut self.deferred);
+        }
+        self.apply_tick(tick_us, pressure, &mut effects);
+        self.outbox.append(&mut effects.cancels);
+        debug_assert!(self.planning.ops.is_empty(), "the last plan did not end");
+        self.backups.drain_forgotten_into(&mut effects.forgotten);
+        StorageReport {
+            effects,
+            trouble: Vec::new(),
+        }
+    }
+
+    #[inline(never)]
+    fn busy_round(&mut self, input: RoundInput) -> Result<StorageReport, ProtocolError> {
         // The backend trouble a completion reports, if any.
         let trouble_of = |d: &messages::StorageDone| match d.rejection {
             Some(Rejection::Unhealthy) => Some(BackendTrouble::Unhealthy),
@@ -159,6 +185,9 @@ impl StorageTransferManager {
     /// Returns the PUTs' operation IDs.
     pub fn plan_backups(&mut self, residency: &mut Residency<'_>) -> Vec<OperationId> {
         let mut issued = vec![];
+        if self.backups.is_empty() {
+            return issued;
+        }
         let gates = self.gates();
         if gates.quarantined || gates.gate_closed || gates.backups_paused {
             return issued;
@@ -235,6 +264,10 @@ impl StorageTransferManager {
     /// order — cancellations of detached reads first, then the new operations, then the
     /// cancellations the hand-backs caused.
     pub fn end_plan(&mut self, handbacks: Vec<HandBack>) -> Vec<StorageOp> {
+        // Nothing planned, nothing handed back, no cancellation waiting: no operation.
+        if self.planning.ops.is_empty() && self.outbox.is_empty() && handbacks.is_empty() {
+            return Vec::new();
+        }
         let planning = std::mem::take(&mut self.planning);
         let mut ops: Vec<StorageOp> = std::mem::take(&mut self.outbox)
             .into_iter()
