@@ -268,12 +268,11 @@ impl StorageTransferManager {
         if self.planning.ops.is_empty() && self.outbox.is_empty() && handbacks.is_empty() {
             return Vec::new();
         }
-        let planning = std::mem::take(&mut self.planning);
-        let mut ops: Vec<StorageOp> = std::mem::take(&mut self.outbox)
-            .into_iter()
-            .map(StorageOp::Cancel)
-            .collect();
-        ops.extend(planning.ops);
+        // The plan's and the outbox's lists keep their buffers for the next plan; the
+        // operations leave in one list made at its size.
+        let mut ops = Vec::with_capacity(self.outbox.len() + self.planning.ops.len());
+        ops.extend(self.outbox.drain(..).map(StorageOp::Cancel));
+        ops.append(&mut self.planning.ops);
         if !handbacks.is_empty() {
             // Written straight into the deferred effects (their lists keep their buffers).
             let mut fx = std::mem::take(&mut self.deferred);
@@ -287,7 +286,7 @@ impl StorageTransferManager {
             ops.extend(fx.cancels.drain(before..).map(StorageOp::Cancel));
             self.deferred = fx;
         }
-        let parents = planning.parents;
+        let parents = std::mem::take(&mut self.planning.parents);
         self.trace.issued(&ops, |op| parents.get(&op));
         ops
     }
