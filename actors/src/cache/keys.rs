@@ -141,15 +141,17 @@ pub struct PromptIndex {
 }
 
 /// A prompt's hashes in one list, chain after chain (the geometry's `ChainLayout` says
-/// which chain each group uses): an index is two allocations, and reading it long after
-/// it was made (admission of a request prepared at arrival) touches few cache lines.
+/// which chain each group uses; every chain begins at ROOT, which is not stored): an index
+/// is two allocations, and reading it long after it was made (admission of a request
+/// prepared at arrival) touches few cache lines (a 32-token prompt's 8 hashes of 4-token
+/// blocks fill two).
 #[derive(Debug)]
 struct Chains {
     layout: std::sync::Arc<ChainLayout>,
-    /// Chain c's hashes: `hashes[start(c) + k]` after k full blocks (k = 0: ROOT).
+    /// Chain c's hash after k >= 1 full blocks: `hashes[start(c) + k - 1]`.
     hashes: Vec<ContentHash>,
     /// Where chains 1.. start in `hashes` (chain 0 starts at 0; empty for one chain).
-    starts: Vec<u32>,
+    starts: Box<[u32]>,
 }
 
 impl Chains {
@@ -162,22 +164,32 @@ impl Chains {
         }
     }
 
-    /// Chain `c`'s hash after `k` full blocks (`k` within the chain: the caller's index
-    /// covers it).
+    /// Chain `c`'s hash after `k` full blocks (ROOT for none; `k` within the chain: the
+    /// caller's index covers it).
     #[inline]
     fn hash(&self, c: usize, k: u32) -> ContentHash {
-        debug_assert!(
-            self.start(c) + (k as usize)
-                < self
-                    .starts
-                    .get(c)
-                    .map_or(self.hashes.len(), |e| *e as usize)
-        );
-        self.hashes[self.start(c) + k as usize]
+        match k {
+            0 => ContentHash::ROOT,
+            k => self.block(c, k - 1),
+        }
     }
 
-    /// Chain `c`'s hashes.
-    fn chain(&self, c: usize) -> &[ContentHash] {
+    /// Chain `c`'s hash of block `k` (after k + 1 full blocks; within the chain).
+    #[inline]
+    fn block(&self, c: usize, k: u32) -> ContentHash {
+        let i = self.start(c) + k as usize;
+        debug_assert!(
+            i < self
+                .starts
+                .get(c)
+                .map_or(self.hashes.len(), |e| *e as usize)
+        );
+        self.hashes[i]
+    }
+
+    /// Chain `c`'s hashes after 1, 2, ... full blocks.
+    #[inline]
+    fn blocks(&self, c: usize) -> &[ContentHash] {
         let end = self
             .starts
             .get(c)
@@ -191,16 +203,15 @@ impl PromptIndex {
     pub fn new(geometry: &CacheGeometry, tokens: &[u32], upto: u32) -> Self {
         let len = upto.min(tokens.len() as u32);
         let layout = geometry.chain_layout();
-        let total: usize = layout.sizes.iter().map(|&b| (len / b) as usize + 1).sum();
+        let total: usize = layout.sizes.iter().map(|&b| (len / b) as usize).sum();
         let mut hashes = Vec::with_capacity(total);
-        let mut starts = Vec::new();
+        let mut starts = Vec::with_capacity(layout.sizes.len().saturating_sub(1));
         let mut scratch = Vec::new();
         for (c, &b) in layout.sizes.iter().enumerate() {
             if c > 0 {
                 starts.push(hashes.len() as u32);
             }
             let mut h = ContentHash::ROOT;
-            hashes.push(h);
             for k in 0..(len / b) as usize {
                 let start = k * b as usize;
                 h = chain_hash(&mut scratch, h, &tokens[start..start + b as usize]);
@@ -212,7 +223,7 @@ impl PromptIndex {
             chains: std::sync::Arc::new(Chains {
                 layout: layout.clone(),
                 hashes,
-                starts,
+                starts: starts.into_boxed_slice(),
             }),
             known_tail: None,
         }
@@ -258,16 +269,16 @@ impl PromptIndex {
 
     /// The content hash of block `k` (0-based, complete) of group `g`.
     pub fn block_hash(&self, g: usize, k: u32) -> ContentHash {
-        self.chains.hash(self.chains.layout.group_chain[g], k + 1)
+        self.chains.block(self.chains.layout.group_chain[g], k)
     }
 
     /// The content hashes of group `g`'s complete blocks inside the index, block 0 first
     /// (`block_hash(g, k)` is element k).
     #[inline]
     pub fn block_hashes(&self, g: usize) -> &[ContentHash] {
-        let chain = self.chains.chain(self.chains.layout.group_chain[g]);
-        let n = (self.full_blocks(g) as usize).min(chain.len().saturating_sub(1));
-        &chain[1..=n]
+        let chain = self.chains.blocks(self.chains.layout.group_chain[g]);
+        let n = (self.full_blocks(g) as usize).min(chain.len());
+        &chain[..n]
     }
 
     /// The hash of the prefix after `k` complete blocks of group `g` (k = 0: ROOT).
