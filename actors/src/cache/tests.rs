@@ -928,16 +928,7 @@ mod props {
                 }
             }
             let exists: Vec<bool> = (0..rows.len()).map(|i| exists[i % exists.len()]).collect();
-            let plan = QueryPlan {
-                local_tokens: 0,
-                device_tokens: 0,
-                bypass: None,
-                boundaries: Vec::new(),
-                keys: Vec::new(),
-                rows: rows.clone(),
-                host_blocks: 0,
-            };
-            let h = plan.existence_hints(&exists).unwrap();
+            let h = rows_plan(rows.clone()).existence_hints(&exists).unwrap();
             // The oracle: per block, every one of its rows exists.
             let mut full = std::collections::BTreeMap::new();
             let mut tails = std::collections::BTreeMap::new();
@@ -1152,6 +1143,19 @@ fn the_one_pass_longest_pair_agrees_with_two_scans() {
     }
 }
 
+/// A QUERY plan of `rows` alone (what existence hints are made from).
+fn rows_plan(rows: Vec<QueryRow>) -> QueryPlan {
+    QueryPlan {
+        local_tokens: 0,
+        device_tokens: 0,
+        bypass: None,
+        boundaries: Vec::new(),
+        keys: Vec::new(),
+        rows,
+        host_blocks: 0,
+    }
+}
+
 #[test]
 fn a_block_exists_only_when_every_one_of_its_pages_does_in_any_row_order() {
     let block = |n: u128, g: usize| BlockAddr::new(g, ContentHash::from_u128(n));
@@ -1168,25 +1172,17 @@ fn a_block_exists_only_when_every_one_of_its_pages_does_in_any_row_order() {
     let placed = |n: u128, g: usize| HintedBlock::new(block(n, g), n as u32);
     // Two pages per block; block 2's pages are apart, and block 3 misses its second page;
     // tail block 100's pages are apart too.
-    let plan = QueryPlan {
-        local_tokens: 0,
-        device_tokens: 0,
-        bypass: None,
-        boundaries: Vec::new(),
-        keys: Vec::new(),
-        rows: vec![
-            row(2, 0, 0),
-            row(1, 0, 0),
-            row(100, 0, 0),
-            row(1, 0, 1),
-            row(3, 0, 0),
-            row(2, 0, 1),
-            row(3, 0, 1),
-            row(4, 1, 0),
-            row(100, 0, 1),
-        ],
-        host_blocks: 0,
-    };
+    let plan = rows_plan(vec![
+        row(2, 0, 0),
+        row(1, 0, 0),
+        row(100, 0, 0),
+        row(1, 0, 1),
+        row(3, 0, 0),
+        row(2, 0, 1),
+        row(3, 0, 1),
+        row(4, 1, 0),
+        row(100, 0, 1),
+    ]);
     let h = plan
         .existence_hints(&[true, true, true, true, true, true, false, true, true])
         .unwrap();
