@@ -136,6 +136,16 @@ fn pack_with<'s>(
         .enumerate()
         .map(|(i, c)| (i, fits(*c)))
         .find(|(_, f)| f.0)?;
+    if skip_covered && table.full_history_only() {
+        return Some(pack_full_history(
+            scratch,
+            table,
+            index,
+            &candidates[pi..],
+            credits,
+            charge,
+        ));
+    }
     let PackScratch {
         inc,
         boundaries,
@@ -193,6 +203,105 @@ fn pack_with<'s>(
         keys,
         host_blocks: charge,
     })
+}
+
+/// `pack_with` (skipping what adds nothing) when every group keeps Full history, from the
+/// first candidate that fits (`candidates[0]`, whose Host charge is `charge`): a candidate
+/// then requires every complete block below it, so once a primary is packed a fallback's
+/// complete blocks are all among the primary's and only its tail blocks can add keys. The
+/// same packing as the general walk without its per-block record of included blocks (the
+/// test `skipping_fallbacks_that_add_nothing_changes_no_packing` compares the two).
+fn pack_full_history<'s>(
+    scratch: &'s mut PackScratch,
+    table: &MatchTable,
+    index: &PromptIndex,
+    candidates: &[Candidate],
+    credits: QueryCredits,
+    charge: u32,
+) -> Packing<'s> {
+    let PackScratch {
+        inc,
+        boundaries,
+        blocks,
+    } = scratch;
+    inc.tails.clear();
+    boundaries.clear();
+    blocks.clear();
+    let mut keys = 0;
+    for &c in candidates {
+        let primary = boundaries.is_empty();
+        if !primary {
+            // An aligned fallback requires a subset of the primary's blocks.
+            if c.tail.is_none() {
+                boundaries.push(PackedBoundary {
+                    candidate: c,
+                    new_keys: 0,
+                });
+                continue;
+            }
+            // A fallback is reserved alone: its own Host charge must fit.
+            let t = table.tally(c);
+            let own =
+                t.blocks_at(Have::Missing) + t.blocks_at(Have::Assumed) + t.blocks_at(Have::Host);
+            if own > credits.host_blocks {
+                continue;
+            }
+        }
+        // The blocks this candidate adds, by group: the primary's missing complete blocks,
+        // then each missing tail block not yet asked for.
+        let start = blocks.len();
+        for g in 0..table.group_count() {
+            let (s, e, tail) = table.requirement(g, c.boundary);
+            if primary {
+                for k in s..e {
+                    if table.have(g, k) == Have::Missing {
+                        blocks.push(RequiredBlock {
+                            addr: super::keys::BlockAddr::new(g, index.block_hash(g, k)),
+                            slot: BlockSlot::Full(k),
+                            block_index: k as u64,
+                            have: Have::Missing,
+                        });
+                    }
+                }
+            }
+            if tail {
+                if let Some((addr, Have::Missing)) = table.tail_block(c, g) {
+                    if !inc.tails.contains(&(addr.group, addr.hash)) {
+                        blocks.push(RequiredBlock {
+                            addr,
+                            slot: BlockSlot::Tail,
+                            block_index: e as u64,
+                            have: Have::Missing,
+                        });
+                    }
+                }
+            }
+        }
+        let extra_keys: u32 = blocks[start..]
+            .iter()
+            .map(|b| table.pages(b.addr.group as usize))
+            .sum();
+        if keys + extra_keys > credits.keys {
+            blocks.truncate(start);
+            continue;
+        }
+        for b in &blocks[start..] {
+            if b.slot == BlockSlot::Tail && !inc.tails.contains(&(b.addr.group, b.addr.hash)) {
+                inc.tails.push((b.addr.group, b.addr.hash));
+            }
+        }
+        keys += extra_keys;
+        boundaries.push(PackedBoundary {
+            candidate: c,
+            new_keys: extra_keys,
+        });
+    }
+    Packing {
+        boundaries,
+        blocks,
+        keys,
+        host_blocks: charge,
+    }
 }
 
 /// Whether `c` needs no block that is not yet included, and including it would change no
@@ -284,7 +393,8 @@ mod tests {
 
     /// Skipping the fallbacks that add nothing changes no packing: the same boundaries, new
     /// keys, blocks and charge as working out every fallback's extra blocks, over Full
-    /// (one group, and two of different block sizes), sliding-window and State groups,
+    /// (one group, and two of different block sizes: the Full-history walk,
+    /// `pack_full_history`, against the general one), sliding-window and State groups,
     /// tails, mixed availability and tight credits.
     #[test]
     fn skipping_fallbacks_that_add_nothing_changes_no_packing() {
