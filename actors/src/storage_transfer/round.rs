@@ -77,6 +77,8 @@ impl StorageTransferManager {
         }
     }
 
+    /// `begin_round` with completions or cancellations to apply (kept out of line, so the
+    /// quiet path stays short).
     #[inline(never)]
     fn busy_round(&mut self, input: RoundInput) -> Result<StorageReport, ProtocolError> {
         // The backend trouble a completion reports, if any.
