@@ -152,17 +152,27 @@ impl Scheduler {
         // lookups).
         // (In the scheduler's own list, kept for the next round.)
         let mut published = std::mem::take(&mut self.published);
+        let mut readied = std::mem::take(&mut self.readied);
         published.clear();
+        readied.clear();
         published.extend(fx.publish.iter().map(|r| (r.request, r.host)));
         published.sort_unstable();
         published.dedup();
         for rows in published.chunk_by(|a, b| a.0 == b.0) {
-            self.on_get_published(rows[0].0, rows);
+            if self.on_get_published(rows[0].0, rows) {
+                readied.push(rows[0].0);
+            }
         }
         self.published = published;
         for (req, why) in fx.waits_ended.drain(..) {
+            // A GET that published above ended its wait as a Ready hold: its request has
+            // left Prefetching, so the end of its wait changes nothing (not looked up).
+            if why == WaitEnd::Completed && readied.binary_search(&req).is_ok() {
+                continue;
+            }
             self.on_wait_ended(req, why);
         }
+        self.readied = readied;
         for req in fx.ready_expired.drain(..) {
             if let Some(r) = self.requests.get_mut(&req) {
                 r.resources.ready = None;
@@ -190,24 +200,25 @@ impl Scheduler {
         }
     }
 
-    /// `rows`: the request's published references (all of request `id`), sorted.
-    fn on_get_published(&mut self, id: RequestId, rows: &[(RequestId, HostRef)]) {
+    /// `rows`: the request's published references (all of request `id`), sorted. True when
+    /// the request left Prefetching (it now holds Ready).
+    fn on_get_published(&mut self, id: RequestId, rows: &[(RequestId, HostRef)]) -> bool {
         let Some(r) = self.requests.get_mut(&id) else {
-            return;
+            return false;
         };
         let RequestState::Prefetching {
             phase: PrefetchPhase::Get(read),
             ..
         } = &r.state
         else {
-            return;
+            return false;
         };
         let read = *read;
         let Some(rec) = self.reads.get_mut(&read) else {
-            return;
+            return false;
         };
         let Some(res) = rec.reservation.take() else {
-            return;
+            return false;
         };
         // Per row, whether it published (in the scheduler's kept list).
         let ok = &mut self.row_ok;
@@ -228,6 +239,7 @@ impl Scheduler {
             r.resources.ready = Some(lease);
         }
         self.queue_front_by_arrival(id);
+        true
     }
 
     fn on_wait_ended(&mut self, id: RequestId, why: WaitEnd) {
@@ -535,6 +547,66 @@ mod tests {
         assert_ne!(t.context.last(), t.written.first());
         assert_eq!(r.fallback, FallbackReason::None);
         assert!(r.resources.ready.is_none(), "admission took the Ready hold");
+    }
+
+    /// A GET whose every row failed publishes nothing: its wait ends (Completed) without a
+    /// Ready hold, and that end alone moves the request on to ordinary admission, in the
+    /// same round as another request's GET that published (whose wait's end is passed
+    /// over: it holds Ready already).
+    #[test]
+    fn a_get_that_publishes_nothing_ends_its_prefetch_beside_one_that_published() {
+        let mut rig = rig(true);
+        let (p1, p2) = (prompt(32, 7), prompt(32, 8));
+        let plan = rig.arrive(&[(1, &p1, 2), (2, &p2, 2)]);
+        let answers = plan
+            .storage
+            .iter()
+            .map(|op| match op {
+                StorageOp::Query(q) => StorageDone::query(q.op, vec![true; q.keys.len()], true),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let plan = rig.round(AgreedInputs {
+            completions: answers,
+            ..AgreedInputs::default()
+        });
+        let gets: Vec<messages::StorageGetOp> = plan
+            .storage
+            .iter()
+            .map(|op| match op {
+                StorageOp::Get(g) => g.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(gets.len(), 2);
+        assert_eq!(gets[0].request, Some(RequestId(1)));
+        let done = |g: &messages::StorageGetOp, ok: bool| {
+            let n = g.keys.len();
+            StorageDone::get(
+                g.op,
+                vec![ok; n],
+                g.destinations.iter().map(|d| d.len).collect(),
+                vec![None; n],
+                true,
+            )
+        };
+        rig.apply(AgreedInputs {
+            completions: vec![done(&gets[0], true), done(&gets[1], false)],
+            ..AgreedInputs::default()
+        });
+        let (one, two) = (
+            &rig.s.requests[&RequestId(1)],
+            &rig.s.requests[&RequestId(2)],
+        );
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("admissible"));
+        assert!(one.resources.ready.is_some(), "request 1 holds Ready");
+        assert_eq!(rig.s.state_of(RequestId(2)), Some("admissible"));
+        assert!(two.resources.ready.is_none(), "request 2 published nothing");
+        assert!(rig.s.queue.contains(&RequestId(1)) && rig.s.queue.contains(&RequestId(2)));
+        let plan = rig.plan();
+        assert_eq!(plan.forwards.len(), 2, "both are admitted");
+        assert_eq!(rig.s.requests[&RequestId(1)].split.l3, 31);
+        assert_eq!(rig.s.requests[&RequestId(2)].split.l3, 0, "recomputed");
     }
 
     /// An answered QUERY's plan hands its lists back to the cache owner, whether its GET

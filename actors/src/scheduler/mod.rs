@@ -209,6 +209,9 @@ pub struct Scheduler {
     row_ok: Vec<bool>,
     /// The round's published GET rows by request (its buffer serves the next round).
     published: Vec<(RequestId, HostRef)>,
+    /// The requests whose GET published this round and now hold Ready, by request (its
+    /// buffer serves the next round).
+    readied: Vec<RequestId>,
     free_scratch: Vec<u32>,
     /// The held source of each dispatched PUT's reference, from dispatch to settlement.
     put_sources: PutSources,
@@ -265,6 +268,7 @@ impl Scheduler {
             hints: Default::default(),
             row_ok: Vec::new(),
             published: Vec::new(),
+            readied: Vec::new(),
             free_scratch,
             put_sources: PutSources::default(),
             reads: IdMap::default(),
