@@ -11,13 +11,14 @@
 
 use super::request::{PrefetchPhase, Request, RequestState};
 use super::{AgreedInputs, NewRequest, Scheduler};
+use crate::cache::coordinator::CacheCoordinator;
 use crate::frontend::FallbackReason;
 use crate::storage_transfer::{
     BackendTrouble, HandBack, HostRef, RoundEffects, RoundInput, StorageReport,
     StorageTransferManager, WaitEnd,
 };
 use messages::{OperationId, ProtocolError, RequestId, TokenLogprobs};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The storage half of an agreed round, for the StorageTransferManager (the completions
 /// move; the scheduler keeps the rest).
@@ -269,28 +270,16 @@ impl Scheduler {
     /// Ends a Prefetching state: the request continues to ordinary admission. The lease is
     /// handed back (a stale one does nothing).
     pub(super) fn end_prefetch(&mut self, id: RequestId, reason: Option<FallbackReason>) {
-        let Some(r) = self.requests.get_mut(&id) else {
-            return;
-        };
-        if reason.is_some() && r.resources.fallback.is_none() {
-            r.resources.fallback = reason;
+        let Self {
+            requests,
+            cache,
+            queue,
+            handbacks,
+            ..
+        } = self;
+        if let Some(r) = requests.get_mut(&id) {
+            end_prefetch_in(r, id, reason, cache, queue, handbacks);
         }
-        let state = std::mem::replace(&mut r.state, RequestState::Admissible);
-        let RequestState::Prefetching {
-            lease,
-            continuation: _,
-            phase,
-        } = state
-        else {
-            r.state = state;
-            return;
-        };
-        // An answered or abandoned plan's lists serve the next QUERYs.
-        if let PrefetchPhase::Query(plan) = phase {
-            self.cache.recycle_plan(plan);
-        }
-        self.queue_front_by_arrival(id);
-        self.handbacks.push(HandBack::Detach(lease));
     }
 
     /// Puts a request back into the admission queue at its arrival position.
@@ -338,6 +327,37 @@ impl Scheduler {
             let _ = self.cache.host_mut().release_held(held);
         }
     }
+}
+
+/// `Scheduler::end_prefetch` on request `id` found already (`r`), beside the parts it
+/// touches: the answered or abandoned plan's lists go back to the cache owner, the request
+/// rejoins the admission queue at its arrival position and its lease is handed back.
+pub(super) fn end_prefetch_in(
+    r: &mut Request,
+    id: RequestId,
+    reason: Option<FallbackReason>,
+    cache: &CacheCoordinator,
+    queue: &mut BTreeSet<RequestId>,
+    handbacks: &mut Vec<HandBack>,
+) {
+    if reason.is_some() && r.resources.fallback.is_none() {
+        r.resources.fallback = reason;
+    }
+    let state = std::mem::replace(&mut r.state, RequestState::Admissible);
+    let RequestState::Prefetching {
+        lease,
+        continuation: _,
+        phase,
+    } = state
+    else {
+        r.state = state;
+        return;
+    };
+    if let PrefetchPhase::Query(plan) = phase {
+        cache.recycle_plan(plan);
+    }
+    queue.insert(id);
+    handbacks.push(HandBack::Detach(lease));
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! never performs I/O. It never decides Device admission (admit.rs does): a request it does
 //! not prepare goes on to ordinary admission.
 
+use super::apply::end_prefetch_in;
 use super::request::{Continuation, PrefetchPhase, Request, RequestState};
 use super::{tail_kind, ReadRecord, Scheduler, SchedulerStats};
 use crate::cache::coordinator::{CacheCoordinator, ExistenceHints, QueryLimits};
@@ -120,6 +121,8 @@ impl Scheduler {
             trace,
             reads,
             next_read,
+            queue,
+            handbacks,
             ..
         } = self;
         let Some(r) = requests.get_mut(&id) else {
@@ -132,20 +135,27 @@ impl Scheduler {
             return;
         };
         if plan.existence_hints_into(exists, hints).is_err() {
-            self.end_prefetch(id, Some(FallbackReason::Miss));
+            end_prefetch_in(r, id, Some(FallbackReason::Miss), cache, queue, handbacks);
             return;
         }
         let Some(stm) = storage else {
             return;
         };
         if stm.gate_closed() {
-            self.end_prefetch(id, Some(FallbackReason::Pressure));
+            end_prefetch_in(
+                r,
+                id,
+                Some(FallbackReason::Pressure),
+                cache,
+                queue,
+                handbacks,
+            );
             return;
         }
         // No block is known to exist: a reservation could only assume what local data
         // already holds, so it would reserve nothing (a Miss). Decided without matching.
         if hints.is_empty() {
-            self.end_prefetch(id, Some(FallbackReason::Miss));
+            end_prefetch_in(r, id, Some(FallbackReason::Miss), cache, queue, handbacks);
             return;
         }
         let host_credits = stm.host_credits_left();
@@ -155,18 +165,18 @@ impl Scheduler {
         {
             Ok(res) => res,
             Err(_) => {
-                self.end_prefetch(id, Some(FallbackReason::Miss));
+                end_prefetch_in(r, id, Some(FallbackReason::Miss), cache, queue, handbacks);
                 return;
             }
         };
         if res.is_empty() {
-            let _ = self.cache.abandon(res);
-            self.end_prefetch(id, Some(FallbackReason::Miss));
+            let _ = cache.abandon(res);
+            end_prefetch_in(r, id, Some(FallbackReason::Miss), cache, queue, handbacks);
             return;
         }
         if res.rows.len() >= super::GET_ROWS_MAX {
-            let _ = self.cache.abandon(res);
-            self.end_prefetch(id, Some(FallbackReason::Miss));
+            let _ = cache.abandon(res);
+            end_prefetch_in(r, id, Some(FallbackReason::Miss), cache, queue, handbacks);
             return;
         }
         *next_read += 1;
@@ -199,8 +209,8 @@ impl Scheduler {
                 }
             }
             Err(e) => {
-                let _ = self.cache.abandon(res);
-                self.end_prefetch(id, Some(refusal_reason(&e)));
+                let _ = cache.abandon(res);
+                end_prefetch_in(r, id, Some(refusal_reason(&e)), cache, queue, handbacks);
             }
         }
     }
