@@ -11,7 +11,7 @@
 //! benchmark and the determinism checks drive it directly. It never performs I/O.
 
 use crate::scheduler::{AgreedInputs, Plan, Scheduler};
-use crate::storage_transfer::{ClearKind, ClearRefused, StorageTransferManager};
+use crate::storage_transfer::{BackupCandidate, ClearKind, ClearRefused, StorageTransferManager};
 use messages::{Namespace, OperationId, ProtocolError, StorageOp};
 
 /// A committed round: the operations for the executor (in plan order) and the device work.
@@ -27,6 +27,8 @@ impl RoundPlan {
 pub struct RoundPipeline {
     scheduler: Scheduler,
     stm: Option<StorageTransferManager>,
+    /// The round's backup candidates on their way to the manager (the list is kept).
+    candidates: Vec<BackupCandidate>,
 }
 
 impl RoundPipeline {
@@ -35,7 +37,11 @@ impl RoundPipeline {
         let stm = scheduler.storage_config().cloned().map(|cfg| {
             StorageTransferManager::new(cfg).with_trace_rank(scheduler.layout().shard.index)
         });
-        Self { scheduler, stm }
+        Self {
+            scheduler,
+            stm,
+            candidates: Vec::new(),
+        }
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -60,9 +66,10 @@ impl RoundPipeline {
 
     /// The round's D2H copies completed: Host L2 publishes; candidates go to the manager.
     pub fn d2h_done(&mut self) {
-        let candidates = self.scheduler.d2h_done();
-        if let Some(stm) = self.stm.as_mut() {
-            stm.offer_backups(candidates);
+        self.scheduler.d2h_done_into(&mut self.candidates);
+        match self.stm.as_mut() {
+            Some(stm) => stm.offer_backups(self.candidates.drain(..)),
+            None => self.candidates.clear(),
         }
     }
 

@@ -19,22 +19,34 @@ impl Scheduler {
     /// blocks become backup candidates (returned, for the StorageTransferManager); the H2D
     /// sources are released.
     pub fn d2h_done(&mut self) -> Vec<BackupCandidate> {
-        for source in std::mem::take(&mut self.h2d_host_refs) {
-            let _ = self.cache.host_mut().release_held(source);
+        let mut candidates = Vec::new();
+        self.d2h_done_into(&mut candidates);
+        candidates
+    }
+
+    /// `d2h_done` with the candidates appended to `candidates` (a caller that keeps one
+    /// list makes none per round); the round's block lists keep their buffers too.
+    pub fn d2h_done_into(&mut self, candidates: &mut Vec<BackupCandidate>) {
+        let l3 = self.l3_enabled();
+        let Self {
+            cache,
+            h2d_host_refs,
+            d2h_blocks,
+            ..
+        } = self;
+        for source in h2d_host_refs.drain(..) {
+            let _ = cache.host_mut().release_held(source);
         }
-        let blocks = std::mem::take(&mut self.d2h_blocks);
-        let mut candidates = Vec::with_capacity(if self.l3_enabled() { blocks.len() } else { 0 });
-        for a in blocks {
-            let Ok(slot) = self.cache.host_mut().publish(a) else {
+        if l3 {
+            candidates.reserve(d2h_blocks.len());
+        }
+        for a in d2h_blocks.drain(..) {
+            let Ok(slot) = cache.host_mut().publish(a) else {
                 continue;
             };
-            let _ = self.cache.host_mut().release(a);
-            if self.l3_enabled() {
-                let pages = self
-                    .cache
-                    .geometry()
-                    .group(a.group as usize)
-                    .pages_per_block;
+            let _ = cache.host_mut().release(a);
+            if l3 {
+                let pages = cache.geometry().group(a.group as usize).pages_per_block;
                 // The object key is made only at PUT dispatch (a dropped or coalesced
                 // candidate never costs one); the reference names the slot the block was
                 // published in (it holds nothing: dispatch rechecks the slot).
@@ -49,7 +61,6 @@ impl Scheduler {
                 }
             }
         }
-        candidates
     }
 
     /// PUT dispatch of this round's candidates: rechecks Host residency and takes a source

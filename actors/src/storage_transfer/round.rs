@@ -295,7 +295,7 @@ impl StorageTransferManager {
 
     /// Takes blocks that a D2H completion published in Host L2 as backup candidates
     /// (nonowning). Drops and coalescing reach the scheduler with the next report.
-    pub fn offer_backups(&mut self, candidates: Vec<BackupCandidate>) {
+    pub fn offer_backups(&mut self, candidates: impl IntoIterator<Item = BackupCandidate>) {
         for c in candidates {
             let _ = self.offer_candidate(c);
         }
