@@ -450,7 +450,7 @@ fn backup_candidates_leave_the_queue_in_order_only_as_puts_carry_them() {
     let (q1, _l1) = m.plan_query(RequestId(1), keys("r", 7), None).unwrap();
     m.end_plan(vec![]);
     // Six offers into a queue of four: c0 and c1 overflow; a second c3 coalesces.
-    m.offer_backups((0..6).map(|i| cand(&format!("c{i}"), 10 + i)).collect());
+    m.offer_backups((0..6).map(|i| cand(&format!("c{i}"), 10 + i)));
     m.offer_backups(vec![cand("c3", 99)]);
     assert_eq!(m.queued_candidates(), 4);
 
@@ -569,7 +569,7 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
         ..config()
     };
     let mut m = StorageTransferManager::new(cfg);
-    m.offer_backups((0..16).map(|i| cand(&format!("c{i}"), 10 + i)).collect());
+    m.offer_backups((0..16).map(|i| cand(&format!("c{i}"), 10 + i)));
     begin(&mut m, input(0, 0, vec![]));
     let page = |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64));
     let puts = m.plan_backups_keyed(&mut { page });
@@ -929,7 +929,7 @@ proptest! {
                 Step::Pressure { jobs } => sim.jobs = jobs,
                 Step::Tick { ms } => sim.tick_us += ms * MS,
                 Step::Offer { first, n } => {
-                    let cands = (first..first + n)
+                    let cands: Vec<_> = (first..first + n)
                         .map(|k| {
                             offered += 1;
                             cand(&format!("b{k}"), 1_000_000 + offered)
