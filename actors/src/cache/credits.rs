@@ -182,14 +182,9 @@ fn pack_with<'s>(
         // again when they do not fit (no second list to copy from).
         let start = blocks.len();
         extra_blocks(table, index, inc, c, blocks);
-        let extra_keys: u32 = blocks[start..]
-            .iter()
-            .map(|b| table.pages(b.addr.group as usize))
-            .sum();
-        if keys + extra_keys > credits.keys {
-            blocks.truncate(start);
+        let Some(extra_keys) = fit_extra(table, blocks, start, keys, credits) else {
             continue;
-        }
+        };
         include(table, inc, c, &blocks[start..]);
         keys += extra_keys;
         boundaries.push(PackedBoundary {
@@ -253,38 +248,16 @@ fn pack_full_history<'s>(
         for g in 0..table.group_count() {
             let (s, e, tail) = table.requirement(g, c.boundary);
             if primary {
-                for k in s..e {
-                    if table.have(g, k) == Have::Missing {
-                        blocks.push(RequiredBlock {
-                            addr: super::keys::BlockAddr::new(g, index.block_hash(g, k)),
-                            slot: BlockSlot::Full(k),
-                            block_index: k as u64,
-                            have: Have::Missing,
-                        });
-                    }
-                }
+                let missing = (s..e).filter(|k| table.have(g, *k) == Have::Missing);
+                blocks.extend(missing.map(|k| missing_block(index, g, k)));
             }
             if tail {
-                if let Some((addr, Have::Missing)) = table.tail_block(c, g) {
-                    if !inc.tails.contains(&(addr.group, addr.hash)) {
-                        blocks.push(RequiredBlock {
-                            addr,
-                            slot: BlockSlot::Tail,
-                            block_index: e as u64,
-                            have: Have::Missing,
-                        });
-                    }
-                }
+                blocks.extend(missing_tail(table, &inc.tails, c, g, e));
             }
         }
-        let extra_keys: u32 = blocks[start..]
-            .iter()
-            .map(|b| table.pages(b.addr.group as usize))
-            .sum();
-        if keys + extra_keys > credits.keys {
-            blocks.truncate(start);
+        let Some(extra_keys) = fit_extra(table, blocks, start, keys, credits) else {
             continue;
-        }
+        };
         for b in &blocks[start..] {
             if b.slot == BlockSlot::Tail && !inc.tails.contains(&(b.addr.group, b.addr.hash)) {
                 inc.tails.push((b.addr.group, b.addr.hash));
@@ -335,29 +308,65 @@ fn extra_blocks(
         let (s, e, tail) = table.requirement(g, c.boundary);
         let (clo, chi) = inc.groups[g].covered;
         if !(s >= clo && e <= chi) {
-            for k in s..e {
-                if table.have(g, k) == Have::Missing && !inc.has(g, k) {
-                    out.push(RequiredBlock {
-                        addr: super::keys::BlockAddr::new(g, index.block_hash(g, k)),
-                        slot: BlockSlot::Full(k),
-                        block_index: k as u64,
-                        have: Have::Missing,
-                    });
-                }
-            }
+            let missing = (s..e).filter(|k| table.have(g, *k) == Have::Missing && !inc.has(g, *k));
+            out.extend(missing.map(|k| missing_block(index, g, k)));
         }
         if tail {
-            if let Some((addr, Have::Missing)) = table.tail_block(c, g) {
-                if !inc.tails.contains(&(addr.group, addr.hash)) {
-                    out.push(RequiredBlock {
-                        addr,
-                        slot: BlockSlot::Tail,
-                        block_index: e as u64,
-                        have: Have::Missing,
-                    });
-                }
-            }
+            out.extend(missing_tail(table, &inc.tails, c, g, e));
         }
+    }
+}
+
+/// The keys of the blocks a candidate added at the end of `blocks` (from `start`) when
+/// they fit the key credits beside the `keys` already packed; otherwise they are cut off
+/// again (None).
+fn fit_extra(
+    table: &MatchTable,
+    blocks: &mut Vec<RequiredBlock>,
+    start: usize,
+    keys: u32,
+    credits: QueryCredits,
+) -> Option<u32> {
+    let extra: u32 = blocks[start..]
+        .iter()
+        .map(|b| table.pages(b.addr.group as usize))
+        .sum();
+    if keys + extra > credits.keys {
+        blocks.truncate(start);
+        return None;
+    }
+    Some(extra)
+}
+
+/// Complete block `k` of group `g`, missing: a block the QUERY asks for.
+fn missing_block(index: &PromptIndex, g: usize, k: u32) -> RequiredBlock {
+    RequiredBlock {
+        addr: super::keys::BlockAddr::new(g, index.block_hash(g, k)),
+        slot: BlockSlot::Full(k),
+        block_index: k as u64,
+        have: Have::Missing,
+    }
+}
+
+/// Group `g`'s tail block at `c` (after its `e` complete blocks) when it is missing and not
+/// asked for yet (`asked`).
+fn missing_tail(
+    table: &MatchTable,
+    asked: &[(u32, ContentHash)],
+    c: Candidate,
+    g: usize,
+    e: u32,
+) -> Option<RequiredBlock> {
+    match table.tail_block(c, g) {
+        Some((addr, Have::Missing)) if !asked.contains(&(addr.group, addr.hash)) => {
+            Some(RequiredBlock {
+                addr,
+                slot: BlockSlot::Tail,
+                block_index: e as u64,
+                have: Have::Missing,
+            })
+        }
+        _ => None,
     }
 }
 
