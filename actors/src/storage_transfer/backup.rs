@@ -23,11 +23,23 @@ pub type KeyTable<V> = IdMap<BackupKey, V>;
 /// A Host page of the cache owner: a block's content hash, its group and the page within
 /// it. Within one namespace and rank it names exactly one object key (the cache owner
 /// makes that key at PUT dispatch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BlockPage {
     pub hash: u128,
     pub group: u32,
     pub page: u32,
+}
+
+/// One word: the content hash is already uniform, so its two halves (the high one turned
+/// half over, so that a hash and the same value shifted into the other half differ) with
+/// the group and page folded in name a page as well as the three fields do, for one
+/// multiply in the ID tables' hasher instead of four. Equal pages hash alike, as `Eq`
+/// requires.
+impl std::hash::Hash for BlockPage {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let place = (u64::from(self.group) << 32 | u64::from(self.page)).rotate_left(29);
+        state.write_u64(self.hash as u64 ^ ((self.hash >> 64) as u64).rotate_left(32) ^ place);
+    }
 }
 
 /// What a backup candidate backs up: a Host page of the cache owner.
