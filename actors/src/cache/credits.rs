@@ -95,6 +95,22 @@ impl Included {
         let i = self.groups[g].offset + k as usize;
         self.bits[i] = true;
     }
+
+    /// Records `b` as asked for when it is a tail block (once).
+    fn ask_tail(&mut self, b: &RequiredBlock) {
+        let key = (b.addr.group, b.addr.hash);
+        if b.slot == BlockSlot::Tail && !self.tails.contains(&key) {
+            self.tails.push(key);
+        }
+    }
+}
+
+/// A candidate's missing keys and its Host charge: new destinations (missing or assumed
+/// blocks) plus warm Host references.
+fn needs(table: &MatchTable, c: Candidate) -> (u32, u32) {
+    let t = table.tally(c);
+    let charge = t.blocks_at(Have::Missing) + t.blocks_at(Have::Assumed) + t.blocks_at(Have::Host);
+    (t.keys_at(Have::Missing), charge)
 }
 
 /// Packs the candidates (longest first, all above the complete local hit), in the buffers
@@ -121,10 +137,7 @@ fn pack_with<'s>(
     skip_covered: bool,
 ) -> Option<Packing<'s>> {
     let fits = |c: Candidate| {
-        let t = table.tally(c);
-        let charge =
-            t.blocks_at(Have::Missing) + t.blocks_at(Have::Assumed) + t.blocks_at(Have::Host);
-        let keys = t.keys_at(Have::Missing);
+        let (keys, charge) = needs(table, c);
         (
             keys <= credits.keys && charge <= credits.host_blocks,
             keys,
@@ -168,7 +181,7 @@ fn pack_with<'s>(
             continue;
         }
         // A fallback is reserved alone: its own Host charge must fit.
-        if !boundaries.is_empty() && fits(c).2 > credits.host_blocks {
+        if !boundaries.is_empty() && needs(table, c).1 > credits.host_blocks {
             continue;
         }
         if skip_covered && !boundaries.is_empty() && adds_nothing(table, inc, c) {
@@ -235,10 +248,7 @@ fn pack_full_history<'s>(
                 continue;
             }
             // A fallback is reserved alone: its own Host charge must fit.
-            let t = table.tally(c);
-            let own =
-                t.blocks_at(Have::Missing) + t.blocks_at(Have::Assumed) + t.blocks_at(Have::Host);
-            if own > credits.host_blocks {
+            if needs(table, c).1 > credits.host_blocks {
                 continue;
             }
         }
@@ -259,9 +269,7 @@ fn pack_full_history<'s>(
             continue;
         };
         for b in &blocks[start..] {
-            if b.slot == BlockSlot::Tail && !inc.tails.contains(&(b.addr.group, b.addr.hash)) {
-                inc.tails.push((b.addr.group, b.addr.hash));
-            }
+            inc.ask_tail(b);
         }
         keys += extra_keys;
         boundaries.push(PackedBoundary {
@@ -374,11 +382,7 @@ fn include(table: &MatchTable, inc: &mut Included, c: Candidate, extra: &[Requir
     for b in extra {
         match b.slot {
             BlockSlot::Full(k) => inc.set(b.addr.group as usize, k),
-            BlockSlot::Tail => {
-                if !inc.tails.contains(&(b.addr.group, b.addr.hash)) {
-                    inc.tails.push((b.addr.group, b.addr.hash));
-                }
-            }
+            BlockSlot::Tail => inc.ask_tail(b),
         }
     }
     for g in 0..table.group_count() {
