@@ -149,7 +149,7 @@ pub struct CacheGeometry {
     groups: Vec<GroupSpec>,
     attention_tp_size: u32,
     attention_tp_rank: u32,
-    parent_tokens: u32,
+    /// The chain layout, which also holds the LCM parent block's tokens.
     chains: Arc<ChainLayout>,
 }
 
@@ -255,13 +255,11 @@ impl CacheGeometry {
                 return Err(bad(f("block_tokens"), "the LCM parent block is too large"));
             }
         }
-        let parent_tokens = lcm as u32;
         Ok(Self {
-            chains: Arc::new(ChainLayout::of(&groups, parent_tokens)),
+            chains: Arc::new(ChainLayout::of(&groups, lcm as u32)),
             groups,
             attention_tp_size,
             attention_tp_rank,
-            parent_tokens,
         })
     }
 
@@ -287,7 +285,7 @@ impl CacheGeometry {
 
     /// Tokens of the LCM parent block: the aligned boundaries are its multiples.
     pub fn parent_tokens(&self) -> u32 {
-        self.parent_tokens
+        self.chains.parent_tokens
     }
 
     /// Where a prompt's chain hashes go (shared by every index of this geometry).
@@ -297,7 +295,7 @@ impl CacheGeometry {
 
     /// Blocks of group `g` inside one LCM parent block.
     pub fn blocks_per_parent(&self, g: usize) -> u32 {
-        self.parent_tokens / self.groups[g].block_tokens
+        self.parent_tokens() / self.groups[g].block_tokens
     }
 
     /// The key's shard field for group `g`: the payload replica

@@ -174,27 +174,26 @@ impl Chains {
         }
     }
 
+    /// Where chain `c` ends in `hashes`.
+    #[inline]
+    fn end(&self, c: usize) -> usize {
+        self.starts
+            .get(c)
+            .map_or(self.hashes.len(), |e| *e as usize)
+    }
+
     /// Chain `c`'s hash of block `k` (after k + 1 full blocks; within the chain).
     #[inline]
     fn block(&self, c: usize, k: u32) -> ContentHash {
         let i = self.start(c) + k as usize;
-        debug_assert!(
-            i < self
-                .starts
-                .get(c)
-                .map_or(self.hashes.len(), |e| *e as usize)
-        );
+        debug_assert!(i < self.end(c));
         self.hashes[i]
     }
 
     /// Chain `c`'s hashes after 1, 2, ... full blocks.
     #[inline]
     fn blocks(&self, c: usize) -> &[ContentHash] {
-        let end = self
-            .starts
-            .get(c)
-            .map_or(self.hashes.len(), |e| *e as usize);
-        &self.hashes[self.start(c)..end]
+        &self.hashes[self.start(c)..self.end(c)]
     }
 }
 
@@ -310,7 +309,7 @@ impl PromptIndex {
         g: usize,
         boundary: u32,
     ) -> ContentHash {
-        if self.chains.layout.group_chain[g] == self.chains.layout.parent_chain {
+        if self.on_parent_chain(g) {
             // The LCM parent chain's partial block is the tail identity there.
             return self.tail_identity(scratch, tokens, boundary);
         }
