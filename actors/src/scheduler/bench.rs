@@ -130,9 +130,15 @@ fn spread(v: &[f64]) -> (f64, f64) {
 /// that spans one trial moves both of its sides, and the median of the paired ratios
 /// leans less on such spells than the ratio of each side's median trial.
 fn median_ratio(v: &[f64]) -> f64 {
+    let v = sorted(v);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The ratios in ascending order.
+fn sorted(v: &[f64]) -> Vec<f64> {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    v
 }
 
 impl PairFigures {
@@ -185,8 +191,7 @@ fn ratio_line(
 
 /// The lower and the upper quartile (0 for none).
 fn quartiles(v: &[f64]) -> (f64, f64) {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
+    let v = sorted(v);
     let at = |q: usize| v.get(v.len() * q / 4).copied().unwrap_or(0.0);
     (at(1), at(3))
 }
@@ -798,13 +803,7 @@ fn interleaved(
     let mut db = warmed(b.0, b.1, workload)?;
     let mut ratios = Vec::with_capacity(blocks);
     for k in 0..blocks {
-        let (x, y) = if k % 2 == 0 {
-            let x = timed_block(&mut da)?;
-            (x, timed_block(&mut db)?)
-        } else {
-            let y = timed_block(&mut db)?;
-            (timed_block(&mut da)?, y)
-        };
+        let (x, y) = in_turn(k, || timed_block(&mut da), || timed_block(&mut db))?;
         ratios.push(x / y.max(f64::MIN_POSITIVE));
     }
     Ok(ratios)
@@ -929,6 +928,22 @@ fn run_pair(
     })
 }
 
+/// Runs `a` and `b` once each, `a` first in an even turn `k` and `b` first in an odd one
+/// (so neither side always runs on the caches the other left): their results, `a`'s first.
+fn in_turn<T>(
+    k: usize,
+    a: impl FnOnce() -> Result<T, String>,
+    b: impl FnOnce() -> Result<T, String>,
+) -> Result<(T, T), String> {
+    if k.is_multiple_of(2) {
+        let x = a()?;
+        Ok((x, b()?))
+    } else {
+        let y = b()?;
+        Ok((a()?, y))
+    }
+}
+
 /// Runs `trials` trials of sides `a` and `b` (even trials run `a` first, odd ones `b`):
 /// each side's median trial and the a ÷ b ratio of each trial.
 fn alternate(
@@ -938,13 +953,7 @@ fn alternate(
 ) -> Result<(RoundFigures, RoundFigures, Vec<f64>), String> {
     let (mut xs, mut ys, mut ratios) = (vec![], vec![], vec![]);
     for t in 0..trials.max(1) {
-        let (x, y) = if t % 2 == 0 {
-            let x = a()?;
-            (x, b()?)
-        } else {
-            let y = b()?;
-            (a()?, y)
-        };
+        let (x, y) = in_turn(t, &mut a, &mut b)?;
         ratios.push(ratio(&x, &y));
         xs.push(x);
         ys.push(y);
