@@ -19,8 +19,8 @@ use super::manager::{Refusal, RoundInput, StorageTransferManager};
 use super::report::{BackendTrouble, HandBack, StorageReport};
 use super::{ClearKind, Destinations, HostRef};
 use messages::{
-    HostRange, OperationId, PressureObservation, ProtocolError, Rejection, RequestId,
-    StorageCancelOp, StorageKey, StorageOp,
+    HostRange, OperationId, ProtocolError, Rejection, RequestId, StorageCancelOp, StorageKey,
+    StorageOp,
 };
 use std::collections::BTreeMap;
 use tracing::Span;
@@ -51,36 +51,46 @@ impl Planning {
 
 impl StorageTransferManager {
     /// Applies the agreed round (tick, cancellations, completions) and reports to the
-    /// scheduler: this round's effects with those deferred from the last plan.
+    /// scheduler: this round's effects with those deferred from the last plan. A round
+    /// without completions or cancellations (an idle engine's) applies only the tick and
+    /// the pressure, so it also touches little of the manager.
     pub fn begin_round(&mut self, input: RoundInput) -> Result<StorageReport, ProtocolError> {
-        if input.completions.is_empty() && input.cancellations.is_empty() {
-            return Ok(self.quiet_round(input.tick_us, input.pressure));
-        }
-        self.busy_round(input)
-    }
-
-    /// `begin_round` without completions or cancellations (an idle engine's rounds): the
-    /// tick and the pressure apply as in any round, in a few lines of code, so that a
-    /// round with nothing to do for storage also touches little of it.
-    fn quiet_round(&mut self, tick_us: u64, pressure: PressureObservation) -> StorageReport {
+        // The effects of the last plan's hand-backs first, then this round's, in the lists
+        // the scheduler handed back last round (`recycle`).
         let mut effects = self.spare.take().unwrap_or_default();
         if !self.deferred.is_empty() {
             effects.move_from(&mut self.deferred);
         }
-        self.apply_tick(tick_us, pressure, &mut effects);
+        let trouble = if input.completions.is_empty() && input.cancellations.is_empty() {
+            self.apply_tick(input.tick_us, input.pressure, &mut effects);
+            Vec::new()
+        } else {
+            match self.apply_completions(input, &mut effects) {
+                Ok(trouble) => trouble,
+                Err(e) => {
+                    // An invalid round appended nothing: the deferred effects wait for the
+                    // next.
+                    self.deferred.move_from(&mut effects);
+                    return Err(e);
+                }
+            }
+        };
         self.outbox.append(&mut effects.cancels);
+        // A plan that never ended keeps its operations for the next `end_plan`.
         debug_assert!(self.planning.ops.is_empty(), "the last plan did not end");
         self.backups.drain_forgotten_into(&mut effects.forgotten);
-        StorageReport {
-            effects,
-            trouble: Vec::new(),
-        }
+        Ok(StorageReport { effects, trouble })
     }
 
-    /// `begin_round` with completions or cancellations to apply (kept out of line, so the
-    /// quiet path stays short).
+    /// `begin_round`'s completions and cancellations (with the tick) into `effects`; the
+    /// backend trouble they report, by waiting request. Kept out of line, so the quiet
+    /// round's path stays short.
     #[inline(never)]
-    fn busy_round(&mut self, input: RoundInput) -> Result<StorageReport, ProtocolError> {
+    fn apply_completions(
+        &mut self,
+        input: RoundInput,
+        effects: &mut RoundEffects,
+    ) -> Result<Vec<(RequestId, BackendTrouble)>, ProtocolError> {
         // The backend trouble a completion reports, if any.
         let trouble_of = |d: &messages::StorageDone| match d.rejection {
             Some(Rejection::Unhealthy) => Some(BackendTrouble::Unhealthy),
@@ -112,26 +122,12 @@ impl StorageTransferManager {
             .filter(|d| self.trace.traces(d.op))
             .cloned()
             .collect();
-        // The effects of the last plan's hand-backs first, then this round's, in the lists
-        // the scheduler handed back last round (`recycle`).
-        let mut effects = self.spare.take().unwrap_or_default();
-        if !self.deferred.is_empty() {
-            effects.move_from(&mut self.deferred);
-        }
-        if let Err(e) = self.apply_round_into(input, &mut effects) {
-            // An invalid round appended nothing: the deferred effects wait for the next.
-            self.deferred.move_from(&mut effects);
-            return Err(e);
-        }
+        self.apply_round_into(input, effects)?;
         for done in &traced {
             let was_attached = attached.iter().any(|(op, _)| *op == done.op);
-            self.trace.agreed(done, was_attached, &effects);
+            self.trace.agreed(done, was_attached, effects);
         }
-        self.outbox.append(&mut effects.cancels);
-        // A plan that never ended keeps its operations for the next `end_plan`.
-        debug_assert!(self.planning.ops.is_empty(), "the last plan did not end");
-        self.backups.drain_forgotten_into(&mut effects.forgotten);
-        Ok(StorageReport { effects, trouble })
+        Ok(trouble)
     }
 
     /// Decides a QUERY of the plan (its soft deadline starts at the applied tick): the
