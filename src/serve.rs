@@ -264,6 +264,12 @@ fn mesh_settings(settings: &Settings, namespace: Namespace) -> MeshSettings {
 }
 
 pub fn run(settings: Settings) -> Result<()> {
+    // SIGTERM/SIGINT are taken over first, long before this rank joins the mesh: from then
+    // on a stop is a drain, never the default action that would kill the rank mid-round
+    // (and fail its peers). The streams belong to the HTTP thread's runtime, which waits
+    // on them; one that arrives before it does is kept.
+    let http = actix_web::rt::System::new();
+    let signals = http.block_on(async { StopSignals::install() })?;
     let clock: SharedClock = SystemClock::shared();
     let spec = preflight(&settings)?;
     let store_holder: Arc<parking_lot::Mutex<Option<Arc<dyn Store>>>> = Arc::default();
@@ -337,7 +343,17 @@ pub fn run(settings: Settings) -> Result<()> {
             let sys = actix_rt::System::new();
             sys.block_on(async move {
                 let r = async {
-                    let plane = ControlPlaneCore::establish(&mesh).await.map_err(|e| {
+                    let formed = tokio::select! {
+                        p = ControlPlaneCore::establish(&mesh) => Some(p),
+                        _ = stop_requested(&loop_shared) => None,
+                    };
+                    // Asked to stop before the mesh formed: nothing was served, nothing
+                    // is held; the rank ends cleanly.
+                    let Some(formed) = formed else {
+                        tracing::info!(rank = tp.rank, "stopped before the mesh formed");
+                        return Ok(());
+                    };
+                    let plane = formed.map_err(|e| {
                         anyhow!(
                             "rank {} of {}: {e} (tp.connect_deadline_ms = {}; start every rank of tp.peers, or use `engine-host launch`)",
                             tp.rank,
@@ -365,12 +381,20 @@ pub fn run(settings: Settings) -> Result<()> {
             })
         })
         .context("spawning the round loop")?;
-    let result = serve_http(&settings, state, shared.clone());
+    let result = serve_http(http, signals, &settings, state, shared.clone());
     shared.stop.store(true, Ordering::SeqCst);
     let loop_result = round_loop
         .join()
         .map_err(|_| anyhow!("the round loop panicked"))?;
     result.and(loop_result)
+}
+
+/// Resolves once a stop was asked for (a signal's flag; polled, as the mesh forms only
+/// once).
+async fn stop_requested(shared: &LoopShared) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Seconds the HTTP connections get, after the round loop ended, to finish their answers.
@@ -405,10 +429,41 @@ fn listeners(settings: &Settings) -> Result<Vec<Listener>> {
     Ok(v)
 }
 
-fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<LoopShared>) -> Result<()> {
+/// SIGTERM and SIGINT, registered with the HTTP thread's runtime: once installed, neither
+/// kills the process; each asks the round loop to drain.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Registers both at once (inside the runtime that will wait on them).
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+    /// The first of the two to arrive.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
+fn serve_http(
+    sys: actix_web::rt::SystemRunner,
+    mut signals: StopSignals,
+    settings: &Settings,
+    state: FrontendState,
+    shared: Arc<LoopShared>,
+) -> Result<()> {
     let listeners = listeners(settings)?;
     let rank = settings.tp.rank;
-    let sys = actix_web::rt::System::new();
     sys.block_on(async move {
         let waker = state.loop_waker();
         let data = actix_web::web::Data::new(state);
@@ -438,19 +493,10 @@ fn serve_http(settings: &Settings, state: FrontendState, shared: Arc<LoopShared>
             servers.push(server);
         }
         let handles: Vec<_> = servers.iter().map(|s| s.handle()).collect();
-        let signals = shared.clone();
+        let stop = shared.clone();
         actix_web::rt::spawn(async move {
-            let Ok(mut term) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            else {
-                tracing::error!("cannot install the SIGTERM handler");
-                return;
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            signals.stop.store(true, Ordering::SeqCst);
+            signals.recv().await;
+            stop.stop.store(true, Ordering::SeqCst);
             // A quiet loop starts its drain now (and meets a dead peer in its next exchange)
             // instead of at its next tick.
             waker.notify_one();

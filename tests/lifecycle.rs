@@ -70,6 +70,53 @@ fn a_rank_whose_mesh_never_forms_exits_non_zero() {
     }
 }
 
+/// SIGTERM reaches a rank as a stop from its first log line on, however early: a rank that
+/// is still waiting for its mesh (its peer never starts) ends at once and cleanly instead
+/// of dying of the signal (the handler used to be installed by the HTTP thread, after the
+/// round loop had started: a `launch` replica's late rank was killed mid-round and failed
+/// its peers) or waiting out the connect deadline. Leader and follower alike.
+#[test]
+fn sigterm_stops_a_rank_still_waiting_for_its_mesh_cleanly() {
+    use std::io::BufRead;
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", free_port(), free_port());
+    for rank in ["0", "1"] {
+        let listen = format!("127.0.0.1:{}", free_ports_in_a_row(2));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+            .args(["serve", "--store", "none", "--world", "2", "--rank", rank])
+            .args(["--peers", &peers, "--listen", &listen])
+            .env("TSL3_TP__SECRET", "s3cret")
+            .env("TSL3_TP__CONNECT_DEADLINE_MS", "600000")
+            .env("TSL3_MODEL__DEVICE", "emulated")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The first line the rank logs; the signal follows it at once.
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut first = String::new();
+        err.read_line(&mut first).unwrap();
+        assert!(!first.is_empty(), "rank {rank} logged nothing");
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+        let (status, _) = wait_exit(child, Duration::from_secs(60));
+        assert!(
+            status.success(),
+            "rank {rank}: {status} after SIGTERM; log: {first}{rest}"
+        );
+        assert!(
+            rest.contains("stopped before the mesh formed"),
+            "rank {rank}: {first}{rest}"
+        );
+    }
+}
+
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
