@@ -74,8 +74,20 @@ pub fn run(
     };
     let peers: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let secret = env.get("TSL3_TP__SECRET").cloned().unwrap_or_else(secret);
+    // SIGINT/SIGTERM are taken over before the first rank starts (a stop from then on is
+    // forwarded to every rank, never the default action that would leave them orphaned).
+    // A rank's own dispositions reset at exec.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook_consts::SIGINT, signal_hook_consts::SIGTERM] {
+        let s = stop.clone();
+        install(sig, s);
+    }
     let mut children: Vec<(u32, Child)> = vec![];
     for rank in 0..tp {
+        if stop.load(Ordering::SeqCst) {
+            // Stopped while starting: the ranks started so far get the SIGTERM below.
+            break;
+        }
         let mut cmd = Command::new(&exe);
         cmd.arg("serve")
             .args(&serve_args)
@@ -109,12 +121,6 @@ pub fn run(
             }
         }
     }
-    // Forward SIGINT/SIGTERM to every rank.
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook_consts::SIGINT, signal_hook_consts::SIGTERM] {
-        let s = stop.clone();
-        install(sig, s);
-    }
     let mut failed = false;
     let mut forwarded = false;
     // Set when a rank ended on its own: the replica cannot serve without it, so the others
@@ -144,7 +150,7 @@ pub fn run(
                 Ok(Some(status)) => {
                     let (rank, _) = children.remove(i);
                     eprintln!("engine-host launch: rank {rank} exited: {status}");
-                    if !status.success() {
+                    if !status.success() && !stopped_while_starting(status, forwarded) {
                         failed = true;
                     }
                     ended = true;
@@ -179,6 +185,14 @@ pub fn run(
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Whether a rank ended by the SIGTERM this launcher forwarded on a stop: it was still
+/// starting (a rank takes SIGTERM over before it joins the mesh), so it held nothing and
+/// the stop is clean.
+fn stopped_while_starting(status: std::process::ExitStatus, forwarded: bool) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    forwarded && status.signal() == Some(libc::SIGTERM)
 }
 
 /// How long the remaining ranks of a failed replica get between SIGTERM and SIGKILL.

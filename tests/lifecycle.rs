@@ -117,6 +117,60 @@ fn sigterm_stops_a_rank_still_waiting_for_its_mesh_cleanly() {
     }
 }
 
+/// SIGTERM to `launch` as soon as it has started its first rank: the launcher forwards it
+/// to the ranks still starting, each stops cleanly (or, signalled before it took SIGTERM
+/// over, ends by it holding nothing), the launcher exits cleanly, and no rank outlives it.
+/// (The launcher now takes signals over before its first rank starts; before, a stop in
+/// that window killed it and orphaned the ranks: a window too short for this test to hit
+/// reliably.)
+#[test]
+fn sigterm_to_a_starting_launch_stops_every_rank_it_started() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["launch", "--tp", "2", "--store", "local", "--store-dir"])
+        .arg(dir.path())
+        .args(["--listen", &format!("127.0.0.1:{}", free_ports_in_a_row(2))])
+        .env("TSL3_MODEL__DEVICE", "emulated")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    assert!(first.contains("rank 0 started"), "{first}");
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let (status, _) = wait_exit(child, Duration::from_secs(60));
+    let log = format!("{first}{rest}");
+    assert!(status.success(), "{status}; log: {log}");
+    // Every rank started is reported ended, and none is still running.
+    let pids: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("(pid ").nth(1)?.split(')').next())
+        .collect();
+    assert!(!pids.is_empty(), "{log}");
+    for pid in pids {
+        let alive = Command::new("kill")
+            .args(["-0", pid])
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(!alive, "rank pid {pid} outlived the launcher; log: {log}");
+    }
+    let started = log.matches(" started (pid ").count();
+    let exited = log.matches(" exited: ").count();
+    assert_eq!(started, exited, "{log}");
+}
+
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
