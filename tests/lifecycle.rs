@@ -32,6 +32,48 @@ fn wait_exit(
     }
 }
 
+/// Rank `rank` of a 2-rank mesh whose peer never starts (stderr piped).
+fn lone_rank(
+    rank: &str,
+    peers: &str,
+    listen: &str,
+    connect_deadline_ms: &str,
+    log: &str,
+) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_engine-host"))
+        .args(["serve", "--store", "none", "--world", "2", "--rank", rank])
+        .args(["--peers", peers, "--listen", listen])
+        .env("TSL3_TP__SECRET", "s3cret")
+        .env("TSL3_TP__CONNECT_DEADLINE_MS", connect_deadline_ms)
+        .env("TSL3_MODEL__DEVICE", "emulated")
+        .env("RUST_LOG", log)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Reads the child's first stderr line, sends it SIGTERM at once, then reads the rest of
+/// its stderr and waits (bounded) for its exit: (first line, the rest, exit status).
+fn sigterm_after_first_line(
+    mut child: std::process::Child,
+) -> (String, String, std::process::ExitStatus) {
+    use std::io::{BufRead, Read};
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let (status, _) = wait_exit(child, Duration::from_secs(60));
+    (first, rest, status)
+}
+
 /// A rank started alone (its peers never start) exits non-zero after the mesh connect
 /// deadline, with one error line naming the ranks that did not join and the setting,
 /// instead of serving `starting` forever. Leader and follower alike.
@@ -41,17 +83,7 @@ fn a_rank_whose_mesh_never_forms_exits_non_zero() {
     for rank in ["0", "1"] {
         // Rank r serves /metrics on the listen port + r: two free ports in a row.
         let listen = format!("127.0.0.1:{}", free_ports_in_a_row(2));
-        let child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
-            .args(["serve", "--store", "none", "--world", "2", "--rank", rank])
-            .args(["--peers", &peers, "--listen", &listen])
-            .env("TSL3_TP__SECRET", "s3cret")
-            .env("TSL3_TP__CONNECT_DEADLINE_MS", "1500")
-            .env("TSL3_MODEL__DEVICE", "emulated")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = lone_rank(rank, &peers, &listen, "1500", "warn");
         let (status, stderr) = wait_exit(child, Duration::from_secs(60));
         assert!(!status.success(), "rank {rank}: {stderr}");
         let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
@@ -77,35 +109,12 @@ fn a_rank_whose_mesh_never_forms_exits_non_zero() {
 /// its peers) or waiting out the connect deadline. Leader and follower alike.
 #[test]
 fn sigterm_stops_a_rank_still_waiting_for_its_mesh_cleanly() {
-    use std::io::BufRead;
     let peers = format!("127.0.0.1:{},127.0.0.1:{}", free_port(), free_port());
     for rank in ["0", "1"] {
         let listen = format!("127.0.0.1:{}", free_ports_in_a_row(2));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
-            .args(["serve", "--store", "none", "--world", "2", "--rank", rank])
-            .args(["--peers", &peers, "--listen", &listen])
-            .env("TSL3_TP__SECRET", "s3cret")
-            .env("TSL3_TP__CONNECT_DEADLINE_MS", "600000")
-            .env("TSL3_MODEL__DEVICE", "emulated")
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // The first line the rank logs; the signal follows it at once.
-        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-        let mut first = String::new();
-        err.read_line(&mut first).unwrap();
+        let child = lone_rank(rank, &peers, &listen, "600000", "info");
+        let (first, rest, status) = sigterm_after_first_line(child);
         assert!(!first.is_empty(), "rank {rank} logged nothing");
-        let sent = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
-        let (status, _) = wait_exit(child, Duration::from_secs(60));
         assert!(
             status.success(),
             "rank {rank}: {status} after SIGTERM; log: {first}{rest}"
@@ -125,9 +134,8 @@ fn sigterm_stops_a_rank_still_waiting_for_its_mesh_cleanly() {
 /// reliably.)
 #[test]
 fn sigterm_to_a_starting_launch_stops_every_rank_it_started() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
+    let child = Command::new(env!("CARGO_BIN_EXE_engine-host"))
         .args(["launch", "--tp", "2", "--store", "local", "--store-dir"])
         .arg(dir.path())
         .args(["--listen", &format!("127.0.0.1:{}", free_ports_in_a_row(2))])
@@ -137,18 +145,8 @@ fn sigterm_to_a_starting_launch_stops_every_rank_it_started() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut first = String::new();
-    err.read_line(&mut first).unwrap();
+    let (first, rest, status) = sigterm_after_first_line(child);
     assert!(first.contains("rank 0 started"), "{first}");
-    let sent = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
-    let (status, _) = wait_exit(child, Duration::from_secs(60));
     let log = format!("{first}{rest}");
     assert!(status.success(), "{status}; log: {log}");
     // Every rank started is reported ended, and none is still running.
