@@ -54,15 +54,26 @@ fn lone_rank(
         .unwrap()
 }
 
-/// Reads the child's first stderr line, sends it SIGTERM at once, then reads the rest of
-/// its stderr and waits (bounded) for its exit: (first line, the rest, exit status).
-fn sigterm_after_first_line(
+/// Reads the child's stderr up to the first line `at` accepts, sends it SIGTERM at once,
+/// then reads the rest of its stderr and waits (bounded) for its exit: (the lines up to
+/// and with that one, the rest, exit status).
+fn sigterm_after_line(
     mut child: std::process::Child,
+    at: impl Fn(&str) -> bool,
 ) -> (String, String, std::process::ExitStatus) {
     use std::io::{BufRead, Read};
     let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut first = String::new();
-    err.read_line(&mut first).unwrap();
+    loop {
+        let before = first.len();
+        if err.read_line(&mut first).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("stderr ended before the awaited line: {first}");
+        }
+        if at(&first[before..]) {
+            break;
+        }
+    }
     let sent = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -113,8 +124,8 @@ fn sigterm_stops_a_rank_still_waiting_for_its_mesh_cleanly() {
     for rank in ["0", "1"] {
         let listen = format!("127.0.0.1:{}", free_ports_in_a_row(2));
         let child = lone_rank(rank, &peers, &listen, "600000", "info");
-        let (first, rest, status) = sigterm_after_first_line(child);
-        assert!(!first.is_empty(), "rank {rank} logged nothing");
+        // The first line the rank logs; the signal follows it at once.
+        let (first, rest, status) = sigterm_after_line(child, |_| true);
         assert!(
             status.success(),
             "rank {rank}: {status} after SIGTERM; log: {first}{rest}"
@@ -145,8 +156,7 @@ fn sigterm_to_a_starting_launch_stops_every_rank_it_started() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (first, rest, status) = sigterm_after_first_line(child);
-    assert!(first.contains("rank 0 started"), "{first}");
+    let (first, rest, status) = sigterm_after_line(child, |l| l.contains("rank 0 started"));
     let log = format!("{first}{rest}");
     assert!(status.success(), "{status}; log: {log}");
     // Every rank started is reported ended, and none is still running.
