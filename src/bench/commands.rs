@@ -84,6 +84,10 @@ pub enum BenchCommand {
     /// second over a fixed window, from every thread's /proc schedstat, the busiest threads
     /// first and the fraction of a core last.
     Idle(IdleArgs),
+    /// Dependent-load latency over working sets from L1-sized to beyond the last-level
+    /// cache (a random cycle through 64-byte lines): the price of one cold table touch, in
+    /// which the scheduler round's cache misses are counted.
+    Memory(MemoryArgs),
 }
 
 impl BenchCommand {
@@ -103,6 +107,7 @@ impl BenchCommand {
             Self::DfsGet(a) => a.run(env),
             Self::FlatKv(a) => a.run(env),
             Self::Idle(a) => a.run(env),
+            Self::Memory(a) => a.run(env),
             Self::ConversationTrace(a) => a.run(env),
         }
     }
@@ -732,6 +737,30 @@ impl BenchRun for FlatKvArgs {
             .map_err(|e| e.to_string())?;
         print!("{r}");
         Ok(())
+    }
+}
+
+// The flags of `bench memory`.
+#[derive(clap::Args, Debug)]
+pub struct MemoryArgs {
+    /// Working-set sizes in KiB, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "32,256,512,1024,2048,4096,8192,16384,65536,262144"
+    )]
+    sizes_kib: Vec<u64>,
+    /// Dependent loads timed per size.
+    #[arg(long, default_value_t = 20_000_000)]
+    steps: u64,
+}
+
+impl BenchRun for MemoryArgs {
+    fn run(self, _env: &BenchEnv) -> Result<(), String> {
+        super::memory::run(&super::memory::MemoryConfig {
+            sizes_kib: self.sizes_kib,
+            steps: self.steps,
+        })
     }
 }
 

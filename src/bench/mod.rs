@@ -7,6 +7,7 @@
 pub mod commands;
 pub mod http;
 pub mod idle;
+pub mod memory;
 pub mod plot;
 pub mod process;
 pub mod raw_transfer;
