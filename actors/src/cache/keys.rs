@@ -130,71 +130,24 @@ pub fn page_key(
 /// plus the LCM parent chain that names tails. Built once per prompt; `limited` views a
 /// shorter prefix of the same hashes (a chain's first k hashes do not depend on what
 /// follows), so a request hashes its prompt once however many boundaries it asks about.
+///
+/// The hashes are one shared list, chain after chain (the geometry's `ChainLayout` says
+/// which chain each group uses; every chain begins at ROOT, which is not stored; chain c
+/// holds `hashed / sizes[c]` hashes): an index is one allocation, and reading it long after
+/// it was made (admission of a request prepared at arrival) waits for one cold line, then
+/// reads on (a 32-token prompt's 8 hashes of 4-token blocks fill two lines and a half).
 #[derive(Clone, Debug)]
 pub struct PromptIndex {
     /// Tokens this view covers (a prefix of the hashed ones).
     len: u32,
-    chains: std::sync::Arc<Chains>,
+    /// Tokens hashed: the extent of every chain in `hashes`.
+    hashed: u32,
+    layout: std::sync::Arc<ChainLayout>,
+    /// Chain c's hash after k >= 1 full blocks: `hashes[start(c) + k - 1]`.
+    hashes: std::sync::Arc<[ContentHash]>,
     /// One tail identity worked out ahead (`with_tail_at`): its boundary and hash. Every
     /// view keeps it; `tail_identity` at that boundary hashes nothing.
     known_tail: Option<(u32, ContentHash)>,
-}
-
-/// A prompt's hashes in one list, chain after chain (the geometry's `ChainLayout` says
-/// which chain each group uses; every chain begins at ROOT, which is not stored): an index
-/// is two allocations, and reading it long after it was made (admission of a request
-/// prepared at arrival) touches few cache lines (a 32-token prompt's 8 hashes of 4-token
-/// blocks fill two).
-#[derive(Debug)]
-struct Chains {
-    layout: std::sync::Arc<ChainLayout>,
-    /// Chain c's hash after k >= 1 full blocks: `hashes[start(c) + k - 1]`.
-    hashes: Vec<ContentHash>,
-    /// Where chains 1.. start in `hashes` (chain 0 starts at 0; empty for one chain).
-    starts: Box<[u32]>,
-}
-
-impl Chains {
-    /// Where chain `c` starts in `hashes`.
-    #[inline]
-    fn start(&self, c: usize) -> usize {
-        match c {
-            0 => 0,
-            c => self.starts[c - 1] as usize,
-        }
-    }
-
-    /// Chain `c`'s hash after `k` full blocks (ROOT for none; `k` within the chain: the
-    /// caller's index covers it).
-    #[inline]
-    fn hash(&self, c: usize, k: u32) -> ContentHash {
-        match k {
-            0 => ContentHash::ROOT,
-            k => self.block(c, k - 1),
-        }
-    }
-
-    /// Where chain `c` ends in `hashes`.
-    #[inline]
-    fn end(&self, c: usize) -> usize {
-        self.starts
-            .get(c)
-            .map_or(self.hashes.len(), |e| *e as usize)
-    }
-
-    /// Chain `c`'s hash of block `k` (after k + 1 full blocks; within the chain).
-    #[inline]
-    fn block(&self, c: usize, k: u32) -> ContentHash {
-        let i = self.start(c) + k as usize;
-        debug_assert!(i < self.end(c));
-        self.hashes[i]
-    }
-
-    /// Chain `c`'s hashes after 1, 2, ... full blocks.
-    #[inline]
-    fn blocks(&self, c: usize) -> &[ContentHash] {
-        &self.hashes[self.start(c)..self.end(c)]
-    }
 }
 
 impl PromptIndex {
@@ -203,29 +156,73 @@ impl PromptIndex {
         let len = upto.min(tokens.len() as u32);
         let layout = geometry.chain_layout();
         let total: usize = layout.sizes.iter().map(|&b| (len / b) as usize).sum();
-        let mut hashes = Vec::with_capacity(total);
-        let mut starts = Vec::with_capacity(layout.sizes.len().saturating_sub(1));
+        // One allocation of the final size (a repeated value is an exact-size source),
+        // written in place while no other reference to it exists yet.
+        let mut hashes: std::sync::Arc<[ContentHash]> =
+            std::iter::repeat_n(ContentHash::ROOT, total).collect();
+        let Some(out) = std::sync::Arc::get_mut(&mut hashes) else {
+            unreachable!("an Arc just made has one owner");
+        };
         let mut scratch = Vec::new();
-        for (c, &b) in layout.sizes.iter().enumerate() {
-            if c > 0 {
-                starts.push(hashes.len() as u32);
-            }
+        let mut at = 0;
+        for &b in &layout.sizes {
             let mut h = ContentHash::ROOT;
-            for k in 0..(len / b) as usize {
-                let start = k * b as usize;
-                h = chain_hash(&mut scratch, h, &tokens[start..start + b as usize]);
-                hashes.push(h);
+            for block in tokens[..len as usize].chunks_exact(b as usize) {
+                h = chain_hash(&mut scratch, h, block);
+                out[at] = h;
+                at += 1;
             }
         }
         Self {
             len,
-            chains: std::sync::Arc::new(Chains {
-                layout: layout.clone(),
-                hashes,
-                starts: starts.into_boxed_slice(),
-            }),
+            hashed: len,
+            layout: layout.clone(),
+            hashes,
             known_tail: None,
         }
+    }
+
+    /// Where chain `c` starts in `hashes`.
+    #[inline]
+    fn start(&self, c: usize) -> usize {
+        self.layout.sizes[..c]
+            .iter()
+            .map(|&b| (self.hashed / b) as usize)
+            .sum()
+    }
+
+    /// Where chain `c` ends in `hashes` (the last chain ends the list).
+    #[inline]
+    fn end(&self, c: usize) -> usize {
+        if c + 1 >= self.layout.sizes.len() {
+            self.hashes.len()
+        } else {
+            self.start(c + 1)
+        }
+    }
+
+    /// Chain `c`'s hash after `k` full blocks (ROOT for none; `k` within the chain: the
+    /// caller's index covers it).
+    #[inline]
+    fn chain_prefix(&self, c: usize, k: u32) -> ContentHash {
+        match k {
+            0 => ContentHash::ROOT,
+            k => self.chain_block(c, k - 1),
+        }
+    }
+
+    /// Chain `c`'s hash of block `k` (after k + 1 full blocks; within the chain).
+    #[inline]
+    fn chain_block(&self, c: usize, k: u32) -> ContentHash {
+        let i = self.start(c) + k as usize;
+        debug_assert!(i < self.end(c));
+        self.hashes[i]
+    }
+
+    /// Chain `c`'s hashes after 1, 2, ... full blocks.
+    #[inline]
+    fn chain_blocks(&self, c: usize) -> &[ContentHash] {
+        &self.hashes[self.start(c)..self.end(c)]
     }
 
     /// The same index, with the tail identity at `boundary` worked out now (a request
@@ -234,7 +231,7 @@ impl PromptIndex {
     pub fn with_tail_at(mut self, tokens: &[u32], boundary: u32) -> Self {
         if boundary > 0
             && boundary <= self.len
-            && !boundary.is_multiple_of(self.chains.layout.parent_tokens)
+            && !boundary.is_multiple_of(self.layout.parent_tokens)
         {
             let h = self.hash_tail(&mut Vec::new(), tokens, boundary);
             self.known_tail = Some((boundary, h));
@@ -247,7 +244,9 @@ impl PromptIndex {
     pub fn limited(&self, upto: u32) -> PromptIndex {
         PromptIndex {
             len: upto.min(self.len),
-            chains: self.chains.clone(),
+            hashed: self.hashed,
+            layout: self.layout.clone(),
+            hashes: self.hashes.clone(),
             known_tail: self.known_tail,
         }
     }
@@ -263,41 +262,41 @@ impl PromptIndex {
 
     /// Complete blocks of group `g` inside the index.
     pub fn full_blocks(&self, g: usize) -> u32 {
-        self.len / self.chains.layout.block_tokens[g]
+        self.len / self.layout.block_tokens[g]
     }
 
     /// The content hash of block `k` (0-based, complete) of group `g`.
     pub fn block_hash(&self, g: usize, k: u32) -> ContentHash {
-        self.chains.block(self.chains.layout.group_chain[g], k)
+        self.chain_block(self.layout.group_chain[g], k)
     }
 
     /// The content hashes of group `g`'s complete blocks inside the index, block 0 first
     /// (`block_hash(g, k)` is element k).
     #[inline]
     pub fn block_hashes(&self, g: usize) -> &[ContentHash] {
-        let chain = self.chains.blocks(self.chains.layout.group_chain[g]);
+        let chain = self.chain_blocks(self.layout.group_chain[g]);
         let n = (self.full_blocks(g) as usize).min(chain.len());
         &chain[..n]
     }
 
     /// The hash of the prefix after `k` complete blocks of group `g` (k = 0: ROOT).
     pub fn prefix_hash(&self, g: usize, k: u32) -> ContentHash {
-        self.chains.hash(self.chains.layout.group_chain[g], k)
+        self.chain_prefix(self.layout.group_chain[g], k)
     }
 
     /// Whether group `g` hashes on the LCM parent chain (its blocks are parent blocks), so
     /// that its partial block at a boundary hashes exactly as the tail identity there.
     pub fn on_parent_chain(&self, g: usize) -> bool {
-        self.chains.layout.group_chain[g] == self.chains.layout.parent_chain
+        self.layout.group_chain[g] == self.layout.parent_chain
     }
 
     /// The LCM parent chain hash after `k` parent blocks.
     pub fn parent_hash(&self, k: u32) -> ContentHash {
-        self.chains.hash(self.chains.layout.parent_chain, k)
+        self.chain_prefix(self.layout.parent_chain, k)
     }
 
     pub fn parent_tokens(&self) -> u32 {
-        self.chains.layout.parent_tokens
+        self.layout.parent_tokens
     }
 
     /// The hash of group `g`'s partial block ending at `boundary` (boundary not a multiple
@@ -313,7 +312,7 @@ impl PromptIndex {
             // The LCM parent chain's partial block is the tail identity there.
             return self.tail_identity(scratch, tokens, boundary);
         }
-        let b = self.chains.layout.block_tokens[g];
+        let b = self.layout.block_tokens[g];
         let k = boundary / b;
         chain_hash(
             scratch,
@@ -340,7 +339,7 @@ impl PromptIndex {
     }
 
     fn hash_tail(&self, scratch: &mut Vec<u8>, tokens: &[u32], boundary: u32) -> ContentHash {
-        let p = self.chains.layout.parent_tokens;
+        let p = self.layout.parent_tokens;
         let k = boundary / p;
         chain_hash(
             scratch,
