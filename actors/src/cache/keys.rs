@@ -182,6 +182,16 @@ impl PromptIndex {
         }
     }
 
+    /// Folds one hash of each of the list's first four cache lines (a read ahead: the
+    /// caller issues the loads of an index made long ago beside its other cold reads).
+    pub fn first_lines(&self) -> u64 {
+        self.hashes
+            .iter()
+            .step_by(4)
+            .take(4)
+            .fold(0, |acc, h| acc ^ h.lo)
+    }
+
     /// Where chain `c` starts in `hashes`.
     #[inline]
     fn start(&self, c: usize) -> usize {
@@ -413,6 +423,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_read_ahead_takes_one_hash_of_each_of_the_first_four_lines() {
+        let g = CacheGeometry::new(vec![GroupSpec::full("a", 4, 1, 8)], 1, 0).unwrap();
+        let p: Vec<u32> = (0..100).map(|i| i * 3 % 29).collect();
+        let index = PromptIndex::new(&g, &p, 100);
+        let want = [0u32, 4, 8, 12]
+            .iter()
+            .fold(0, |acc, &k| acc ^ index.block_hash(0, k).lo);
+        assert_eq!(index.first_lines(), want);
+        // A short index reads what it has; an empty one reads nothing.
+        let short = PromptIndex::new(&g, &p, 20);
+        let want = [0u32, 4]
+            .iter()
+            .fold(0, |acc, &k| acc ^ short.block_hash(0, k).lo);
+        assert_eq!(short.first_lines(), want);
+        assert_eq!(PromptIndex::new(&g, &p, 3).first_lines(), 0);
     }
 
     #[test]

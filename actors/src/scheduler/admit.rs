@@ -58,17 +58,38 @@ impl Scheduler {
     /// allocates the written blocks and emits the forward and the D2H of new blocks.
     /// `Ok(false)`: something did not fit (nothing is kept; the request stays queued).
     fn try_admit(&mut self, id: RequestId, plan: &mut Plan) -> Result<bool, String> {
-        let (prompt, reusable, whole) = match self.requests.get_mut(&id) {
-            Some(r) => {
-                let whole = r.whole_index(&self.cache);
-                (r.prompt.clone(), r.reusable(), whole)
-            }
-            None => return Ok(true),
+        let Some(r) = self.requests.get_mut(&id) else {
+            return Ok(true);
         };
+        let whole = r.take_whole_index(&self.cache);
+        // The two cold reads of a request queued long ago go out together: the index's
+        // first lines (read, not used yet) and the prompt's tokens (copied next).
+        std::hint::black_box(whole.first_lines());
+        let prompt = r.prompt.clone();
+        let reusable = r.reusable();
+        let admitted = self.admit_matched(id, plan, prompt, reusable, &whole);
+        if let Ok(false) = admitted {
+            // Still queued: its next try matches with the same index.
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.index = Some(whole);
+            }
+        }
+        admitted
+    }
+
+    /// `try_admit` once the request's prompt and index are in hand.
+    fn admit_matched(
+        &mut self,
+        id: RequestId,
+        plan: &mut Plan,
+        prompt: Vec<u32>,
+        reusable: u32,
+        whole: &PromptIndex,
+    ) -> Result<bool, String> {
         // With tails on, a tail boundary (its partial history blocks, the SWA lookback and
         // the State checkpoint taken exactly there) is reused like an aligned one; off,
         // the coordinator proposes only aligned boundaries.
-        let (boundary, device_tokens) = self.cache.admission_boundary_in(&whole, &prompt, reusable);
+        let (boundary, device_tokens) = self.cache.admission_boundary_in(whole, &prompt, reusable);
         let matched = Matched {
             boundary,
             device_tokens,
@@ -76,7 +97,7 @@ impl Scheduler {
             prompt_len: prompt.len() as u32,
         };
         // Plan every block first; take nothing until everything fits.
-        let needs = self.block_needs(&whole, &prompt, matched.boundary)?;
+        let needs = self.block_needs(whole, &prompt, matched.boundary)?;
         if !self.fits(&needs) {
             return Ok(false);
         }
@@ -104,7 +125,7 @@ impl Scheduler {
         // The prompt's end is a tail (when nonaligned and tails are on): its blocks are
         // published on the Device now.
         self.cache
-            .record_prompt_tail(&whole, &prompt, prompt.len() as u32);
+            .record_prompt_tail(whole, &prompt, prompt.len() as u32);
         let step = ForwardStep {
             shard: self.cfg.layout.shard,
             tokens: prompt,
@@ -577,6 +598,37 @@ mod tests {
         let plan = rig.round(Default::default());
         assert!(plan.forwards.is_empty());
         assert_eq!(rig.s.live_requests(), 2);
+        // The refused request keeps the index its admission made (admission moves it out
+        // and gives it back): the next try matches without hashing the prompt again.
+        let kept = rig.s.requests[&RequestId(1)]
+            .index
+            .as_ref()
+            .map(|i| i.block_hash(0, 7));
+        let made = crate::cache::keys::PromptIndex::new(rig.s.cache().geometry(), &long, 32);
+        assert_eq!(kept, Some(made.block_hash(0, 7)));
+    }
+
+    #[test]
+    fn an_admitted_request_no_longer_holds_its_prompt_index() {
+        // Admission is the index's last reader (an admitted request never matches again).
+        let mut rig = rig_with(false, 64, 1);
+        let (a, b) = (prompt(16, 21), prompt(16, 22));
+        let plan = rig.arrive(&[(1, &a, 1), (2, &b, 1)]);
+        let ids: Vec<u64> = plan.forwards.iter().map(|(id, _)| id.0).collect();
+        assert_eq!(ids, vec![1]);
+        assert!(rig.s.requests[&RequestId(1)].index.is_none());
+        // The one left queued by max_running was not tried: no index yet.
+        assert!(rig.s.requests[&RequestId(2)].index.is_none());
+        // The first finishes; the second is admitted and drops the index made for it.
+        rig.d2h_done();
+        rig.apply(super::super::AgreedInputs {
+            digests: digests_of(&plan),
+            ..Default::default()
+        });
+        let plan = rig.plan();
+        let ids: Vec<u64> = plan.forwards.iter().map(|(id, _)| id.0).collect();
+        assert_eq!(ids, vec![2]);
+        assert!(rig.s.requests[&RequestId(2)].index.is_none());
     }
 
     #[test]

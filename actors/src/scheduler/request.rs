@@ -144,17 +144,29 @@ impl Request {
     /// out once too.
     pub fn whole_index(&mut self, cache: &CacheCoordinator) -> PromptIndex {
         let prompt = &self.prompt;
-        let bound = (prompt.len() as u32).saturating_sub(1);
         self.index
-            .get_or_insert_with(|| {
-                let index = PromptIndex::new(cache.geometry(), prompt, prompt.len() as u32);
-                if cache.tails_enabled() {
-                    index.with_tail_at(prompt, bound)
-                } else {
-                    index
-                }
-            })
+            .get_or_insert_with(|| Self::index_of(prompt, cache))
             .clone()
+    }
+
+    /// `whole_index` moved out of the request (admission, its last reader: a request
+    /// admitted never matches again, one left queued gets it back): no reference count is
+    /// written on the index's line, which a request queued long ago finds cold.
+    pub fn take_whole_index(&mut self, cache: &CacheCoordinator) -> PromptIndex {
+        match self.index.take() {
+            Some(index) => index,
+            None => Self::index_of(&self.prompt, cache),
+        }
+    }
+
+    fn index_of(prompt: &[u32], cache: &CacheCoordinator) -> PromptIndex {
+        let bound = (prompt.len() as u32).saturating_sub(1);
+        let index = PromptIndex::new(cache.geometry(), prompt, prompt.len() as u32);
+        if cache.tails_enabled() {
+            index.with_tail_at(prompt, bound)
+        } else {
+            index
+        }
     }
 
     /// The reusable request bound: every token but the last (the forward always computes at
