@@ -135,7 +135,8 @@ pub fn page_key(
 /// which chain each group uses; every chain begins at ROOT, which is not stored; chain c
 /// holds `hashed / sizes[c]` hashes): an index is one allocation, and reading it long after
 /// it was made (admission of a request prepared at arrival) waits for one cold line, then
-/// reads on (a 32-token prompt's 8 hashes of 4-token blocks fill two lines and a half).
+/// reads on (a 32-token prompt's 8 hashes of 4-token blocks and the list's 16 bytes of
+/// reference counts: 144 bytes).
 #[derive(Clone, Debug)]
 pub struct PromptIndex {
     /// Tokens this view covers (a prefix of the hashed ones).
