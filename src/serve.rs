@@ -343,12 +343,30 @@ pub fn run(settings: Settings) -> Result<()> {
             let sys = actix_rt::System::new();
             sys.block_on(async move {
                 let r = async {
+                    let establish = ControlPlaneCore::establish(&mesh);
+                    tokio::pin!(establish);
                     let formed = tokio::select! {
-                        p = ControlPlaneCore::establish(&mesh) => Some(p),
-                        _ = stop_requested(&loop_shared) => None,
+                        biased;
+                        p = &mut establish => Some(p),
+                        // Asked to stop while the mesh forms: a peer may already count it
+                        // formed (its handshake ended first), and would see this rank
+                        // vanish in its first round. A mesh that forms within the grace
+                        // runs, and the replica stops by agreement in its first round.
+                        _ = stop_requested(&loop_shared) => {
+                            tokio::time::timeout(STOPPED_FORMING_GRACE, &mut establish)
+                                .await
+                                .ok()
+                        }
                     };
-                    // Asked to stop before the mesh formed: nothing was served, nothing
-                    // is held; the rank ends cleanly.
+                    // Stopped before the mesh formed (or while forming it failed): nothing
+                    // was served, nothing is held; the rank ends cleanly.
+                    let formed = match formed {
+                        Some(Err(e)) if loop_shared.stop.load(Ordering::SeqCst) => {
+                            tracing::info!(rank = tp.rank, "stopped while the mesh formed: {e}");
+                            None
+                        }
+                        other => other,
+                    };
                     let Some(formed) = formed else {
                         tracing::info!(rank = tp.rank, "stopped before the mesh formed");
                         return Ok(());
@@ -388,6 +406,11 @@ pub fn run(settings: Settings) -> Result<()> {
         .map_err(|_| anyhow!("the round loop panicked"))?;
     result.and(loop_result)
 }
+
+/// How long a rank asked to stop while its mesh forms still lets it form (peers already
+/// connecting finish within a few of their 250 ms connect retries); one whose peers do not
+/// come ends after it. Below `launch`'s 5 s stop grace.
+const STOPPED_FORMING_GRACE: Duration = Duration::from_secs(2);
 
 /// Resolves once a stop was asked for (a signal's flag; polled, as the mesh forms only
 /// once).

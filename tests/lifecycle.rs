@@ -137,6 +137,33 @@ fn sigterm_stops_a_rank_still_waiting_for_its_mesh_cleanly() {
     }
 }
 
+/// SIGTERM to a leader as soon as it starts, while a follower already waits for it: the
+/// leader's mesh forms within its stop grace (the follower may count it formed first), and
+/// the replica stops by agreement in its first round: neither rank sees the other vanish,
+/// both exit 0. (Before, the leader dropped a mesh still forming at once: the follower
+/// then failed in round 1 with "rank 0 disconnected", or waited out its connect deadline.)
+#[test]
+fn sigterm_while_the_mesh_forms_with_a_waiting_peer_stops_both_ranks_by_agreement() {
+    use std::io::{BufRead, Read};
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", free_port(), free_port());
+    let listen = |n| format!("127.0.0.1:{}", free_ports_in_a_row(n));
+    let mut follower = lone_rank("1", &peers, &listen(2), "10000", "info");
+    let mut follower_err = std::io::BufReader::new(follower.stderr.take().unwrap());
+    let mut follower_log = String::new();
+    // The follower is up (it retries its connection to the leader meanwhile).
+    follower_err.read_line(&mut follower_log).unwrap();
+    let leader = lone_rank("0", &peers, &listen(2), "10000", "info");
+    let (first, rest, status) = sigterm_after_line(leader, |_| true);
+    assert!(status.success(), "leader: {status}; log: {first}{rest}");
+    follower_err.read_to_string(&mut follower_log).unwrap();
+    let (status, _) = wait_exit(follower, Duration::from_secs(60));
+    assert!(status.success(), "follower: {status}; log: {follower_log}");
+    assert!(
+        !follower_log.contains("disconnected"),
+        "follower: {follower_log}"
+    );
+}
+
 /// SIGTERM to `launch` as soon as it has started its first rank: the launcher forwards it
 /// to the ranks still starting, each stops cleanly (or, signalled before it took SIGTERM
 /// over, ends by it holding nothing), the launcher exits cleanly, and no rank outlives it.
