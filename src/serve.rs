@@ -358,27 +358,23 @@ pub fn run(settings: Settings) -> Result<()> {
                                 .ok()
                         }
                     };
-                    // Stopped before the mesh formed (or while forming it failed): nothing
-                    // was served, nothing is held; the rank ends cleanly.
-                    let formed = match formed {
-                        Some(Err(e)) if loop_shared.stop.load(Ordering::SeqCst) => {
-                            tracing::info!(rank = tp.rank, "stopped while the mesh formed: {e}");
-                            None
+                    let plane = match formed {
+                        Some(Ok(plane)) => plane,
+                        Some(Err(e)) if !loop_shared.stop.load(Ordering::SeqCst) => {
+                            return Err(anyhow!(
+                                "rank {} of {}: {e} (tp.connect_deadline_ms = {}; start every rank of tp.peers, or use `engine-host launch`)",
+                                tp.rank,
+                                tp.world,
+                                tp.connect_deadline_ms
+                            ));
                         }
-                        other => other,
+                        // Stopped before the mesh formed (or while forming it failed):
+                        // nothing was served, nothing is held; the rank ends cleanly.
+                        _ => {
+                            tracing::info!(rank = tp.rank, "stopped before the mesh formed");
+                            return Ok(());
+                        }
                     };
-                    let Some(formed) = formed else {
-                        tracing::info!(rank = tp.rank, "stopped before the mesh formed");
-                        return Ok(());
-                    };
-                    let plane = formed.map_err(|e| {
-                        anyhow!(
-                            "rank {} of {}: {e} (tp.connect_deadline_ms = {}; start every rank of tp.peers, or use `engine-host launch`)",
-                            tp.rank,
-                            tp.world,
-                            tp.connect_deadline_ms
-                        )
-                    })?;
                     // A device fence gets the round's deadline: a hung device fails the
                     // replica, naming this rank, instead of hanging it.
                     let engine = engine.into_actors_with(fence_deadline);

@@ -227,11 +227,9 @@ impl MatchTable {
                 }
                 gt.classified = true;
                 let n = hi / spec.block_tokens;
-                for k in 0..n {
-                    let h = avail.level(
-                        BlockAddr::new(g, index.block_hash(g, k)),
-                        BlockSlot::Full(k),
-                    );
+                // The group's hashes as one slice (its chain located once, not per block).
+                for (k, &hash) in (0..n).zip(index.block_hashes(g)) {
+                    let h = avail.level(BlockAddr::new(g, hash), BlockSlot::Full(k));
                     gt.have.push(h);
                     if h < min {
                         hi = hi.min((k + 1) * spec.block_tokens);
@@ -245,12 +243,11 @@ impl MatchTable {
             if gt.classified {
                 gt.have.truncate(n as usize);
             } else {
-                gt.have.extend((0..n).map(|k| {
-                    avail.level(
-                        BlockAddr::new(g, index.block_hash(g, k)),
-                        BlockSlot::Full(k),
-                    )
-                }));
+                gt.have.extend(
+                    (0..n)
+                        .zip(index.block_hashes(g))
+                        .map(|(k, &hash)| avail.level(BlockAddr::new(g, hash), BlockSlot::Full(k))),
+                );
             }
             let mut run = [0u32; 4];
             gt.counts.push(run);
