@@ -456,23 +456,20 @@ impl StorageDone {
                 self.capacity.len()
             ));
         }
-        // One pass without a branch per key (a QUERY's answers alternate unpredictably):
-        // a key reporting success beside a failure or a capacity rejection is then named.
+        // The first key reporting success beside a failure or a capacity rejection, found
+        // without a branch per key (a QUERY's answers alternate unpredictably).
         let contradictory = self
             .success
             .iter()
             .zip(&self.failures)
             .zip(&self.capacity)
-            .fold(false, |any, ((s, f), c)| any | (*s & (f.is_some() | *c)));
-        if contradictory {
-            for i in 0..n {
-                if self.success[i] && self.failures[i].is_some() {
-                    return err(format!("key {i} reports success and an object failure"));
-                }
-                if self.success[i] && self.capacity[i] {
-                    return err(format!("key {i} reports success and a capacity rejection"));
-                }
-            }
+            .position(|((s, f), c)| *s & (f.is_some() | *c));
+        if let Some(i) = contradictory {
+            return err(if self.failures[i].is_some() {
+                format!("key {i} reports success and an object failure")
+            } else {
+                format!("key {i} reports success and a capacity rejection")
+            });
         }
         if self.kind != StorageOpKind::Get && self.failures.iter().any(|f| f.is_some()) {
             return err(format!(

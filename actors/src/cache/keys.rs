@@ -255,10 +255,7 @@ impl PromptIndex {
     pub fn limited(&self, upto: u32) -> PromptIndex {
         PromptIndex {
             len: upto.min(self.len),
-            hashed: self.hashed,
-            layout: self.layout.clone(),
-            hashes: self.hashes.clone(),
-            known_tail: self.known_tail,
+            ..self.clone()
         }
     }
 
