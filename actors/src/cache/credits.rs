@@ -113,6 +113,45 @@ fn needs(table: &MatchTable, c: Candidate) -> (u32, u32) {
     (t.keys_at(Have::Missing), charge)
 }
 
+/// The Host charge of `c` when its missing keys and its charge fit `credits`.
+fn fit_charge(table: &MatchTable, c: Candidate, credits: QueryCredits) -> Option<u32> {
+    let (keys, charge) = needs(table, c);
+    (keys <= credits.keys && charge <= credits.host_blocks).then_some(charge)
+}
+
+/// The primary: the first of the candidates (longest first) that fits `credits`, and its
+/// Host charge. The first candidate is tried first (credits seldom bind). With Full
+/// history only (`bisect`), the candidates whose aligned floor (the longest aligned
+/// boundary at or below them) does not fit are passed over by bisection: a candidate
+/// requires every block its floor requires (a superset at every level), so it cannot fit
+/// where its floor does not, and the floors fall with the candidates, so "the floor does
+/// not fit" holds for a leading run. The walk then goes on one by one from the first
+/// candidate whose floor fits: past at most the tails of one aligned step, it reaches an
+/// aligned candidate that fits. A long prompt whose keys exceed the QUERY's key credit
+/// tallies a few dozen candidates instead of every one above the primary (the test
+/// `the_bisected_primary_is_the_first_candidate_that_fits` compares the two walks).
+fn primary(
+    table: &MatchTable,
+    candidates: &[Candidate],
+    credits: QueryCredits,
+    bisect: bool,
+) -> Option<(usize, u32)> {
+    let first = candidates.first()?;
+    if let Some(charge) = fit_charge(table, *first, credits) {
+        return Some((0, charge));
+    }
+    let from = if bisect && table.full_history_only() {
+        1 + candidates[1..]
+            .partition_point(|c| fit_charge(table, table.aligned_floor(*c), credits).is_none())
+    } else {
+        1
+    };
+    candidates[from..]
+        .iter()
+        .enumerate()
+        .find_map(|(i, c)| fit_charge(table, *c, credits).map(|charge| (from + i, charge)))
+}
+
 /// Packs the candidates (longest first, all above the complete local hit), in the buffers
 /// of `scratch`.
 pub fn pack<'s>(
@@ -126,8 +165,9 @@ pub fn pack<'s>(
 }
 
 /// `pack`; `skip_covered` passes over the fallbacks that add nothing (`adds_nothing`, or
-/// an aligned fallback of Full-history groups) without working out their extra blocks
-/// (false only in the test that checks it changes no packing).
+/// an aligned fallback of Full-history groups) without working out their extra blocks, and
+/// finds the primary by bisection (false only in the test that checks it changes no
+/// packing: every candidate is then tallied from the top).
 fn pack_with<'s>(
     scratch: &'s mut PackScratch,
     table: &MatchTable,
@@ -136,19 +176,7 @@ fn pack_with<'s>(
     credits: QueryCredits,
     skip_covered: bool,
 ) -> Option<Packing<'s>> {
-    let fits = |c: Candidate| {
-        let (keys, charge) = needs(table, c);
-        (
-            keys <= credits.keys && charge <= credits.host_blocks,
-            keys,
-            charge,
-        )
-    };
-    let (pi, (_, _, charge)) = candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (i, fits(*c)))
-        .find(|(_, f)| f.0)?;
+    let (pi, charge) = primary(table, candidates, credits, skip_covered)?;
     if skip_covered && table.full_history_only() {
         return Some(pack_full_history(
             scratch,
@@ -473,6 +501,65 @@ mod tests {
         assert!(
             compared > 20,
             "packings with fallbacks compared: {compared}"
+        );
+    }
+
+    /// The bisected primary search (Full history only) finds the same candidate and charge
+    /// as trying every candidate from the top, over one and two Full groups, tails whose
+    /// partial blocks are missing while the block above is local (where a candidate's own
+    /// fit is not monotone), every availability mix and a sweep of key and Host credits.
+    #[test]
+    fn the_bisected_primary_is_the_first_candidate_that_fits() {
+        let geometries = [
+            vec![GroupSpec::full("attn", 4, 2, 64)],
+            vec![
+                GroupSpec::full("attn", 4, 2, 64),
+                GroupSpec::full("wide", 12, 1, 64),
+            ],
+        ];
+        let levels = [Have::Missing, Have::Assumed, Have::Host, Have::Device];
+        let (mut compared, mut deep) = (0, 0);
+        for groups in geometries {
+            let g = CacheGeometry::new(groups, 1, 0).unwrap();
+            let p: Vec<u32> = (0..203u32)
+                .map(|i| i.wrapping_mul(2654435761) % 977)
+                .collect();
+            let index = PromptIndex::new(&g, &p, p.len() as u32);
+            let tails: Vec<TailCandidate> = [203, 150, 149, 97, 61, 2]
+                .iter()
+                .filter_map(|b| TailCandidate::at(&index, &p, *b))
+                .collect();
+            for seed in 0u64..64 {
+                let table = MatchTable::build(&g, &index, &p, 203, &tails, None, |a, slot| {
+                    let h = a.hash.as_u128() as u64 ^ seed.wrapping_mul(0x9E37_79B9);
+                    match (seed % 4, slot) {
+                        // Tail blocks missing, complete blocks mostly local.
+                        (0, BlockSlot::Tail) => Have::Missing,
+                        (0, _) => levels[1 + (h % 3) as usize],
+                        (1, _) => levels[(h % 4) as usize],
+                        (2, _) => levels[(h % 2) as usize],
+                        _ => Have::Missing,
+                    }
+                });
+                assert!(table.full_history_only());
+                for lo in [0, 12, 100] {
+                    let candidates: Vec<Candidate> = table.candidates_iter(lo).collect();
+                    for keys in (0..=120).step_by(3) {
+                        for host_blocks in [0, 5, 17, 40, 1 << 20] {
+                            let credits = QueryCredits { keys, host_blocks };
+                            let a = primary(&table, &candidates, credits, true);
+                            let b = primary(&table, &candidates, credits, false);
+                            assert_eq!(a, b, "seed {seed} lo {lo} credits {credits:?}");
+                            compared += 1;
+                            deep += usize::from(a.is_some_and(|(i, _)| i > 8));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            deep > 100,
+            "primaries found deep in the candidates: {deep} of {compared}"
         );
     }
 }

@@ -499,6 +499,16 @@ impl MatchTable {
         self.groups.len()
     }
 
+    /// The longest aligned boundary (a multiple of the LCM parent) at or below `c`, as a
+    /// candidate: with Full history only, `c` requires every block it requires.
+    pub fn aligned_floor(&self, c: Candidate) -> Candidate {
+        let l = self.parent_tokens.max(1);
+        Candidate {
+            boundary: c.boundary / l * l,
+            tail: None,
+        }
+    }
+
     /// Whether every group keeps Full history: a boundary then requires every block below
     /// it, so a shorter aligned boundary requires a subset of a longer one's blocks.
     pub fn full_history_only(&self) -> bool {
