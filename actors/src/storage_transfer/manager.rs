@@ -848,17 +848,24 @@ impl StorageTransferManager {
     }
 
     pub(super) fn offer_candidate(&mut self, candidate: BackupCandidate) -> OfferOutcome {
-        if self.quarantined || self.credits.write_budget_zero() {
-            self.backups.count_drop(DropReason::Disabled, 1);
+        if let Some(reason) = self.offer_gate() {
+            self.backups.count_drop(reason, 1);
             self.backups.forget(candidate.host);
-            return OfferOutcome::Dropped(DropReason::Disabled);
-        }
-        if self.gate.is_closed() {
-            self.backups.count_drop(DropReason::Pressure, 1);
-            self.backups.forget(candidate.host);
-            return OfferOutcome::Dropped(DropReason::Pressure);
+            return OfferOutcome::Dropped(reason);
         }
         self.backups.offer(candidate, self.epoch)
+    }
+
+    /// Why an offer now is dropped at once (None: it goes to the queue): writes disabled (a
+    /// zero write budget, or L3 quarantined), else the pressure gate closed.
+    pub(super) fn offer_gate(&self) -> Option<DropReason> {
+        if self.quarantined || self.credits.write_budget_zero() {
+            Some(DropReason::Disabled)
+        } else if self.gate.is_closed() {
+            Some(DropReason::Pressure)
+        } else {
+            None
+        }
     }
 
     /// Creates the ticket of a create-only PUT whose sources the cache owner has rechecked

@@ -290,10 +290,19 @@ impl StorageTransferManager {
     }
 
     /// Takes blocks that a D2H completion published in Host L2 as backup candidates
-    /// (nonowning). Drops and coalescing reach the scheduler with the next report.
+    /// (nonowning). Drops and coalescing reach the scheduler with the next report. The
+    /// gates are read once for the batch (no offer opens or closes them), then each
+    /// candidate is offered as `offer_candidate` would.
     pub fn offer_backups(&mut self, candidates: impl IntoIterator<Item = BackupCandidate>) {
-        for c in candidates {
-            let _ = self.offer_candidate(c);
+        let candidates = candidates.into_iter();
+        match self.offer_gate() {
+            Some(reason) => {
+                for c in candidates {
+                    self.backups.count_drop(reason, 1);
+                    self.backups.forget(c.host);
+                }
+            }
+            None => self.backups.offer_all(candidates, self.epoch),
         }
     }
 

@@ -1127,3 +1127,54 @@ fn a_page_candidate_gets_its_object_key_at_dispatch_and_a_clear_ends_its_coverag
         "still covered by the new epoch's PUT"
     );
 }
+
+/// A batch of offers (`offer_backups`, the gates read once for the batch) leaves the backup
+/// queue, its drop counts, its coalescing and its forgotten references as offering each
+/// candidate alone does: gate open (with duplicates and overflow), pressure gate closed,
+/// writes disabled.
+#[test]
+fn a_batch_of_offers_is_each_offer_in_turn() {
+    let batch: Vec<BackupCandidate> = (0..12u64)
+        .map(|i| BackupCandidate {
+            key: key(&format!("b{}", i % 9)).into(),
+            host: HostRef(i),
+        })
+        .collect();
+    for state in 0..3 {
+        let make = || {
+            let mut c = config();
+            c.backup_candidate_capacity = 5;
+            if state == 2 {
+                c.operation_credits = 1; // no write budget
+            }
+            let mut m = StorageTransferManager::new(c);
+            m.offer_backup(key("b3"), HostRef(100));
+            if state == 1 {
+                m.apply_round(RoundInput {
+                    tick_us: 2 * MS,
+                    pressure: pressure(10),
+                    ..Default::default()
+                })
+                .unwrap();
+                assert!(m.gate_closed());
+            }
+            m
+        };
+        let (mut one, mut all) = (make(), make());
+        for c in &batch {
+            one.offer_backup(c.key, c.host);
+        }
+        all.offer_backups(batch.iter().cloned());
+        assert_eq!(one.backups, all.backups, "state {state}");
+        let s = all.stats();
+        match state {
+            0 => {
+                assert_eq!(all.queued_candidates(), 5);
+                assert!(s.dropped(DropReason::Overflow) > 0, "{s:?}");
+                assert!(s.coalesced_backup_keys > 0, "{s:?}");
+            }
+            1 => assert_eq!(s.dropped(DropReason::Pressure), 12 + 1),
+            _ => assert_eq!(s.dropped(DropReason::Disabled), 12 + 1),
+        }
+    }
+}
