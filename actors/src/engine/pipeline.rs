@@ -2,8 +2,8 @@
 //! DESIGN.md §3 — Scheduler `apply` (the StorageTransferManager applies the agreed round and
 //! reports) and `plan` (cache and FSM updated, plan made; every storage operation decided
 //! once, by the manager the scheduler asks directly, which returns the operations for the
-//! L3 executor when the plan ends); after the device work, Scheduler (`d2h_done` → backup
-//! candidates) → StorageTransferManager (offer). The pipeline owns both cores and lends the
+//! L3 executor when the plan ends); after the device work, Scheduler (`d2h_done_each`: each
+//! backup candidate as it is made) → StorageTransferManager (`backup_offers`). The pipeline owns both cores and lends the
 //! manager to the scheduler for each step.
 //!
 //! The round owner (`engine::round`) drives these steps for both forms of a rank (the
@@ -11,7 +11,7 @@
 //! benchmark and the determinism checks drive it directly. It never performs I/O.
 
 use crate::scheduler::{AgreedInputs, Plan, Scheduler};
-use crate::storage_transfer::{BackupCandidate, ClearKind, ClearRefused, StorageTransferManager};
+use crate::storage_transfer::{ClearKind, ClearRefused, StorageTransferManager};
 use messages::{Namespace, OperationId, ProtocolError, StorageOp};
 
 /// A committed round: the operations for the executor (in plan order) and the device work.
@@ -27,8 +27,6 @@ impl RoundPlan {
 pub struct RoundPipeline {
     scheduler: Scheduler,
     stm: Option<StorageTransferManager>,
-    /// The round's backup candidates on their way to the manager (the list is kept).
-    candidates: Vec<BackupCandidate>,
 }
 
 impl RoundPipeline {
@@ -37,11 +35,7 @@ impl RoundPipeline {
         let stm = scheduler.storage_config().cloned().map(|cfg| {
             StorageTransferManager::new(cfg).with_trace_rank(scheduler.layout().shard.index)
         });
-        Self {
-            scheduler,
-            stm,
-            candidates: Vec::new(),
-        }
+        Self { scheduler, stm }
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -66,10 +60,13 @@ impl RoundPipeline {
 
     /// The round's D2H copies completed: Host L2 publishes; candidates go to the manager.
     pub fn d2h_done(&mut self) {
-        self.scheduler.d2h_done_into(&mut self.candidates);
         match self.stm.as_mut() {
-            Some(stm) => stm.offer_backups(self.candidates.drain(..)),
-            None => self.candidates.clear(),
+            Some(stm) => {
+                let mut offers = stm.backup_offers();
+                offers.reserve(self.scheduler.d2h_pending_blocks());
+                self.scheduler.d2h_done_each(|c| offers.offer(c));
+            }
+            None => self.scheduler.d2h_done_each(|_| {}),
         }
     }
 

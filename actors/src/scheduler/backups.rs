@@ -27,6 +27,21 @@ impl Scheduler {
     /// `d2h_done` with the candidates appended to `candidates` (a caller that keeps one
     /// list makes none per round); the round's block lists keep their buffers too.
     pub fn d2h_done_into(&mut self, candidates: &mut Vec<BackupCandidate>) {
+        if self.l3_enabled() {
+            candidates.reserve(self.d2h_blocks.len());
+        }
+        self.d2h_done_each(|c| candidates.push(c));
+    }
+
+    /// D2H blocks waiting for `d2h_done` (each makes one candidate per page).
+    pub fn d2h_pending_blocks(&self) -> usize {
+        self.d2h_blocks.len()
+    }
+
+    /// `d2h_done` handing each candidate to `each` as it is made (the pipeline offers it
+    /// to the manager at once: no list between them); `each` is never called with L3
+    /// disabled.
+    pub fn d2h_done_each(&mut self, mut each: impl FnMut(BackupCandidate)) {
         let l3 = self.l3_enabled();
         let Self {
             cache,
@@ -36,9 +51,6 @@ impl Scheduler {
         } = self;
         for source in h2d_host_refs.drain(..) {
             let _ = cache.host_mut().release_held(source);
-        }
-        if l3 {
-            candidates.reserve(d2h_blocks.len());
         }
         for a in d2h_blocks.drain(..) {
             let Ok(slot) = cache.host_mut().publish(a) else {
@@ -57,7 +69,7 @@ impl Scheduler {
                         group: a.group,
                         page,
                     };
-                    candidates.push(BackupCandidate { key, host });
+                    each(BackupCandidate { key, host });
                 }
             }
         }

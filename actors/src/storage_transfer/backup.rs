@@ -200,15 +200,11 @@ impl BackupQueue {
         outcome
     }
 
-    /// `offer` of each candidate in turn, the key table's room made once for the batch.
-    pub fn offer_all(&mut self, candidates: impl Iterator<Item = BackupCandidate>, epoch: u64) {
-        let (n, _) = candidates.size_hint();
+    /// Room for `n` more offers: the key table's and the queue's, at most the capacity.
+    pub fn reserve(&mut self, n: usize) {
         self.keys.reserve(n.min(self.capacity));
         self.queue
             .reserve(n.min(self.capacity.saturating_sub(self.queue.len())));
-        for c in candidates {
-            let _ = self.offer(c, epoch);
-        }
     }
 
     /// Take the oldest candidate (its key no longer queued).

@@ -45,6 +45,7 @@ pub use lease::{StorageLease, WaitEnd, WaitPhase};
 pub use manager::{Refusal, RoundInput, StorageTransferManager};
 pub use negative::NegativeMetadata;
 pub use report::{BackendTrouble, HandBack, StorageReport};
+pub use round::BackupOffers;
 pub use stats::StmStats;
 pub use ticket::{Ticket, TicketState};
 

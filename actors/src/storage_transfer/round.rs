@@ -8,11 +8,11 @@
 //! its new operations (so every new operation is decided on the credits as of the start of
 //! the plan; their effects reach the scheduler with the next report) and returns the
 //! operations for the L3 executor, cancellations of detached reads first. `offer_backups`
-//! takes the D2H-published blocks as candidates. It never performs I/O or reads a clock,
+//! (or one `backup_offers` batch) takes the D2H-published blocks as candidates. It never performs I/O or reads a clock,
 //! and keeps no second copy of the credits to compare against.
 
 use super::admission::backup_room;
-use super::backup::{BackupCandidate, BackupKey, DropReason};
+use super::backup::{BackupCandidate, BackupKey, BackupQueue, DropReason};
 use super::effects::RoundEffects;
 use super::lease::StorageLease;
 use super::manager::{Refusal, RoundInput, StorageTransferManager};
@@ -290,22 +290,26 @@ impl StorageTransferManager {
     }
 
     /// Takes blocks that a D2H completion published in Host L2 as backup candidates
-    /// (nonowning). Drops and coalescing reach the scheduler with the next report. The
-    /// gates are read once for the batch (no offer opens or closes them), then each
-    /// candidate is offered as `offer_candidate` would.
+    /// (nonowning). Drops and coalescing reach the scheduler with the next report.
     pub fn offer_backups(&mut self, candidates: impl IntoIterator<Item = BackupCandidate>) {
         let candidates = candidates.into_iter();
-        match self.offer_gate() {
-            Some(reason) => {
-                for c in candidates {
-                    self.backups.count_drop(reason, 1);
-                    self.backups.forget(c.host);
-                }
-            }
-            None => self.backups.offer_all(candidates, self.epoch),
+        let mut offers = self.backup_offers();
+        offers.reserve(candidates.size_hint().0);
+        for c in candidates {
+            offers.offer(c);
         }
     }
 
+    /// The offers of one batch of candidates (a round's D2H blocks), taken one by one as
+    /// they are made: the gates are read once for the batch (no offer opens or closes
+    /// them), then each candidate is offered as `offer_candidate` would.
+    pub fn backup_offers(&mut self) -> BackupOffers<'_> {
+        BackupOffers {
+            gate: self.offer_gate(),
+            epoch: self.epoch,
+            queue: &mut self.backups,
+        }
+    }
     /// A clear applied between rounds: rejects outstanding work without draining. Returns
     /// the effects for the scheduler and the cancellations to submit now.
     pub fn clear_now(
@@ -330,5 +334,35 @@ impl StorageTransferManager {
     /// while the operation is submitted.
     pub fn op_span(&self, op: OperationId) -> Option<&Span> {
         self.trace.op_span(op)
+    }
+}
+
+/// A batch of backup offers (`StorageTransferManager::backup_offers`): the gates as read
+/// when the batch began, and the queue the candidates go to.
+pub struct BackupOffers<'m> {
+    gate: Option<DropReason>,
+    epoch: u64,
+    queue: &'m mut BackupQueue,
+}
+
+impl BackupOffers<'_> {
+    /// Room for `n` more candidates, made once for the batch.
+    pub fn reserve(&mut self, n: usize) {
+        if self.gate.is_none() {
+            self.queue.reserve(n);
+        }
+    }
+
+    /// One candidate: dropped for the batch's closed gate, or offered to the queue.
+    pub fn offer(&mut self, candidate: BackupCandidate) {
+        match self.gate {
+            Some(reason) => {
+                self.queue.count_drop(reason, 1);
+                self.queue.forget(candidate.host);
+            }
+            None => {
+                let _ = self.queue.offer(candidate, self.epoch);
+            }
+        }
     }
 }

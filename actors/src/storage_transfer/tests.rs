@@ -1128,10 +1128,10 @@ fn a_page_candidate_gets_its_object_key_at_dispatch_and_a_clear_ends_its_coverag
     );
 }
 
-/// A batch of offers (`offer_backups`, the gates read once for the batch) leaves the backup
-/// queue, its drop counts, its coalescing and its forgotten references as offering each
-/// candidate alone does: gate open (with duplicates and overflow), pressure gate closed,
-/// writes disabled.
+/// A batch of offers (`offer_backups` or `backup_offers`, the gates read once for the
+/// batch) leaves the backup queue, its drop counts, its coalescing and its forgotten
+/// references as offering each candidate alone does: gate open (with duplicates and
+/// overflow), pressure gate closed, writes disabled.
 #[test]
 fn a_batch_of_offers_is_each_offer_in_turn() {
     let batch: Vec<BackupCandidate> = (0..12u64)
@@ -1160,12 +1160,18 @@ fn a_batch_of_offers_is_each_offer_in_turn() {
             }
             m
         };
-        let (mut one, mut all) = (make(), make());
+        let (mut one, mut all, mut each) = (make(), make(), make());
         for c in &batch {
             one.offer_backup(c.key, c.host);
         }
         all.offer_backups(batch.iter().cloned());
+        // The pipeline's way: one batch, each candidate offered as it is made.
+        let mut offers = each.backup_offers();
+        for c in &batch {
+            offers.offer(c.clone());
+        }
         assert_eq!(one.backups, all.backups, "state {state}");
+        assert_eq!(one.backups, each.backups, "state {state}");
         let s = all.stats();
         match state {
             0 => {
