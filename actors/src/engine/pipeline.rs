@@ -3,8 +3,8 @@
 //! reports) and `plan` (cache and FSM updated, plan made; every storage operation decided
 //! once, by the manager the scheduler asks directly, which returns the operations for the
 //! L3 executor when the plan ends); after the device work, Scheduler (`d2h_done_each`: each
-//! backup candidate as it is made) → StorageTransferManager (`backup_offers`). The pipeline owns both cores and lends the
-//! manager to the scheduler for each step.
+//! backup candidate as it is made) → StorageTransferManager (`backup_offers`). The pipeline
+//! owns both cores and lends the manager to the scheduler for each step.
 //!
 //! The round owner (`engine::round`) drives these steps for both forms of a rank (the
 //! synchronous adapters and `engine-host serve`'s actors); the unit tests, the scheduler

@@ -8,8 +8,9 @@
 //! its new operations (so every new operation is decided on the credits as of the start of
 //! the plan; their effects reach the scheduler with the next report) and returns the
 //! operations for the L3 executor, cancellations of detached reads first. `offer_backups`
-//! (or one `backup_offers` batch) takes the D2H-published blocks as candidates. It never performs I/O or reads a clock,
-//! and keeps no second copy of the credits to compare against.
+//! (or one `backup_offers` batch) takes the D2H-published blocks as candidates. It never
+//! performs I/O or reads a clock, and keeps no second copy of the credits to compare
+//! against.
 
 use super::admission::backup_room;
 use super::backup::{BackupCandidate, BackupKey, BackupQueue, DropReason};
@@ -310,6 +311,7 @@ impl StorageTransferManager {
             queue: &mut self.backups,
         }
     }
+
     /// A clear applied between rounds: rejects outstanding work without draining. Returns
     /// the effects for the scheduler and the cancellations to submit now.
     pub fn clear_now(
