@@ -432,6 +432,23 @@ mod tests {
     use crate::cache::geometry::{CacheGeometry, GroupSpec};
     use crate::cache::tail::TailCandidate;
 
+    /// A 203-token prompt of spread-out tokens, its index, and its tail candidates at
+    /// `bounds` (those that are tails under `g`).
+    fn prompt_with_tails(
+        g: &CacheGeometry,
+        bounds: &[u32],
+    ) -> (Vec<u32>, PromptIndex, Vec<TailCandidate>) {
+        let p: Vec<u32> = (0..203u32)
+            .map(|i| i.wrapping_mul(2654435761) % 977)
+            .collect();
+        let index = PromptIndex::new(g, &p, p.len() as u32);
+        let tails = bounds
+            .iter()
+            .filter_map(|b| TailCandidate::at(&index, &p, *b))
+            .collect();
+        (p, index, tails)
+    }
+
     /// Skipping the fallbacks that add nothing changes no packing: the same boundaries, new
     /// keys, blocks and charge as working out every fallback's extra blocks, over Full
     /// (one group, and two of different block sizes: the Full-history walk,
@@ -458,14 +475,7 @@ mod tests {
         let mut compared = 0;
         for groups in geometries {
             let g = CacheGeometry::new(groups, 1, 0).unwrap();
-            let p: Vec<u32> = (0..203u32)
-                .map(|i| i.wrapping_mul(2654435761) % 977)
-                .collect();
-            let index = PromptIndex::new(&g, &p, p.len() as u32);
-            let tails: Vec<TailCandidate> = [203, 150, 97, 61]
-                .iter()
-                .filter_map(|b| TailCandidate::at(&index, &p, *b))
-                .collect();
+            let (p, index, tails) = prompt_with_tails(&g, &[203, 150, 97, 61]);
             for seed in 0u64..48 {
                 let table = MatchTable::build(&g, &index, &p, 203, &tails, None, |a, _| {
                     let h = a.hash.as_u128() as u64 ^ seed.wrapping_mul(0x9E37_79B9);
@@ -521,14 +531,7 @@ mod tests {
         let (mut compared, mut deep) = (0, 0);
         for groups in geometries {
             let g = CacheGeometry::new(groups, 1, 0).unwrap();
-            let p: Vec<u32> = (0..203u32)
-                .map(|i| i.wrapping_mul(2654435761) % 977)
-                .collect();
-            let index = PromptIndex::new(&g, &p, p.len() as u32);
-            let tails: Vec<TailCandidate> = [203, 150, 149, 97, 61, 2]
-                .iter()
-                .filter_map(|b| TailCandidate::at(&index, &p, *b))
-                .collect();
+            let (p, index, tails) = prompt_with_tails(&g, &[203, 150, 149, 97, 61, 2]);
             for seed in 0u64..64 {
                 let table = MatchTable::build(&g, &index, &p, 203, &tails, None, |a, slot| {
                     let h = a.hash.as_u128() as u64 ^ seed.wrapping_mul(0x9E37_79B9);

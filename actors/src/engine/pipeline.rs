@@ -64,7 +64,9 @@ impl RoundPipeline {
             Some(stm) => {
                 let mut offers = stm.backup_offers();
                 offers.reserve(self.scheduler.d2h_pending_blocks());
-                self.scheduler.d2h_done_each(|c| offers.offer(c));
+                self.scheduler.d2h_done_each(|c| {
+                    let _ = offers.offer(c);
+                });
             }
             None => self.scheduler.d2h_done_each(|_| {}),
         }

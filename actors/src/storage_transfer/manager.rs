@@ -848,12 +848,7 @@ impl StorageTransferManager {
     }
 
     pub(super) fn offer_candidate(&mut self, candidate: BackupCandidate) -> OfferOutcome {
-        if let Some(reason) = self.offer_gate() {
-            self.backups.count_drop(reason, 1);
-            self.backups.forget(candidate.host);
-            return OfferOutcome::Dropped(reason);
-        }
-        self.backups.offer(candidate, self.epoch)
+        self.backup_offers().offer(candidate)
     }
 
     /// Why an offer now is dropped at once (None: it goes to the queue): writes disabled (a

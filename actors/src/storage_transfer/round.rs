@@ -13,7 +13,7 @@
 //! against.
 
 use super::admission::backup_room;
-use super::backup::{BackupCandidate, BackupKey, BackupQueue, DropReason};
+use super::backup::{BackupCandidate, BackupKey, BackupQueue, DropReason, OfferOutcome};
 use super::effects::RoundEffects;
 use super::lease::StorageLease;
 use super::manager::{Refusal, RoundInput, StorageTransferManager};
@@ -297,13 +297,13 @@ impl StorageTransferManager {
         let mut offers = self.backup_offers();
         offers.reserve(candidates.size_hint().0);
         for c in candidates {
-            offers.offer(c);
+            let _ = offers.offer(c);
         }
     }
 
     /// The offers of one batch of candidates (a round's D2H blocks), taken one by one as
     /// they are made: the gates are read once for the batch (no offer opens or closes
-    /// them), then each candidate is offered as `offer_candidate` would.
+    /// them). A lone offer (`offer_candidate`) is a batch of one.
     pub fn backup_offers(&mut self) -> BackupOffers<'_> {
         BackupOffers {
             gate: self.offer_gate(),
@@ -356,15 +356,14 @@ impl BackupOffers<'_> {
     }
 
     /// One candidate: dropped for the batch's closed gate, or offered to the queue.
-    pub fn offer(&mut self, candidate: BackupCandidate) {
+    pub fn offer(&mut self, candidate: BackupCandidate) -> OfferOutcome {
         match self.gate {
             Some(reason) => {
                 self.queue.count_drop(reason, 1);
                 self.queue.forget(candidate.host);
+                OfferOutcome::Dropped(reason)
             }
-            None => {
-                let _ = self.queue.offer(candidate, self.epoch);
-            }
+            None => self.queue.offer(candidate, self.epoch),
         }
     }
 }

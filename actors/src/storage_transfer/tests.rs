@@ -1168,7 +1168,7 @@ fn a_batch_of_offers_is_each_offer_in_turn() {
         // The pipeline's way: one batch, each candidate offered as it is made.
         let mut offers = each.backup_offers();
         for c in &batch {
-            offers.offer(c.clone());
+            let _ = offers.offer(c.clone());
         }
         assert_eq!(one.backups, all.backups, "state {state}");
         assert_eq!(one.backups, each.backups, "state {state}");
