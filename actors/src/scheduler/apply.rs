@@ -221,12 +221,17 @@ impl Scheduler {
         let Some(res) = rec.reservation.take() else {
             return false;
         };
-        // Per row, whether it published (in the scheduler's kept list).
+        // Per row, whether it published (in the scheduler's kept list). The row references
+        // rise with the row, and `rows` is sorted: one merge of the two, no search per row.
         let ok = &mut self.row_ok;
         ok.clear();
+        let mut p = 0;
         ok.extend((0..rec.released_rows.len()).map(|i| {
             let h = super::get_row_ref(read, i);
-            rows.binary_search_by(|(_, r)| r.cmp(&h)).is_ok()
+            while rows.get(p).is_some_and(|(_, r)| *r < h) {
+                p += 1;
+            }
+            rows.get(p).is_some_and(|(_, r)| *r == h)
         }));
         match self.cache.publish_host(res, ok) {
             Ok(hold) => rec.hold = Some(hold),
@@ -627,6 +632,43 @@ mod tests {
         assert_eq!(plan.forwards.len(), 2, "both are admitted");
         assert_eq!(rig.s.requests[&RequestId(1)].split.l3, 31);
         assert_eq!(rig.s.requests[&RequestId(2)].split.l3, 0, "recomputed");
+    }
+
+    /// A GET whose rows published around a failed one: the Ready hold covers the blocks
+    /// below the failed row only (the rows above it published, but a prefix cannot skip a
+    /// block), so admission restores that prefix from L3 and recomputes the rest.
+    #[test]
+    fn a_get_with_a_failed_middle_row_restores_the_blocks_below_it() {
+        let mut rig = rig(true);
+        let plan = get_after_a_full_hit(&mut rig, &prompt(32, 11));
+        let [StorageOp::Get(g)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        let n = g.keys.len();
+        assert!(n > 4, "{n} rows");
+        // Row 3 (the fourth block, tokens 12..16) fails; every other row succeeds.
+        let mut success = vec![true; n];
+        success[3] = false;
+        let mut failures = vec![None; n];
+        failures[3] = Some(messages::ObjectFailure::Missing);
+        rig.apply(AgreedInputs {
+            completions: vec![StorageDone::get(
+                g.op,
+                success,
+                g.destinations.iter().map(|d| d.len).collect(),
+                failures,
+                true,
+            )],
+            ..AgreedInputs::default()
+        });
+        assert!(rig.s.requests[&RequestId(1)].resources.ready.is_some());
+        let plan = rig.plan();
+        let [(_, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(step.context_len, 12, "three blocks restored");
+        let r = &rig.s.requests[&RequestId(1)];
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 0, 12));
     }
 
     /// An answered QUERY's plan hands its lists back to the cache owner, whether its GET
