@@ -634,6 +634,23 @@ mod tests {
         assert_eq!(rig.s.requests[&RequestId(2)].split.l3, 0, "recomputed");
     }
 
+    /// An arrival under the ID of a live request changes nothing of that request, and an
+    /// empty prompt never becomes a request.
+    #[test]
+    fn a_repeated_request_id_or_an_empty_prompt_is_passed_over() {
+        let mut rig = rig(false);
+        let (p, q) = (prompt(32, 12), prompt(12, 13));
+        let plan = rig.arrive(&[(1, &p, 2)]);
+        assert_eq!(plan.forwards.len(), 1);
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefill"));
+        let plan = rig.arrive(&[(1, &q, 5), (2, &[], 2)]);
+        assert!(plan.forwards.is_empty(), "{:?}", plan.forwards);
+        let r = &rig.s.requests[&RequestId(1)];
+        assert_eq!(r.prompt, p, "the first arrival's prompt");
+        assert_eq!(rig.s.state_of(RequestId(1)), Some("prefill"));
+        assert!(!rig.s.requests.contains_key(&RequestId(2)));
+    }
+
     /// A GET whose rows published around a failed one: the Ready hold covers the blocks
     /// below the failed row only (the rows above it published, but a prefix cannot skip a
     /// block), so admission restores that prefix from L3 and recomputes the rest.
@@ -669,6 +686,11 @@ mod tests {
         assert_eq!(step.context_len, 12, "three blocks restored");
         let r = &rig.s.requests[&RequestId(1)];
         assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 0, 12));
+        assert_eq!(
+            rig.s.stats().rounds,
+            rig.round,
+            "each applied round counted"
+        );
     }
 
     /// An answered QUERY's plan hands its lists back to the cache owner, whether its GET
