@@ -937,6 +937,16 @@ fn refusals_change_nothing() {
             .unwrap_err(),
         Refusal::Malformed(_)
     ));
+    // As many references as keys, one range short (or one over): malformed all the same.
+    for ranges in [1, 3] {
+        let mut uneven: Destinations = dests(1, 2).into();
+        uneven.ranges.resize(ranges, uneven.ranges[0]);
+        assert_eq!(uneven.refs.len(), 2);
+        assert!(matches!(
+            m.issue_get(RequestId(1), keys("a", 2), uneven).unwrap_err(),
+            Refusal::Malformed(_)
+        ));
+    }
     let s = m.stats();
     assert_eq!((s.operation_credits_in_use, s.host_credits_in_use), (0, 0));
     assert_eq!(s.last_operation_id, 1);
