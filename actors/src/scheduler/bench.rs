@@ -651,6 +651,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Rounds per block of the steady-state warm-up.
 const WARM_BLOCK: usize = 100;
 
+/// The most untimed rounds the warm-up runs to fill the live set and the held GETs.
+const WARM_UP_ROUNDS: usize = 20_000;
+
 /// Storage operations per round in each half of the samples.
 fn halves(samples: &[RoundSample]) -> (f64, f64) {
     let (a, b) = samples.split_at(samples.len() / 2);
@@ -686,7 +689,8 @@ fn warmed(cfg: &SchedulerBenchConfig, storage: bool, workload: Workload) -> Resu
     // admitted request's at admission, twice a round's prompts.) With nothing to do, also
     // until the storage work has settled.
     let mut finished = 0usize;
-    for _ in 0..20_000 {
+    let mut reached = false;
+    for _ in 0..WARM_UP_ROUNDS {
         finished += d.round(false, None)?.finished;
         let held = d.owed.gets.len();
         let settled = d
@@ -698,8 +702,27 @@ fn warmed(cfg: &SchedulerBenchConfig, storage: bool, workload: Workload) -> Resu
             && (!storage || held >= cfg.outstanding)
             && (workload == Workload::Loaded || settled)
         {
+            reached = true;
             break;
         }
+    }
+    // Figures of a scenario that never filled would describe a start-up mix, not the
+    // scenario asked for: refused with what it reached.
+    if !reached {
+        return Err(format!(
+            "the scenario did not reach its steady state in {WARM_UP_ROUNDS} rounds: {} of {} live requests, {finished} of {} finished, {} of {} GETs held{}",
+            d.pipeline.scheduler().live_requests(),
+            cfg.waiting,
+            cfg.waiting,
+            d.owed.gets.len(),
+            if storage { cfg.outstanding } else { 0 },
+            match d.pipeline.stm() {
+                Some(s) if workload == Workload::NothingToDo => {
+                    format!(", {} storage tickets outstanding", s.outstanding_tickets())
+                }
+                _ => String::new(),
+            }
+        ));
     }
     for _ in 0..10 {
         d.round(false, None)?;
@@ -1163,6 +1186,26 @@ mod tests {
             ..small()
         };
         assert!(bench_scheduler(&cfg, None).is_err());
+    }
+
+    /// Requests that never finish (a decode far longer than the warm-up) never fill the
+    /// scenario: it is refused with what it reached, not timed as a start-up mix.
+    #[test]
+    fn a_scenario_that_never_fills_is_refused_naming_what_it_reached() {
+        let cfg = SchedulerBenchConfig {
+            max_tokens: 1_000_000,
+            ..small()
+        };
+        for storage in [true, false] {
+            let Err(e) = warmed(&cfg, storage, Workload::Loaded) else {
+                panic!("storage {storage}: warmed up");
+            };
+            assert!(
+                e.starts_with("the scenario did not reach its steady state in 20000 rounds:")
+                    && e.contains("0 of 200 finished"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
