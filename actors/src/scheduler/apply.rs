@@ -651,6 +651,45 @@ mod tests {
         assert!(!rig.s.requests.contains_key(&RequestId(2)));
     }
 
+    /// The backend trouble a QUERY's completion reports becomes its waiting request's
+    /// fallback reason: a rejection for an unhealthy or a quarantined backend, a backend
+    /// error, and an unretired completion without an error.
+    #[test]
+    fn a_troubled_query_completion_names_the_waiting_requests_fallback() {
+        use messages::{Rejection, StorageOpKind};
+        let cases: [(fn(OperationId, usize) -> StorageDone, FallbackReason); 4] = [
+            (
+                |op, n| StorageDone::rejected(op, StorageOpKind::Query, n, Rejection::Unhealthy),
+                FallbackReason::Unhealthy,
+            ),
+            (
+                |op, n| StorageDone::rejected(op, StorageOpKind::Query, n, Rejection::Quarantined),
+                FallbackReason::Quarantine,
+            ),
+            (
+                |op, n| StorageDone::failed(op, StorageOpKind::Query, n, true, "sdk error"),
+                FallbackReason::Unhealthy,
+            ),
+            (
+                |op, n| StorageDone::query(op, vec![false; n], false),
+                FallbackReason::Quarantine,
+            ),
+        ];
+        for (i, (done, reason)) in cases.into_iter().enumerate() {
+            let mut rig = rig(true);
+            let plan = rig.arrive(&[(1, &prompt(32, 20 + i as u32), 2)]);
+            let [StorageOp::Query(q)] = &plan.storage[..] else {
+                panic!("{:?}", plan.storage);
+            };
+            rig.apply(AgreedInputs {
+                completions: vec![done(q.op, q.keys.len())],
+                ..AgreedInputs::default()
+            });
+            let r = &rig.s.requests[&RequestId(1)];
+            assert_eq!(r.resources.fallback, Some(reason), "case {i}");
+        }
+    }
+
     /// A GET whose rows published around a failed one: the Ready hold covers the blocks
     /// below the failed row only (the rows above it published, but a prefix cannot skip a
     /// block), so admission restores that prefix from L3 and recomputes the rest.
