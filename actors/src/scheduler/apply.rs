@@ -657,7 +657,8 @@ mod tests {
     #[test]
     fn a_troubled_query_completion_names_the_waiting_requests_fallback() {
         use messages::{Rejection, StorageOpKind};
-        let cases: [(fn(OperationId, usize) -> StorageDone, FallbackReason); 4] = [
+        type Completion = fn(OperationId, usize) -> StorageDone;
+        let cases: [(Completion, FallbackReason); 4] = [
             (
                 |op, n| StorageDone::rejected(op, StorageOpKind::Query, n, Rejection::Unhealthy),
                 FallbackReason::Unhealthy,
