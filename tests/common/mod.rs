@@ -19,18 +19,24 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// The first of `n` consecutive free loopback ports.
+/// The first of `n` consecutive free loopback ports, below Linux's ephemeral range
+/// (32768-60999): a port in that range may be taken at any moment as an outgoing
+/// connection's local port (a `launch --tp 8` rank once lost its /metrics port that way
+/// after the launcher had found it free). Below it only listeners compete; the mooncake
+/// instance of test-all sits at 27051-27052, above the range used here.
 pub fn free_ports_in_a_row(n: u16) -> u16 {
-    for _ in 0..100 {
-        let p = free_port();
-        if p.checked_add(n).is_none() {
-            continue;
-        }
-        if (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+    use std::hash::BuildHasher;
+    const LOW: u16 = 20_000;
+    const HIGH: u16 = 26_000;
+    let seed = std::collections::hash_map::RandomState::new();
+    for attempt in 0..200u32 {
+        let span = u64::from(HIGH - LOW - n);
+        let p = LOW + (seed.hash_one((std::process::id(), attempt)) % span) as u16;
+        if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
             return p;
         }
     }
-    panic!("no {n} consecutive free loopback ports");
+    panic!("no {n} consecutive free loopback ports in {LOW}-{HIGH}");
 }
 
 /// A minimal HTTP/1.1 client (one request per connection): (status, body).
