@@ -524,13 +524,19 @@ mod tests {
         })
     }
 
+    /// The plan's one storage operation, a GET.
+    fn the_get(plan: &super::super::Plan<StorageOp>) -> &messages::StorageGetOp {
+        let [StorageOp::Get(g)] = &plan.storage[..] else {
+            panic!("{:?}", plan.storage);
+        };
+        g
+    }
+
     #[test]
     fn query_hits_become_a_get_whose_publication_admits_with_an_l3_split() {
         let mut rig = rig(true);
         let plan = get_after_a_full_hit(&mut rig, &prompt(32, 7));
-        let [StorageOp::Get(g)] = &plan.storage[..] else {
-            panic!("{:?}", plan.storage);
-        };
+        let g = the_get(&plan);
         assert!(plan.forwards.is_empty(), "still prefetching");
         let n = g.keys.len();
         let lens = g.destinations.iter().map(|d| d.len).collect();
@@ -698,9 +704,7 @@ mod tests {
     fn a_get_with_a_failed_middle_row_restores_the_blocks_below_it() {
         let mut rig = rig(true);
         let plan = get_after_a_full_hit(&mut rig, &prompt(32, 11));
-        let [StorageOp::Get(g)] = &plan.storage[..] else {
-            panic!("{:?}", plan.storage);
-        };
+        let g = the_get(&plan);
         let n = g.keys.len();
         assert!(n > 4, "{n} rows");
         // Row 3 (the fourth block, tokens 12..16) fails; every other row succeeds.
@@ -767,9 +771,7 @@ mod tests {
         // A GET planned from an answered QUERY: its rows are the read's references.
         let mut rig = rig(true);
         let plan = get_after_a_full_hit(&mut rig, &prompt(32, 8));
-        let [StorageOp::Get(g)] = &plan.storage[..] else {
-            panic!("{:?}", plan.storage);
-        };
+        let g = the_get(&plan);
         let refs = rig.stm.as_ref().unwrap().ticket(g.op).unwrap().refs.clone();
         let rows: Vec<(u64, usize)> = refs
             .iter()
