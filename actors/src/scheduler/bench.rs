@@ -709,19 +709,20 @@ fn warmed(cfg: &SchedulerBenchConfig, storage: bool, workload: Workload) -> Resu
     // Figures of a scenario that never filled would describe a start-up mix, not the
     // scenario asked for: refused with what it reached.
     if !reached {
+        // What the storage side had still to reach: its held GETs, or (with nothing to do)
+        // its settled tickets.
+        let storage_part = match d.pipeline.stm() {
+            Some(s) if workload == Workload::NothingToDo => {
+                format!(", {} storage tickets outstanding", s.outstanding_tickets())
+            }
+            Some(_) => format!(", {} of {} GETs held", d.owed.gets.len(), cfg.outstanding),
+            None => String::new(),
+        };
         return Err(format!(
-            "the scenario did not reach its steady state in {WARM_UP_ROUNDS} rounds: {} of {} live requests, {finished} of {} finished, {} of {} GETs held{}",
+            "the scenario did not reach its steady state in {WARM_UP_ROUNDS} rounds: {} of {} live requests, {finished} of {} finished{storage_part}",
             d.pipeline.scheduler().live_requests(),
             cfg.waiting,
             cfg.waiting,
-            d.owed.gets.len(),
-            if storage { cfg.outstanding } else { 0 },
-            match d.pipeline.stm() {
-                Some(s) if workload == Workload::NothingToDo => {
-                    format!(", {} storage tickets outstanding", s.outstanding_tickets())
-                }
-                _ => String::new(),
-            }
         ));
     }
     for _ in 0..10 {
