@@ -80,10 +80,6 @@ pub struct StorageTransferManager {
     gate: PressureGate,
     pub(super) backups: BackupQueue,
     negative: NegativeMetadata,
-    /// Pending PUTs per key (lookups only, never iterated).
-    /// Backup keys of in-flight PUTs: (epoch of the newest PUT, PUTs of that epoch). An
-    /// entry of an older epoch covers nothing (a clear bumped the epoch; a page names
-    /// another object in the new namespace).
     /// Payload bytes of the backup PUTs issued and not yet settled
     /// (`StorageConfig::backup_bytes_in_flight` bounds new ones).
     pub(super) backup_bytes_outstanding: u64,

@@ -151,6 +151,42 @@ fn an_ended_deadline_never_fires_for_the_same_requests_later_wait() {
     assert_eq!(m.stats().soft_timeouts, 1);
 }
 
+/// A Ready hold's expiry entry stays queued after the hold ended (here: the client
+/// cancelled it); when it comes due it must not expire the request's later wait.
+#[test]
+fn an_ended_ready_hold_never_expires_the_same_requests_later_wait() {
+    let mut m = StorageTransferManager::new(config()); // ready hold 50 ms
+    let (_lease, get) = to_get(&mut m, 1, 2, 100, MS);
+    m.apply_round(with_done(20 * MS, vec![get_ok(get, 2)]))
+        .unwrap();
+    assert_eq!(m.stats().ready_holds, 1); // expires at 70 ms
+    let fx = m
+        .apply_round(RoundInput {
+            tick_us: 30 * MS,
+            cancellations: vec![RequestId(1)],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(fx.release, vec![HostRef(100), HostRef(101)]);
+    // The request waits again (a QUERY issued at 40 ms: soft deadline 140 ms).
+    m.apply_round(round(40 * MS)).unwrap();
+    let (q, _lease) = m.issue_query(RequestId(1), keys("again-", 2)).unwrap();
+    // 70 ms: the ended hold's expiry comes due; it names no hold any more.
+    let fx = m.apply_round(round(70 * MS)).unwrap();
+    assert!(fx.is_empty(), "{fx:?}");
+    assert!(m.is_waiting(RequestId(1)));
+    assert_eq!(m.stats().ready_expirations, 0);
+    // The later wait is intact: its QUERY's answer still reaches it.
+    let fx = m
+        .apply_round(with_done(
+            80 * MS,
+            vec![StorageDone::query(q.op, vec![true, false], true)],
+        ))
+        .unwrap();
+    assert_eq!(fx.query_results.len(), 1);
+    assert_eq!(fx.query_results[0].request, RequestId(1));
+}
+
 #[test]
 fn soft_deadline_counts_from_query_issue_and_includes_queue_wait() {
     let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms
