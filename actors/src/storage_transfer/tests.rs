@@ -151,6 +151,25 @@ fn an_ended_deadline_never_fires_for_the_same_requests_later_wait() {
     assert_eq!(m.stats().soft_timeouts, 1);
 }
 
+/// The manager's time is the newest agreed tick it applied: an older tick (a round whose
+/// tick lags) neither moves it back nor expires anything again.
+#[test]
+fn the_applied_tick_never_goes_back() {
+    let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms
+    m.apply_round(round(10 * MS)).unwrap();
+    assert_eq!(m.now_us(), 10 * MS);
+    let (_q, _lease) = m.issue_query(RequestId(1), keys("a-", 1)).unwrap();
+    m.apply_round(round(50 * MS)).unwrap();
+    let fx = m.apply_round(round(20 * MS)).unwrap();
+    assert!(fx.is_empty(), "{fx:?}");
+    assert_eq!(m.now_us(), 50 * MS);
+    // The deadline (110 ms) fires once, at its tick, and a lagging tick after it is quiet.
+    let fx = m.apply_round(round(110 * MS)).unwrap();
+    assert_eq!(fx.waits_ended, vec![(RequestId(1), WaitEnd::SoftTimeout)]);
+    assert!(m.apply_round(round(105 * MS)).unwrap().is_empty());
+    assert_eq!((m.now_us(), m.stats().soft_timeouts), (110 * MS, 1));
+}
+
 /// A Ready hold's expiry entry stays queued after the hold ended (here: the client
 /// cancelled it); when it comes due it must not expire the request's later wait.
 #[test]
