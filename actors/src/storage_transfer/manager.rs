@@ -214,8 +214,7 @@ impl StorageTransferManager {
     pub fn attached_waiter(&self, op: OperationId) -> Option<RequestId> {
         self.tickets.get(&op).and_then(|t| t.waiter)
     }
-    /// Whether a request is still waiting on QUERY/GET (not a Ready hold). The scheduler
-    /// uses it to end a wait early when another request's publication satisfies it.
+    /// Whether a request is still waiting on QUERY/GET (not a Ready hold).
     pub fn is_waiting(&self, request: RequestId) -> bool {
         self.waits.get(&request).is_some_and(|w| w.is_waiting())
     }

@@ -170,6 +170,40 @@ fn the_applied_tick_never_goes_back() {
     assert_eq!((m.now_us(), m.stats().soft_timeouts), (110 * MS, 1));
 }
 
+/// The waits the manager reports: requests on a QUERY or a GET, in request order; a Ready
+/// hold and an ended wait are not waiting.
+#[test]
+fn waiting_requests_name_the_waits_in_request_order_and_no_ready_hold() {
+    let mut m = StorageTransferManager::new(config());
+    let (_lease, get) = to_get(&mut m, 7, 1, 70, MS);
+    let (_q3, _lease3) = m.issue_query(RequestId(3), keys("c-", 1)).unwrap();
+    let (_q5, _lease5) = m.issue_query(RequestId(5), keys("e-", 1)).unwrap();
+    assert_eq!(
+        m.waiting_requests(),
+        vec![RequestId(3), RequestId(5), RequestId(7)]
+    );
+    // Request 7's GET publishes: a Ready hold, no longer waiting.
+    m.apply_round(with_done(2 * MS, vec![get_ok(get, 1)]))
+        .unwrap();
+    assert_eq!(m.stats().ready_holds, 1);
+    assert!(!m.is_waiting(RequestId(7)));
+    assert!(m.is_waiting(RequestId(5)));
+    // Request 3 is cancelled: its wait ended.
+    m.apply_round(RoundInput {
+        tick_us: 3 * MS,
+        cancellations: vec![RequestId(3)],
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!m.is_waiting(RequestId(3)));
+    assert!(
+        !m.is_waiting(RequestId(9)),
+        "an unknown request waits on nothing"
+    );
+    assert_eq!(m.waiting_requests(), vec![RequestId(5)]);
+    assert_eq!(m.stats().waiting_requests, 1);
+}
+
 /// A Ready hold's expiry entry stays queued after the hold ended (here: the client
 /// cancelled it); when it comes due it must not expire the request's later wait.
 #[test]
