@@ -871,6 +871,128 @@ mod tests {
         }
     }
 
+    /// `all_valid` against each rule alone: a report of a valid GET of 70 keys (its last key
+    /// missing, a failure a GET may report), then one record breaking a single rule at its
+    /// key 100 of 130 (so the record starts mid-word and the key lies in its second word),
+    /// or breaking none, then a valid GET whose keys all failed. The random records above
+    /// break several rules at once.
+    #[test]
+    fn all_valid_finds_each_rule_broken_alone_in_a_later_record() {
+        let n = 130;
+        let mut first = StorageDone::get(
+            OperationId(1),
+            vec![true; 70],
+            vec![4096; 70],
+            vec![None; 70],
+            true,
+        );
+        first.success[69] = false;
+        first.failures[69] = Some(ObjectFailure::Missing);
+        // After the record under test: a valid GET whose keys all failed (a rule's walk
+        // that ran past its record's keys would find them).
+        let last = StorageDone::get(
+            OperationId(3),
+            vec![false; 10],
+            vec![0; 10],
+            vec![Some(ObjectFailure::Invalid); 10],
+            true,
+        );
+        let query = StorageDone::query(OperationId(2), vec![false; n], true);
+        let get = StorageDone::get(
+            OperationId(2),
+            vec![true; n],
+            vec![9; n],
+            vec![None; n],
+            true,
+        );
+        let put = StorageDone::put(
+            OperationId(2),
+            vec![true; n],
+            vec![9; n],
+            vec![false; n],
+            true,
+        );
+        let rejected =
+            StorageDone::rejected(OperationId(2), StorageOpKind::Get, n, Rejection::Invalid);
+        let broken = |base: &StorageDone, f: &dyn Fn(&mut StorageDone)| {
+            let mut d = base.clone();
+            f(&mut d);
+            d
+        };
+        let k = 100;
+        let cases: Vec<(&str, StorageDone)> = vec![
+            ("a valid query", query.clone()),
+            ("a valid get", get.clone()),
+            ("a valid put", put.clone()),
+            ("a valid rejection", rejected.clone()),
+            (
+                "success and missing",
+                broken(&get, &|d| d.failures[k] = Some(ObjectFailure::Missing)),
+            ),
+            (
+                "success and invalid",
+                broken(&get, &|d| d.failures[k] = Some(ObjectFailure::Invalid)),
+            ),
+            (
+                "success and capacity",
+                broken(&put, &|d| d.capacity[k] = true),
+            ),
+            (
+                "a query's failure",
+                broken(&query, &|d| d.failures[k] = Some(ObjectFailure::Missing)),
+            ),
+            (
+                "a put's failure",
+                broken(&put, &|d| {
+                    d.success[k] = false;
+                    d.failures[k] = Some(ObjectFailure::Invalid);
+                }),
+            ),
+            (
+                "a get's capacity",
+                broken(&get, &|d| {
+                    d.success[k] = false;
+                    d.capacity[k] = true;
+                }),
+            ),
+            ("a query's bytes", broken(&query, &|d| d.bytes[k] = 1)),
+            ("a get's new writes", broken(&get, &|d| d.new_writes = 1)),
+            (
+                "more new writes than keys",
+                broken(&put, &|d| d.new_writes = n as u32 + 1),
+            ),
+            (
+                "an unretired rejection",
+                broken(&rejected, &|d| d.retired = false),
+            ),
+            (
+                "a rejection's success",
+                broken(&rejected, &|d| d.success[k] = true),
+            ),
+            (
+                "a rejection's failure",
+                broken(&rejected, &|d| d.failures[k] = Some(ObjectFailure::Missing)),
+            ),
+        ];
+        for (what, d) in cases {
+            let valid = d.validate().is_ok();
+            assert_eq!(
+                valid,
+                what.starts_with("a valid"),
+                "{what}: {:?}",
+                d.validate()
+            );
+            let c = CompletionColumns::from_records(&[first.clone(), d, last.clone()]).unwrap();
+            assert_eq!(c.all_valid(), valid, "{what}");
+            assert_eq!(
+                c.get(1).map(|v| v.validate().is_ok()),
+                Some(valid),
+                "{what}"
+            );
+            assert!(c.get(3).is_none());
+        }
+    }
+
     #[test]
     fn a_report_of_many_records_is_compact() {
         let recs: Vec<StorageDone> = (0..1000u64)
@@ -899,10 +1021,22 @@ mod tests {
 
     #[test]
     fn records_with_unequal_masks_have_no_columns() {
-        let mut d = StorageDone::get(OperationId(2), vec![true], vec![1], vec![None], true);
-        d.bytes.push(3);
-        let e = CompletionColumns::from_records(&[d]).unwrap_err();
-        assert!(e.message.contains("differ in length"), "{e}");
+        let d = StorageDone::get(OperationId(2), vec![true], vec![1], vec![None], true);
+        // Each of the other masks one entry longer or shorter than the success mask, alone.
+        let longer: [&dyn Fn(&mut StorageDone); 3] =
+            [&|d| d.bytes.push(3), &|d| d.failures.push(None), &|d| {
+                d.capacity.push(false)
+            }];
+        let shorter: [&dyn Fn(&mut StorageDone); 3] =
+            [&|d| d.bytes.clear(), &|d| d.failures.clear(), &|d| {
+                d.capacity.clear()
+            }];
+        for (i, f) in longer.iter().chain(&shorter).enumerate() {
+            let mut bad = d.clone();
+            f(&mut bad);
+            let e = CompletionColumns::from_records(&[d.clone(), bad]).unwrap_err();
+            assert!(e.message.contains("differ in length"), "case {i}: {e}");
+        }
     }
 
     fn one(d: StorageDone) -> Vec<u8> {
@@ -934,6 +1068,8 @@ mod tests {
         bad(&|b| b[4] = 1, "sum to 1, not 2");
         bad(&|b| b[1] = 120, "cannot fit");
         bad(&|b| b[0] = 120, "cannot fit");
+        // 100 records of at least 3 bytes each cannot fit in the 39 bytes left.
+        bad(&|b| b[0] = 100, "cannot fit");
         bad(&|b| b.push(0), "after the last column");
         bad(&|b| b[6] |= 0b100, "success bits past the keys");
         // Key 1 missing (missing mask at 14) and invalid (invalid mask at 22).
@@ -990,6 +1126,56 @@ mod tests {
         assert!(CompletionColumns::from_wire(&[0xff; 11])
             .unwrap_err()
             .contains("overflows"));
+        // A tenth byte above 1 sets bits past the 64th.
+        let mut over = vec![0xff; 9];
+        over.push(0x02);
+        assert!(CompletionColumns::from_wire(&over)
+            .unwrap_err()
+            .contains("overflows"));
+    }
+
+    /// The column accessors agreement reads (it compares and reduces the columns of every
+    /// rank's report without a record view).
+    #[test]
+    fn the_columns_read_as_their_layout_says() {
+        let get = StorageDone::get(
+            OperationId(7),
+            vec![true, false],
+            vec![4096, 0],
+            vec![None, Some(ObjectFailure::Invalid)],
+            true,
+        );
+        let mut put = StorageDone::put(OperationId(5), vec![false], vec![0], vec![true], false);
+        put.error = Some("full".into());
+        let c = CompletionColumns::from_records(&[get, put]).unwrap();
+        assert_eq!(c.op_ids(), &[7, 5]);
+        assert_eq!(c.kinds_and_flags(), &[1 | RETIRED, 2 | ERRORED]);
+        assert_eq!(c.key_ends(), &[2, 3]);
+        assert_eq!(c.mask_words(), [&[0b001][..], &[0], &[0b010], &[0b100]]);
+        assert_eq!(c.all_bytes(), &[4096, 0, 0]);
+        assert_eq!((c.len(), c.total_keys()), (2, 3));
+        assert_eq!(c.get(1).map(|v| v.op()), Some(OperationId(5)));
+    }
+
+    /// The smallest blocks: no record, and records with no key, whose counts exactly fill
+    /// the bytes left (3 per record, after the key and error-byte counts).
+    #[test]
+    fn the_smallest_blocks_decode() {
+        let empty = CompletionColumns::from_records(&[]).unwrap();
+        assert!(empty.is_empty());
+        assert_eq!(empty.to_wire(), vec![0, 0, 0]);
+        assert_eq!(CompletionColumns::from_wire(&[0, 0, 0]).unwrap(), empty);
+        for n in 1..4u64 {
+            let recs: Vec<StorageDone> = (0..n)
+                .map(|i| StorageDone::query(OperationId(i), vec![], true))
+                .collect();
+            let c = CompletionColumns::from_records(&recs).unwrap();
+            assert!(!c.is_empty());
+            let wire = c.to_wire();
+            assert_eq!(wire.len() as u64, 3 + 3 * n);
+            let back = CompletionColumns::from_wire(&wire).unwrap();
+            assert_eq!(back.to_records(), recs);
+        }
     }
 
     proptest::proptest! {

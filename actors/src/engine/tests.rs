@@ -389,6 +389,11 @@ fn a_clear_with_a_backup_in_flight_proceeds_and_frees_the_source_at_retirement()
         std::thread::yield_now();
     }
     assert!(gate.entered() >= 1, "a PUT is in flight");
+    // The round's work tells the event loop (idle pause, the reset's idle wait) that
+    // storage is not idle while the PUT is held.
+    let agreed = agree_single(e.head_now(), vec![], vec![]).unwrap();
+    let work = e.run_round_now(agreed).unwrap();
+    assert!(work.storage_pending && !work.storage_idle(), "{work:?}");
     let capacity: u64 = e
         .scheduler()
         .layout()
@@ -422,6 +427,9 @@ fn a_clear_with_a_backup_in_flight_proceeds_and_frees_the_source_at_retirement()
     }
     assert_eq!(e.stm().unwrap().stats().outstanding_tickets, 0);
     assert_eq!(available(&e), capacity, "retirement freed the source");
+    let agreed = agree_single(e.head_now(), vec![], vec![]).unwrap();
+    let work = e.run_round_now(agreed).unwrap();
+    assert!(!work.storage_pending, "{work:?}");
     // Local caches are empty after the clear: the prompt is served without local hits.
     let again = serve(&mut e, 2, &p, 2);
     assert_eq!(

@@ -727,6 +727,10 @@ fn partial_results_publish_only_fully_succeeded_rows() {
     assert_eq!(fx.release, vec![HostRef(11)]);
     assert_eq!(fx.negative, vec![key("r1-1")]);
     assert!(m.is_negative(&key("r1-1")));
+    assert!(
+        !m.is_negative(&key("r1-0")),
+        "a key read whole is no negative fact"
+    );
     assert_eq!(
         m.stats().host_credits_in_use,
         2,
