@@ -982,13 +982,11 @@ mod tests {
                 "{what}: {:?}",
                 d.validate()
             );
-            let c = CompletionColumns::from_records(&[first.clone(), d, last.clone()]).unwrap();
+            let c =
+                CompletionColumns::from_records(&[first.clone(), d.clone(), last.clone()]).unwrap();
             assert_eq!(c.all_valid(), valid, "{what}");
-            assert_eq!(
-                c.get(1).map(|v| v.validate().is_ok()),
-                Some(valid),
-                "{what}"
-            );
+            // The record's view finds the same first fault, naming the same key.
+            assert_eq!(c.get(1).map(|v| v.validate()), Some(d.validate()), "{what}");
             assert!(c.get(3).is_none());
         }
     }
@@ -1126,6 +1124,27 @@ mod tests {
         assert!(CompletionColumns::from_wire(&[0xff; 11])
             .unwrap_err()
             .contains("overflows"));
+        // A key both missing and invalid is named within its record, in the second mask
+        // word and above another failed key of that word: GET op 3 of 70 keys, key 0
+        // missing, key 65 invalid, key 66 missing. Block: n, K, E, op delta, key count,
+        // head (6 bytes), then four masks of two words: invalid's second word at 46.
+        let mut wide = StorageDone::get(
+            OperationId(3),
+            vec![false; 70],
+            vec![0; 70],
+            vec![None; 70],
+            true,
+        );
+        wide.failures[0] = Some(ObjectFailure::Missing);
+        wide.failures[65] = Some(ObjectFailure::Invalid);
+        wide.failures[66] = Some(ObjectFailure::Missing);
+        let mut b = one(wide);
+        assert_eq!(&b[..6], &[1, 70, 0, 6, 70, 0b101]);
+        assert_eq!(b[46], 0b10, "key 65 invalid");
+        b[46] |= 0b100;
+        assert!(CompletionColumns::from_wire(&b)
+            .unwrap_err()
+            .contains("op3: key 66 is both missing and invalid"));
         // A tenth byte above 1 sets bits past the 64th.
         let mut over = vec![0xff; 9];
         over.push(0x02);
@@ -1147,13 +1166,22 @@ mod tests {
         );
         let mut put = StorageDone::put(OperationId(5), vec![false], vec![0], vec![true], false);
         put.error = Some("full".into());
-        let c = CompletionColumns::from_records(&[get, put]).unwrap();
-        assert_eq!(c.op_ids(), &[7, 5]);
-        assert_eq!(c.kinds_and_flags(), &[1 | RETIRED, 2 | ERRORED]);
-        assert_eq!(c.key_ends(), &[2, 3]);
+        let c = CompletionColumns::from_records(&[
+            get,
+            put,
+            StorageDone::query(OperationId(9), vec![], true),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.iter().map(|v| v.is_empty()).collect::<Vec<_>>(),
+            [false, false, true]
+        );
+        assert_eq!(c.op_ids(), &[7, 5, 9]);
+        assert_eq!(c.kinds_and_flags(), &[1 | RETIRED, 2 | ERRORED, RETIRED]);
+        assert_eq!(c.key_ends(), &[2, 3, 3]);
         assert_eq!(c.mask_words(), [&[0b001][..], &[0], &[0b010], &[0b100]]);
         assert_eq!(c.all_bytes(), &[4096, 0, 0]);
-        assert_eq!((c.len(), c.total_keys()), (2, 3));
+        assert_eq!((c.len(), c.total_keys()), (3, 3));
         assert_eq!(c.get(1).map(|v| v.op()), Some(OperationId(5)));
     }
 
