@@ -257,7 +257,6 @@ impl StorageTransferManager {
     pub fn credits(&self) -> &Credits {
         &self.credits
     }
-    /// Host credits not in use (what a reservation may take).
     /// The refusal any QUERY would get now for want of credits (operation or Host), with
     /// the gates open: the planner skips planning such a QUERY. None when the credits
     /// admit one, or when a gate decides instead (quarantine, pressure: those refusals are
@@ -270,6 +269,7 @@ impl StorageTransferManager {
         }
     }
 
+    /// Host credits not in use (what a reservation may take).
     pub fn host_credits_left(&self) -> u32 {
         self.credits
             .host_total()

@@ -534,6 +534,36 @@ fn a_closing_gate_ends_the_query_waits_in_request_order() {
     assert_eq!(ops.len(), ids.len());
 }
 
+/// `query_credits_refusal` names the credits only while the gates are open: with the gate
+/// closed the pressure refusal decides (and is counted where a planned QUERY meets it),
+/// even while the detached QUERYs still hold every operation credit.
+#[test]
+fn exhausted_credits_refuse_a_query_only_while_the_gate_is_open() {
+    let mut m = StorageTransferManager::new(config()); // high 10 jobs, low 5
+    assert_eq!(m.query_credits_refusal(), None);
+    let mut r = 0;
+    while m
+        .issue_query(RequestId(r), keys(&format!("q{r}-"), 1))
+        .is_ok()
+    {
+        r += 1;
+        assert!(r < 10_000, "the operation credits never ran out");
+    }
+    assert_eq!(m.query_credits_refusal(), Some(Refusal::OperationCredits));
+    m.apply_round(RoundInput {
+        tick_us: MS,
+        pressure: pressure(10),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(m.gate_closed());
+    assert!(
+        m.stats().operation_credits_in_use > 0,
+        "held until retirement"
+    );
+    assert_eq!(m.query_credits_refusal(), None);
+}
+
 #[test]
 fn gate_hysteresis_detaches_queries_and_keeps_gets() {
     let mut m = StorageTransferManager::new(config()); // high 10 jobs, low 5
