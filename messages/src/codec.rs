@@ -148,6 +148,34 @@ mod tests {
         );
     }
 
+    /// A peer of another version whose body this version cannot read at all is still
+    /// refused for its version (not as malformed), so the operator sees the real cause.
+    #[test]
+    fn another_version_with_an_unreadable_body_is_refused_for_its_version() {
+        let bytes = rmp_serde::to_vec_named(&EnvelopeRef {
+            v: FORMAT_VERSION + 1,
+            body: &"a body of another shape",
+        })
+        .unwrap();
+        assert_eq!(
+            decode::<StorageDone>(&bytes),
+            Err(CodecError::Version {
+                found: FORMAT_VERSION + 1,
+                expected: FORMAT_VERSION
+            })
+        );
+        // The same unreadable body at this version is malformed.
+        let bytes = rmp_serde::to_vec_named(&EnvelopeRef {
+            v: FORMAT_VERSION,
+            body: &"a body of another shape",
+        })
+        .unwrap();
+        assert!(matches!(
+            decode::<StorageDone>(&bytes),
+            Err(CodecError::Malformed(_))
+        ));
+    }
+
     #[test]
     fn truncated_and_garbage_input_is_an_error() {
         let done = StorageDone::query(OperationId(1), vec![true; 8], true);

@@ -630,5 +630,87 @@ mod tests {
     fn host_ranges_overlap() {
         assert!(HostRange::new(0, 10).overlaps(&HostRange::new(9, 1)));
         assert!(!HostRange::new(0, 10).overlaps(&HostRange::new(10, 1)));
+        // Adjacent either way round: no overlap.
+        assert!(!HostRange::new(10, 1).overlaps(&HostRange::new(0, 10)));
+        assert!(HostRange::new(9, 1).overlaps(&HostRange::new(0, 10)));
+    }
+
+    /// What the executor reads of each command: its request, kind, keys and payload, and
+    /// the structural check for every kind.
+    #[test]
+    fn each_command_names_its_request_kind_keys_and_payload() {
+        let keys = vec![StorageKey::new("a"), StorageKey::new("b")];
+        let ranges = vec![HostRange::new(0, 4096), HostRange::new(8192, 100)];
+        let query = StorageOp::Query(StorageQueryOp {
+            op: op(),
+            request: Some(RequestId(5)),
+            keys: keys.clone(),
+        });
+        let get = StorageOp::Get(StorageGetOp {
+            op: op(),
+            request: Some(RequestId(6)),
+            keys: keys.clone(),
+            destinations: ranges.clone(),
+        });
+        let put = StorageOp::Put(StoragePutOp {
+            op: op(),
+            keys: keys.clone(),
+            sources: ranges.clone(),
+        });
+        let cancel = StorageOp::Cancel(StorageCancelOp { op: op() });
+        let seen: Vec<_> = [&query, &get, &put, &cancel]
+            .iter()
+            .map(|o| (o.request(), o.kind(), o.keys().len(), o.payload_bytes()))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (Some(RequestId(5)), Some(StorageOpKind::Query), 2, 0),
+                (Some(RequestId(6)), Some(StorageOpKind::Get), 2, 4196),
+                (None, Some(StorageOpKind::Put), 2, 4196),
+                (None, None, 0, 0),
+            ]
+        );
+        assert_eq!(get.keys(), &keys[..]);
+        for o in [&query, &get, &put, &cancel] {
+            assert_eq!(o.validate(), Ok(()), "{o:?}");
+        }
+        // A PUT is checked like a GET: one non-empty range per key.
+        let short = StorageOp::Put(StoragePutOp {
+            op: op(),
+            keys: keys.clone(),
+            sources: ranges[..1].to_vec(),
+        });
+        assert!(short
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("2 keys but 1 Host ranges"));
+        let empty = StorageOp::Put(StoragePutOp {
+            op: op(),
+            keys,
+            sources: vec![HostRange::new(0, 4096), HostRange::new(4096, 0)],
+        });
+        assert!(empty
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("empty Host range"));
+    }
+
+    #[test]
+    fn rejections_have_distinct_names() {
+        let names: Vec<&str> = super::REJECTIONS.iter().map(|r| r.as_str()).collect();
+        let mut distinct = names.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert!(
+            names
+                .iter()
+                .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c == '_')),
+            "{names:?}"
+        );
+        assert_eq!(Rejection::QueueFull.as_str(), "queue_full");
     }
 }
