@@ -126,6 +126,14 @@ mod tests {
             decode::<StorageDone>(&bytes),
             Err(CodecError::Malformed(m)) if m.contains("do not match")
         ));
+        // The masks match the keys but one byte count is missing.
+        let mut w = WireDone::from(done.clone());
+        w.4.pop();
+        let bytes = encode(&w).unwrap();
+        assert!(matches!(
+            decode::<StorageDone>(&bytes),
+            Err(CodecError::Malformed(m)) if m.contains("do not match")
+        ));
         let mut w = WireDone::from(done.clone());
         w.5 = vec![1];
         w.6 = vec![1]; // key 0 both missing and invalid

@@ -560,10 +560,39 @@ mod tests {
 
     #[test]
     fn unequal_masks_are_rejected() {
-        let mut d = StorageDone::get(op(), vec![true, true], vec![1, 1], vec![None, None], true);
-        d.bytes.pop();
-        let e = d.validate().unwrap_err();
-        assert!(e.message.contains("differ in length"), "{e}");
+        let d = StorageDone::get(op(), vec![true, true], vec![1, 1], vec![None, None], true);
+        // Each of the other masks one entry short, alone.
+        let cuts: [&dyn Fn(&mut StorageDone); 3] = [
+            &|d| d.bytes.truncate(1),
+            &|d| d.failures.truncate(1),
+            &|d| d.capacity.truncate(1),
+        ];
+        for (i, cut) in cuts.iter().enumerate() {
+            let mut bad = d.clone();
+            cut(&mut bad);
+            let e = bad.validate().unwrap_err();
+            assert!(e.message.contains("differ in length"), "case {i}: {e}");
+        }
+    }
+
+    /// Fully succeeded: retired, neither rejected nor failed as a whole, every key a success.
+    #[test]
+    fn fully_succeeded_needs_every_key_retirement_and_no_error() {
+        let ok = StorageDone::get(op(), vec![true, true], vec![1, 1], vec![None, None], true);
+        assert!(ok.fully_succeeded());
+        assert!(!ok.is_empty());
+        let spoiled: [&dyn Fn(&mut StorageDone); 4] = [
+            &|d| d.retired = false,
+            &|d| d.rejection = Some(Rejection::QueueFull),
+            &|d| d.error = Some("backend exception".into()),
+            &|d| d.success[1] = false,
+        ];
+        for (i, spoil) in spoiled.iter().enumerate() {
+            let mut d = ok.clone();
+            spoil(&mut d);
+            assert!(!d.fully_succeeded(), "case {i}: {d:?}");
+        }
+        assert!(StorageDone::query(op(), vec![], true).is_empty());
     }
 
     #[test]

@@ -284,6 +284,18 @@ mod tests {
     use crate::{decode, encode, OperationId};
 
     #[test]
+    fn only_a_local_reset_waits_for_idle_storage() {
+        assert!(AdminCommand::ResetLocal { host: true }.waits_for_idle_storage());
+        assert!(AdminCommand::ResetLocal { host: false }.waits_for_idle_storage());
+        assert!(!AdminCommand::ClearCache.waits_for_idle_storage());
+        let update = AdminCommand::SetWeightVersion {
+            target: 2,
+            draft: None,
+        };
+        assert!(!update.waits_for_idle_storage());
+    }
+
+    #[test]
     fn report_round_trips_through_the_codec() {
         let mut r = RoundReport::idle(1, 9, 1234);
         r.completions
