@@ -297,6 +297,23 @@ fn ready_hold_expires_at_tick_and_counts_separately() {
     assert_eq!(s.operation_credits_in_use, 0);
 }
 
+/// A Ready hold made just before its request's soft deadline outlives the deadline
+/// queue's entries: it still expires on time with no deadline left queued.
+#[test]
+fn a_ready_hold_expires_when_no_soft_deadline_is_queued() {
+    let mut m = StorageTransferManager::new(config()); // soft deadline 100 ms, hold 50 ms
+    let (_lease, get) = to_get(&mut m, 1, 1, 10, 0);
+    m.apply_round(with_done(99 * MS, vec![get_ok(get, 1)]))
+        .unwrap();
+    assert_eq!(m.stats().ready_holds, 1); // expires at 149 ms
+                                          // 100 ms: the QUERY's deadline entry comes due and names no wait any more.
+    assert!(m.apply_round(round(100 * MS)).unwrap().is_empty());
+    let fx = m.apply_round(round(149 * MS)).unwrap();
+    assert_eq!(fx.ready_expired, vec![RequestId(1)]);
+    assert_eq!(fx.release, vec![HostRef(10)]);
+    assert_eq!(m.stats().ready_expirations, 1);
+}
+
 #[test]
 fn cancellation_in_each_state() {
     let mut m = StorageTransferManager::new(config());
