@@ -483,20 +483,14 @@ impl StorageTransferManager {
         }
     }
 
+    /// Client cancellation (from `RoundInput::cancellations`): detaches the request; native
+    /// I/O references stay with the ticket until retirement.
     pub(super) fn cancel_into(&mut self, request: RequestId, fx: &mut RoundEffects) {
         match self.waits.get(&request).map(|w| w.phase) {
             Some(WaitPhase::Ready { .. }) => self.end_ready(request, fx),
             Some(_) => self.end_wait(request, WaitEnd::Detached, fx),
             None => {}
         }
-    }
-
-    /// Client cancellation (also applied from `RoundInput::cancellations`): detaches the
-    /// request; native I/O references stay with the ticket until retirement.
-    pub fn cancel(&mut self, request: RequestId) -> RoundEffects {
-        let mut fx = RoundEffects::default();
-        self.cancel_into(request, &mut fx);
-        fx
     }
 
     /// Hand back a lease: whatever ended the request's state (admission after acquiring
