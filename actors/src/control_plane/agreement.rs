@@ -1176,6 +1176,41 @@ mod equivalence {
         }
     }
 
+    /// Records with no columnar form (per-key masks of unequal length) from two ranks, the
+    /// later rank's at the lower operation: the error names the first in operation order,
+    /// as the record agreement does, whichever rank gathered first.
+    #[test]
+    fn the_first_unencodable_record_in_operation_order_is_the_one_named() {
+        let q = |n| StorageDone::query(OperationId(n), vec![true], true);
+        let unequal = |n| {
+            let mut d = q(n);
+            d.bytes.push(1);
+            d
+        };
+        for ranks in [[0u32, 1], [1, 0]] {
+            let reports: Vec<RoundReport> = ranks
+                .iter()
+                .map(|&rank| {
+                    let mut r = RoundReport::idle(rank, 0, 1);
+                    r.completions = if rank == 0 {
+                        vec![q(1), unequal(5)]
+                    } else {
+                        vec![unequal(3), q(1)]
+                    };
+                    r
+                })
+                .collect();
+            let want = ReferenceAgreement::new(2).agree(reports.clone());
+            let got = Agreement::new(2).agree(reports);
+            assert_eq!(got, want);
+            let e = got.unwrap_err().to_string();
+            assert!(
+                e.contains("rank 1 sent an invalid record: protocol error on op3"),
+                "{e}"
+            );
+        }
+    }
+
     #[test]
     fn the_scenarios_take_both_the_column_and_the_record_path() {
         let (mut aligned, mut by_record) = (0, 0);
