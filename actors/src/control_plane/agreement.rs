@@ -1211,6 +1211,36 @@ mod equivalence {
         }
     }
 
+    /// An invalid record ahead of an unencodable one of the same rank and operation is
+    /// the first fault (report order within a rank), so its error is the one named.
+    #[test]
+    fn an_invalid_record_before_an_unencodable_one_of_its_rank_is_named_first() {
+        let mut invalid = StorageDone::query(OperationId(3), vec![false], true);
+        invalid.failures[0] = Some(ObjectFailure::Missing);
+        let mut unequal = StorageDone::query(OperationId(3), vec![true], true);
+        unequal.bytes.push(1);
+        let mut r0 = RoundReport::idle(0, 0, 1);
+        r0.completions = vec![invalid, unequal];
+        let reports = vec![r0, RoundReport::idle(1, 0, 1)];
+        let want = ReferenceAgreement::new(2).agree(reports.clone());
+        let got = Agreement::new(2).agree(reports);
+        assert_eq!(got, want);
+        let e = got.unwrap_err().to_string();
+        assert!(e.contains("query cannot report read failures"), "{e}");
+    }
+
+    /// A world of two gathers one report per rank: a second report from a rank, or one
+    /// from outside the world, is a protocol error.
+    #[test]
+    fn a_rank_reports_once_and_only_inside_the_world() {
+        let twice = vec![RoundReport::idle(0, 0, 1), RoundReport::idle(0, 0, 1)];
+        let e = Agreement::new(2).agree(twice).unwrap_err().to_string();
+        assert!(e.contains("two reports from rank 0"), "{e}");
+        let outside = vec![RoundReport::idle(0, 0, 1), RoundReport::idle(5, 0, 1)];
+        let e = Agreement::new(2).agree(outside).unwrap_err().to_string();
+        assert!(e.contains("report from rank 5 outside the world"), "{e}");
+    }
+
     #[test]
     fn the_scenarios_take_both_the_column_and_the_record_path() {
         let (mut aligned, mut by_record) = (0, 0);

@@ -314,6 +314,48 @@ fn a_ready_hold_expires_when_no_soft_deadline_is_queued() {
     assert_eq!(m.stats().ready_expirations, 1);
 }
 
+/// Agreed completions are checked before any is applied: a completion of an unknown
+/// operation, a second completion of a GET whose Ready hold is still held, one of the
+/// wrong kind or with the wrong number of keys, or two of one operation in a round is a
+/// protocol error that changes nothing.
+#[test]
+fn a_completion_the_manager_cannot_apply_is_a_protocol_error_that_changes_nothing() {
+    let mut m = StorageTransferManager::new(config());
+    let (_lease, get) = to_get(&mut m, 1, 2, 10, MS);
+    let (_lease2, other) = to_get(&mut m, 2, 1, 20, MS);
+    m.apply_round(with_done(2 * MS, vec![get_ok(get, 2)]))
+        .unwrap();
+    assert_eq!(m.stats().ready_holds, 1);
+    let before = m.stats();
+    let cases: Vec<(Vec<StorageDone>, &str)> = vec![
+        (
+            vec![get_ok(OperationId(999), 1)],
+            "completion of an unknown operation",
+        ),
+        (vec![get_ok(get, 2)], "operation already completed"),
+        (
+            vec![StorageDone::query(other, vec![true], true)],
+            "query completion for a get operation",
+        ),
+        (vec![get_ok(other, 3)], "3 key results for 1 keys"),
+        (
+            vec![get_ok(other, 1), get_ok(other, 1)],
+            "completed twice in one round",
+        ),
+    ];
+    for (done, needle) in cases {
+        let e = m.apply_round(with_done(3 * MS, done)).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e} lacks {needle}");
+        assert_eq!(m.stats(), before, "{needle}: the round changed the manager");
+    }
+    // The held GET's Ready hold and the outstanding one are intact.
+    assert_eq!(m.ready_refs(RequestId(1)), vec![HostRef(10), HostRef(11)]);
+    let fx = m
+        .apply_round(with_done(4 * MS, vec![get_ok(other, 1)]))
+        .unwrap();
+    assert_eq!(fx.waits_ended, vec![(RequestId(2), WaitEnd::Completed)]);
+}
+
 #[test]
 fn cancellation_in_each_state() {
     let mut m = StorageTransferManager::new(config());
