@@ -1182,6 +1182,32 @@ fn capacity_reoffer_while_closed_is_a_pressure_drop() {
     assert_eq!(m.queued_candidates(), 0);
 }
 
+/// Only a row the store refused for capacity goes back to the queue: a row that failed
+/// otherwise is dropped (the next D2H of the block offers it again), a landed row is
+/// backed up.
+#[test]
+fn a_put_row_that_failed_without_a_capacity_rejection_is_not_offered_again() {
+    let mut m = StorageTransferManager::new(config());
+    m.offer_backup(key("a"), HostRef(1));
+    m.offer_backup(key("b"), HostRef(2));
+    m.offer_backup(key("c"), HostRef(3));
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
+    assert_eq!(put.keys.len(), 3);
+    let mut done = StorageDone::put(
+        put.op,
+        vec![true, false, false],
+        vec![16, 0, 0],
+        vec![false, false, true],
+        true,
+    );
+    done.new_writes = 1;
+    let fx = m.apply_round(with_done(MS, vec![done])).unwrap();
+    assert_eq!(fx.backed_up.len(), 1);
+    assert_eq!(fx.reoffer.len(), 1, "only the capacity-refused row: {fx:?}");
+    assert_eq!(fx.reoffer[0].host, HostRef(3));
+    assert_eq!(m.queued_candidates(), 1);
+}
+
 #[test]
 fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff() {
     use super::manager::{CAPACITY_BACKOFF_MAX_US, CAPACITY_BACKOFF_MIN_US};
@@ -1218,6 +1244,19 @@ fn a_capacity_rejection_backs_off_backups_and_a_landed_write_resets_the_backoff(
         assert!(m.capacity_retry_at_us() - t <= CAPACITY_BACKOFF_MAX_US);
     }
     assert_eq!(m.capacity_retry_at_us() - t, CAPACITY_BACKOFF_MAX_US);
+    // A PUT whose keys the store already held (no new write) proves no space was freed:
+    // the backoff stays at its maximum.
+    let t = m.capacity_retry_at_us();
+    m.apply_round(with_done(t, vec![])).unwrap();
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
+    let already_held = StorageDone::put(put.op, vec![true], vec![16], vec![false], true);
+    assert_eq!(already_held.new_writes, 0);
+    m.apply_round(with_done(t, vec![already_held])).unwrap();
+    m.offer_backup(key("c"), HostRef(3));
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
+    m.apply_round(with_done(t + 5, vec![rejected(put.op)]))
+        .unwrap();
+    assert_eq!(m.capacity_retry_at_us(), t + 5 + CAPACITY_BACKOFF_MAX_US);
     // A write that lands resets the backoff: the next rejection waits the minimum again.
     let t = m.capacity_retry_at_us();
     m.apply_round(with_done(t, vec![])).unwrap();
