@@ -1182,6 +1182,25 @@ fn capacity_reoffer_while_closed_is_a_pressure_drop() {
     assert_eq!(m.queued_candidates(), 0);
 }
 
+/// A clear cancels every operation still in flight, a backup PUT (no waiter) included,
+/// and none that already completed (a Ready hold's GET just settles).
+#[test]
+fn a_clear_cancels_the_operations_in_flight_and_no_completed_one() {
+    let mut m = StorageTransferManager::new(config());
+    let (_lease, held) = to_get(&mut m, 1, 1, 10, MS);
+    m.apply_round(with_done(2 * MS, vec![get_ok(held, 1)]))
+        .unwrap();
+    assert_eq!(m.stats().ready_holds, 1);
+    let (_lease2, reading) = to_get(&mut m, 2, 1, 20, 3 * MS);
+    m.offer_backup(key("p"), HostRef(30));
+    let put = one_put(dispatch(&mut m, 0, &mut residency_all));
+    let fx = m.clear(ClearKind::FullClear, Some(Ok(()))).unwrap();
+    let mut cancelled: Vec<OperationId> = fx.cancels.iter().map(|c| c.op).collect();
+    cancelled.sort_unstable();
+    assert_eq!(cancelled, vec![reading, put.op]);
+    assert!(fx.settled.contains(&held), "{fx:?}");
+}
+
 /// Only a row the store refused for capacity goes back to the queue: a row that failed
 /// otherwise is dropped (the next D2H of the block offers it again), a landed row is
 /// backed up.
