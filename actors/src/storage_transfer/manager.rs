@@ -107,7 +107,6 @@ pub struct StorageTransferManager {
     /// `capacity_retry_at_us` after the store rejected keys for lack of space.
     capacity_retry_at_us: u64,
     capacity_backoff_us: u64,
-    capacity_backoffs: u64,
 }
 
 /// Whether a soft-deadline entry (`due`, `request`) is still the request's: it waits on a
@@ -163,7 +162,6 @@ impl StorageTransferManager {
             pressure_bypasses: 0,
             capacity_retry_at_us: 0,
             capacity_backoff_us: 0,
-            capacity_backoffs: 0,
         }
     }
 
@@ -644,7 +642,6 @@ impl StorageTransferManager {
                     self.capacity_backoff_us = (self.capacity_backoff_us * 2)
                         .clamp(CAPACITY_BACKOFF_MIN_US, CAPACITY_BACKOFF_MAX_US);
                     self.capacity_retry_at_us = self.now_us + self.capacity_backoff_us;
-                    self.capacity_backoffs += 1;
                 } else if done.new_writes > 0 {
                     self.capacity_backoff_us = 0;
                 }
