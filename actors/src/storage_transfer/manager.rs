@@ -481,8 +481,9 @@ impl StorageTransferManager {
         }
     }
 
-    /// Client cancellation (from `RoundInput::cancellations`): detaches the request; native
-    /// I/O references stay with the ticket until retirement.
+    /// Ends a request's wait (detached) or its Ready hold: a client cancellation (from
+    /// `RoundInput::cancellations`) or a clear (`reject_outstanding`). Native I/O references
+    /// stay with the ticket until retirement.
     pub(super) fn cancel_into(&mut self, request: RequestId, fx: &mut RoundEffects) {
         match self.waits.get(&request).map(|w| w.phase) {
             Some(WaitPhase::Ready { .. }) => self.end_ready(request, fx),
