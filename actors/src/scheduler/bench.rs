@@ -1202,8 +1202,9 @@ mod tests {
                 panic!("storage {storage}: warmed up");
             };
             assert!(
-                e.starts_with("the scenario did not reach its steady state in 20000 rounds:")
-                    && e.contains("0 of 200 finished"),
+                e.starts_with(&format!(
+                    "the scenario did not reach its steady state in {WARM_UP_ROUNDS} rounds:"
+                )) && e.contains("0 of 200 finished"),
                 "{e}"
             );
         }
