@@ -622,6 +622,26 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
 }
 
 #[test]
+fn a_backup_put_whose_pages_reach_a_quarter_of_the_bound_exactly_takes_no_further_key() {
+    // 512 bytes in flight: a PUT carries up to a quarter, 128. Two 64-byte pages land on
+    // it exactly, so the PUT is full there: the third page starts the next PUT.
+    let cfg = StorageConfig {
+        backup_bytes_in_flight: 512,
+        ..config()
+    };
+    let mut m = StorageTransferManager::new(cfg);
+    m.offer_backups((0..4).map(|i| cand(&format!("c{i}"), 10 + i)));
+    begin(&mut m, input(0, 0, vec![]));
+    let puts =
+        m.plan_backups_keyed(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
+    assert_eq!(puts.len(), 2);
+    let ops = m.end_plan(vec![]);
+    assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("c0"), key("c1")]));
+    assert!(matches!(&ops[1], StorageOp::Put(p) if p.keys == vec![key("c2"), key("c3")]));
+    assert_eq!(m.queued_candidates(), 0);
+}
+
+#[test]
 fn one_backup_page_larger_than_the_bound_still_goes_alone() {
     let cfg = StorageConfig {
         backup_bytes_in_flight: 16,
