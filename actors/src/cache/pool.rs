@@ -380,12 +380,12 @@ impl<T: Tier> BlockPool<T> {
             .fold(0u64, |a, b| a.saturating_add(b))
     }
 
-    /// Whether a published entry exists (what probes see).
     /// The slot index of an entry within its group's region (device slot tables use it).
     pub fn slot_index(&self, addr: BlockAddr) -> Result<u32, PoolError> {
         self.slot_of(addr)
     }
 
+    /// Whether a published entry exists (what probes see).
     pub fn contains(&self, addr: BlockAddr) -> bool {
         self.state(addr) == Some(EntryState::Published)
     }
@@ -791,6 +791,10 @@ fn slot_range(g: &GroupPool, s: u32) -> HostRange {
 pub fn page_of(block: HostRange, page: u32, page_bytes: u64) -> HostRange {
     HostRange::new(block.offset + page as u64 * page_bytes, page_bytes)
 }
+
+#[cfg(test)]
+#[path = "pool_model.rs"]
+mod model;
 
 #[cfg(test)]
 mod tests {
