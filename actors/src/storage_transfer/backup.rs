@@ -330,6 +330,10 @@ impl BackupQueue {
 }
 
 #[cfg(test)]
+#[path = "backup_model.rs"]
+mod model;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
