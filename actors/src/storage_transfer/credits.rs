@@ -178,4 +178,89 @@ mod tests {
         assert!(k.charge(CreditClass::Read, 1, 2));
         assert!(k.host_exhausted());
     }
+
+    /// The budgets against a model that keeps every charge still outstanding: a charge
+    /// fits when the sums with it stay within the totals (and, for a backup, within the
+    /// backup halves); every getter answers from those sums; a release returns exactly
+    /// what its charge took.
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Step {
+            Charge(bool, u32, u32),
+            Release(usize),
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                3 => (any::<bool>(), 0u32..4, 0u32..6).prop_map(|(b, o, h)| Step::Charge(b, o, h)),
+                2 => (0usize..16).prop_map(Step::Release),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(300))]
+
+            #[test]
+            fn credits_keep_every_promise_of_their_model(
+                ops_total in 0u32..7,
+                host_total in 0u32..12,
+                steps in proptest::collection::vec(step(), 1..40),
+            ) {
+                let mut c = config();
+                c.operation_credits = ops_total;
+                c.max_host_blocks = host_total;
+                let mut k = Credits::new(&c);
+                let (bops, bhosts) = (ops_total / 2, host_total / 2);
+                prop_assert_eq!(k.operation_total(), ops_total);
+                prop_assert_eq!(k.host_total(), host_total);
+                prop_assert_eq!(k.backup_operation_max(), bops);
+                prop_assert_eq!(k.backup_host_max(), bhosts);
+                prop_assert_eq!(k.write_budget_zero(), bops == 0 || bhosts == 0);
+                let mut held: Vec<(CreditClass, u32, u32)> = vec![];
+                let sum = |held: &[(CreditClass, u32, u32)], backup_only: bool| {
+                    held.iter()
+                        .filter(|(cl, ..)| !backup_only || *cl == CreditClass::Backup)
+                        .fold((0, 0), |(o, h), (_, a, b)| (o + a, h + b))
+                };
+                for st in steps {
+                    match st {
+                        Step::Charge(backup, o, h) => {
+                            let class = if backup { CreditClass::Backup } else { CreditClass::Read };
+                            let (uo, uh) = sum(&held, false);
+                            let (bo, bh) = sum(&held, true);
+                            let fits = uo + o <= ops_total
+                                && uh + h <= host_total
+                                && (!backup || (bo + o <= bops && bh + h <= bhosts));
+                            prop_assert_eq!(k.fits(class, o, h), fits);
+                            prop_assert_eq!(k.charge(class, o, h), fits);
+                            if fits {
+                                held.push((class, o, h));
+                            }
+                        }
+                        Step::Release(i) => {
+                            if held.is_empty() {
+                                continue;
+                            }
+                            let (class, o, h) = held.swap_remove(i % held.len());
+                            k.release(class, o, h);
+                        }
+                    }
+                    let (uo, uh) = sum(&held, false);
+                    let (bo, bh) = sum(&held, true);
+                    prop_assert_eq!(k.operations_used(), uo);
+                    prop_assert_eq!(k.hosts_used(), uh);
+                    prop_assert_eq!(k.backup_operations_used(), bo);
+                    prop_assert_eq!(k.backup_hosts_used(), bh);
+                    prop_assert_eq!(k.host_exhausted(), uh >= host_total);
+                    prop_assert_eq!(
+                        k.backup_hosts_available(),
+                        (host_total - uh).min(bhosts - bh)
+                    );
+                }
+            }
+        }
+    }
 }
