@@ -136,4 +136,95 @@ mod tests {
         assert_eq!(ready_expiry_us(&c, 7), 7 + c.ready_hold_ms * 1000);
         assert_eq!(soft_deadline_us(&c, u64::MAX), u64::MAX);
     }
+
+    /// The queue against a list of its entries: an insertion in any order, `pop_due`
+    /// returns exactly the entries due by the tick, sorted by (due, request), and leaves the
+    /// rest; `retain_if_stale` filters only past its threshold.
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Step {
+            Insert(u64, u64),
+            Pop(u64),
+            Retain(usize, u64),
+            Clear,
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                6 => (0u64..40, 0u64..6).prop_map(|(d, r)| Step::Insert(d, r)),
+                2 => (0u64..45).prop_map(Step::Pop),
+                1 => (0usize..4, 1u64..4).prop_map(|(n, m)| Step::Retain(n, m)),
+                1 => Just(Step::Clear),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(300))]
+
+            #[test]
+            fn the_deadline_queue_keeps_every_promise_of_its_model(
+                steps in proptest::collection::vec(step(), 1..60),
+            ) {
+                let mut q = DeadlineQueue::new();
+                let mut model: Vec<(u64, RequestId)> = vec![];
+                let mut out = vec![(u64::MAX, RequestId(u64::MAX))];
+                for st in steps {
+                    match st {
+                        Step::Insert(d, r) => {
+                            q.insert(d, RequestId(r));
+                            model.push((d, RequestId(r)));
+                        }
+                        Step::Pop(now) => {
+                            let mut want: Vec<_> =
+                                model.iter().copied().filter(|(d, _)| *d <= now).collect();
+                            want.sort();
+                            model.retain(|(d, _)| *d > now);
+                            q.pop_due_into(now, &mut out);
+                            prop_assert_eq!(&out, &want, "emptied first, then the due entries");
+                        }
+                        Step::Retain(live_count, m) => {
+                            // Past the threshold only when the queue is large: fill it.
+                            let live = |_: u64, r: RequestId| r.0.is_multiple_of(m);
+                            let big = model.len() > live_count * 2 + RETAIN_SLACK;
+                            q.retain_if_stale(live_count, live);
+                            if big {
+                                model.retain(|(d, r)| live(*d, *r));
+                            }
+                        }
+                        Step::Clear => {
+                            q.clear();
+                            model.clear();
+                        }
+                    }
+                    prop_assert_eq!(q.len(), model.len());
+                    prop_assert_eq!(q.is_empty(), model.is_empty());
+                    let mut all = model.clone();
+                    all.sort();
+                    prop_assert_eq!(q.pop_due(u64::MAX).len(), all.len());
+                    for (d, r) in &model {
+                        q.insert(*d, *r);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn past_the_threshold_only_the_live_entries_stay_in_due_order() {
+            let mut q = DeadlineQueue::new();
+            let n = RETAIN_SLACK as u64 + 3;
+            // Inserted out of order: each later due tick goes first.
+            for i in (0..n).rev() {
+                q.insert(i, RequestId(i));
+            }
+            q.retain_if_stale(1, |_, r| !r.0.is_multiple_of(2));
+            let want: Vec<_> = (0..n)
+                .filter(|i| !i.is_multiple_of(2))
+                .map(|i| (i, RequestId(i)))
+                .collect();
+            assert_eq!(q.pop_due(u64::MAX), want);
+        }
+    }
 }
