@@ -72,4 +72,41 @@ mod tests {
         assert!(n.contains(&k("b")) && n.contains(&k("c")));
         assert_eq!(n.len(), 2);
     }
+
+    proptest::proptest! {
+        /// The FIFO against a list of its keys, oldest first: a new key goes at the back
+        /// (the oldest leaves a full list), a present one keeps its place, a clear empties.
+        #[test]
+        fn the_negative_fifo_keeps_every_promise_of_its_model(
+            capacity in 0u32..4,
+            steps in proptest::collection::vec(proptest::option::of(0u8..6), 1..40),
+        ) {
+            let mut n = NegativeMetadata::new(capacity);
+            let mut model: VecDeque<u8> = VecDeque::new();
+            let cap = capacity.max(1) as usize;
+            for st in steps {
+                match st {
+                    Some(x) => {
+                        let new = !model.contains(&x);
+                        if new {
+                            if model.len() >= cap {
+                                model.pop_front();
+                            }
+                            model.push_back(x);
+                        }
+                        proptest::prop_assert_eq!(n.record(&k(&x.to_string())), new);
+                    }
+                    None => {
+                        n.clear();
+                        model.clear();
+                    }
+                }
+                proptest::prop_assert_eq!(n.len(), model.len());
+                proptest::prop_assert_eq!(n.is_empty(), model.is_empty());
+                for x in 0u8..6 {
+                    proptest::prop_assert_eq!(n.contains(&k(&x.to_string())), model.contains(&x));
+                }
+            }
+        }
+    }
 }
