@@ -282,4 +282,55 @@ mod tests {
         let iq = PromptIndex::new(&g, &q, 11);
         assert!(t.candidates(&iq, &q, 0, 11).is_empty());
     }
+
+    proptest::proptest! {
+        /// The table against the list of its distinct hints, oldest first: a new hint goes
+        /// at the back (the oldest leave past the capacity), a recorded one keeps its place,
+        /// no capacity records nothing; the lookup maps hold exactly the listed hints, with no
+        /// empty set or parent left behind.
+        #[test]
+        fn the_tail_table_keeps_every_promise_of_its_model(
+            capacity in 0usize..4,
+            steps in proptest::collection::vec((0u128..3, 1u32..3, 0u128..3), 1..40),
+        ) {
+            let mut t = TailTable::new(capacity);
+            let mut model: VecDeque<(u128, u32, u128)> = VecDeque::new();
+            for (parent, extra, hash) in steps {
+                let hint = TailHint {
+                    parent: ContentHash::from_u128(parent),
+                    extra,
+                    hash: ContentHash::from_u128(hash),
+                };
+                let h = (parent, extra, hash);
+                let want = capacity > 0;
+                if want && !model.contains(&h) {
+                    model.push_back(h);
+                    while model.len() > capacity {
+                        model.pop_front();
+                    }
+                }
+                proptest::prop_assert_eq!(t.record_hint(hint), want);
+                proptest::prop_assert_eq!(t.len(), model.len());
+                proptest::prop_assert_eq!(t.is_empty(), model.is_empty());
+                let order: Vec<_> = t
+                    .order
+                    .iter()
+                    .map(|x| (x.parent.as_u128(), x.extra, x.hash.as_u128()))
+                    .collect();
+                proptest::prop_assert_eq!(&order, &Vec::from(model.clone()));
+                let mut mapped = vec![];
+                for (p, tails) in &t.by_parent {
+                    proptest::prop_assert!(!tails.is_empty(), "no empty parent");
+                    for (e, hashes) in tails {
+                        proptest::prop_assert!(!hashes.is_empty(), "no empty length");
+                        mapped.extend(hashes.iter().map(|x| (p.as_u128(), *e, x.as_u128())));
+                    }
+                }
+                mapped.sort();
+                let mut listed = order.clone();
+                listed.sort();
+                proptest::prop_assert_eq!(mapped, listed);
+            }
+        }
+    }
 }
