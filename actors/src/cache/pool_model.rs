@@ -82,6 +82,36 @@ impl Model {
         }
     }
 
+    /// `release` (references) or `unpin` (pins): one fewer, then settled; an entry with
+    /// none is not referenced.
+    fn drop_one(
+        &mut self,
+        g: u32,
+        h: u128,
+        count: impl Fn(&mut Entry) -> &mut u32,
+    ) -> Result<(), PoolError> {
+        let n = count(self.entry(g, h)?);
+        if *n == 0 {
+            return Err(PoolError::NotReferenced {
+                tier: Host::NAME,
+                group: g,
+            });
+        }
+        *n -= 1;
+        self.settle(g, h);
+        Ok(())
+    }
+
+    /// An evictable entry becomes the most recently used.
+    fn touch(&mut self, g: u32, h: u128) {
+        if let Some(gm) = self.groups.get_mut(g as usize) {
+            if let Some(p) = gm.lru.iter().position(|x| *x == h) {
+                gm.lru.remove(p);
+                gm.lru.push(h);
+            }
+        }
+    }
+
     fn unlink(&mut self, g: u32, h: u128) {
         self.groups[g as usize].lru.retain(|x| *x != h);
     }
@@ -353,19 +383,7 @@ fn run(steps: &[Step]) {
                 }
             }
             Step::Release(g, h) => {
-                let want = m.entry(g, h).and_then(|e| {
-                    if e.refs == 0 {
-                        return Err(PoolError::NotReferenced {
-                            tier: Host::NAME,
-                            group: g,
-                        });
-                    }
-                    e.refs -= 1;
-                    Ok(())
-                });
-                if want.is_ok() {
-                    m.settle(g, h);
-                }
+                let want = m.drop_one(g, h, |e| &mut e.refs);
                 assert_eq!(pool.release(a(g, h)), want, "{ctx}");
             }
             Step::Acquire(g, h) => {
@@ -425,28 +443,11 @@ fn run(steps: &[Step]) {
                 assert_eq!(pool.pin(a(g, h)), want, "{ctx}");
             }
             Step::Unpin(g, h) => {
-                let want = m.entry(g, h).and_then(|e| {
-                    if e.pins == 0 {
-                        return Err(PoolError::NotReferenced {
-                            tier: Host::NAME,
-                            group: g,
-                        });
-                    }
-                    e.pins -= 1;
-                    Ok(())
-                });
-                if want.is_ok() {
-                    m.settle(g, h);
-                }
+                let want = m.drop_one(g, h, |e| &mut e.pins);
                 assert_eq!(pool.unpin(a(g, h)), want, "{ctx}");
             }
             Step::Touch(g, h) => {
-                if let Some(gm) = m.groups.get_mut(g as usize) {
-                    if let Some(p) = gm.lru.iter().position(|x| *x == h) {
-                        gm.lru.remove(p);
-                        gm.lru.push(h);
-                    }
-                }
+                m.touch(g, h);
                 pool.touch(a(g, h));
             }
             Step::Evict(g, h) => {
@@ -481,11 +482,7 @@ fn run(steps: &[Step]) {
                 match state {
                     Some(true) => {
                         assert_eq!(got, Ok(false), "{ctx}");
-                        let gm = &mut m.groups[g as usize];
-                        if let Some(p) = gm.lru.iter().position(|x| *x == h) {
-                            gm.lru.remove(p);
-                            gm.lru.push(h);
-                        }
+                        m.touch(g, h);
                     }
                     Some(false) => assert_eq!(
                         got,
