@@ -559,20 +559,34 @@ fn backup_candidates_leave_the_queue_in_order_only_as_puts_carry_them() {
     assert_eq!(m.stats().backup_host_credits_in_use, 3);
 }
 
+/// A manager whose backups may have `bytes_in_flight` outstanding, `candidates` offered
+/// and a first round begun.
+fn bytes_bound_manager(
+    bytes_in_flight: u64,
+    candidates: impl IntoIterator<Item = BackupCandidate>,
+) -> StorageTransferManager {
+    let cfg = StorageConfig {
+        backup_bytes_in_flight: bytes_in_flight,
+        ..config()
+    };
+    let mut m = StorageTransferManager::new(cfg);
+    m.offer_backups(candidates);
+    begin(&mut m, input(0, 0, vec![]));
+    m
+}
+
+/// The residency that finds every candidate with a 64-byte page.
+fn page64(_: &StorageKey, h: HostRef) -> Option<HostRange> {
+    Some(HostRange::new(h.0 * 64, 64))
+}
+
 #[test]
 fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() {
     // 384 bytes in flight: a PUT takes 64-byte pages until it carries 96 (two pages), and
     // a new one is admitted only while less than 384 is outstanding. The operation credits
     // would allow four backup PUTs: the bytes bound three.
-    let cfg = StorageConfig {
-        backup_bytes_in_flight: 384,
-        ..config()
-    };
-    let mut m = StorageTransferManager::new(cfg);
-    m.offer_backups((0..16).map(|i| cand(&format!("c{i}"), 10 + i)));
-    begin(&mut m, input(0, 0, vec![]));
-    let page = |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64));
-    let puts = m.plan_backups_keyed(&mut { page });
+    let mut m = bytes_bound_manager(384, (0..16).map(|i| cand(&format!("c{i}"), 10 + i)));
+    let puts = m.plan_backups_keyed(&mut page64);
     assert_eq!(puts.len(), 3);
     let ops = m.end_plan(vec![]);
     let sizes: Vec<usize> = ops
@@ -591,7 +605,7 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
     );
     // A later round with nothing settled admits nothing more.
     begin(&mut m, input(MS, 0, vec![]));
-    assert!(m.plan_backups_keyed(&mut { page }).is_empty());
+    assert!(m.plan_backups_keyed(&mut page64).is_empty());
     m.end_plan(vec![]);
     // One PUT settles: room for exactly one more, the next candidates in order.
     begin(
@@ -608,7 +622,7 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
             )],
         ),
     );
-    let more = m.plan_backups_keyed(&mut { page });
+    let more = m.plan_backups_keyed(&mut page64);
     assert_eq!(more.len(), 1);
     let ops = m.end_plan(vec![]);
     assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("c6"), key("c7")]));
@@ -625,15 +639,8 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
 fn a_backup_put_whose_pages_reach_a_quarter_of_the_bound_exactly_takes_no_further_key() {
     // 512 bytes in flight: a PUT carries up to a quarter, 128. Two 64-byte pages land on
     // it exactly, so the PUT is full there: the third page starts the next PUT.
-    let cfg = StorageConfig {
-        backup_bytes_in_flight: 512,
-        ..config()
-    };
-    let mut m = StorageTransferManager::new(cfg);
-    m.offer_backups((0..4).map(|i| cand(&format!("c{i}"), 10 + i)));
-    begin(&mut m, input(0, 0, vec![]));
-    let puts =
-        m.plan_backups_keyed(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
+    let mut m = bytes_bound_manager(512, (0..4).map(|i| cand(&format!("c{i}"), 10 + i)));
+    let puts = m.plan_backups_keyed(&mut page64);
     assert_eq!(puts.len(), 2);
     let ops = m.end_plan(vec![]);
     assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("c0"), key("c1")]));
@@ -643,15 +650,8 @@ fn a_backup_put_whose_pages_reach_a_quarter_of_the_bound_exactly_takes_no_furthe
 
 #[test]
 fn one_backup_page_larger_than_the_bound_still_goes_alone() {
-    let cfg = StorageConfig {
-        backup_bytes_in_flight: 16,
-        ..config()
-    };
-    let mut m = StorageTransferManager::new(cfg);
-    m.offer_backups(vec![cand("a", 1), cand("b", 2)]);
-    begin(&mut m, input(0, 0, vec![]));
-    let puts =
-        m.plan_backups_keyed(&mut |_: &StorageKey, h: HostRef| Some(HostRange::new(h.0 * 64, 64)));
+    let mut m = bytes_bound_manager(16, vec![cand("a", 1), cand("b", 2)]);
+    let puts = m.plan_backups_keyed(&mut page64);
     assert_eq!(puts.len(), 1);
     let ops = m.end_plan(vec![]);
     assert!(matches!(&ops[0], StorageOp::Put(p) if p.keys == vec![key("a")]));
