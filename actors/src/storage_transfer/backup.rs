@@ -369,6 +369,9 @@ mod tests {
             p(7, 1, 3),
             p(8, 1, 2),
             p(7 << 64, 1, 2),
+            // Only the group differs from the first; only the high half from the next.
+            p(7, 2, 2),
+            p(0, 1, 2),
         ];
         for (i, a) in distinct.iter().enumerate() {
             for b in &distinct[i + 1..] {
