@@ -547,7 +547,7 @@ fn run(steps: &[Step]) {
     }
 }
 
-/// The slot a handle names (its Host range's offset over the group's block bytes).
+/// The slot a held reference names (a private field, read here as the pool's child module).
 fn pool_slot_of(h: &HeldBlock<Host>) -> u32 {
     h.slot
 }
