@@ -450,7 +450,7 @@ fn backup_candidates_leave_the_queue_in_order_only_as_puts_carry_them() {
     let (q1, _l1) = m.plan_query(RequestId(1), keys("r", 7), None).unwrap();
     m.end_plan(vec![]);
     // Six offers into a queue of four: c0 and c1 overflow; a second c3 coalesces.
-    m.offer_backups((0..6).map(|i| cand(&format!("c{i}"), 10 + i)));
+    m.offer_backups(numbered_cands(6));
     m.offer_backups(vec![cand("c3", 99)]);
     assert_eq!(m.queued_candidates(), 4);
 
@@ -575,6 +575,11 @@ fn bytes_bound_manager(
     m
 }
 
+/// Candidates `c0`, `c1`, … of Host references 10, 11, …
+fn numbered_cands(n: u64) -> impl Iterator<Item = BackupCandidate> {
+    (0..n).map(|i| cand(&format!("c{i}"), 10 + i))
+}
+
 /// The residency that finds every candidate with a 64-byte page.
 fn page64(_: &StorageKey, h: HostRef) -> Option<HostRange> {
     Some(HostRange::new(h.0 * 64, 64))
@@ -585,7 +590,7 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
     // 384 bytes in flight: a PUT takes 64-byte pages until it carries 96 (two pages), and
     // a new one is admitted only while less than 384 is outstanding. The operation credits
     // would allow four backup PUTs: the bytes bound three.
-    let mut m = bytes_bound_manager(384, (0..16).map(|i| cand(&format!("c{i}"), 10 + i)));
+    let mut m = bytes_bound_manager(384, numbered_cands(16));
     let puts = m.plan_backups_keyed(&mut page64);
     assert_eq!(puts.len(), 3);
     let ops = m.end_plan(vec![]);
@@ -639,7 +644,7 @@ fn backup_puts_split_by_payload_bytes_and_wait_while_the_bound_is_outstanding() 
 fn a_backup_put_whose_pages_reach_a_quarter_of_the_bound_exactly_takes_no_further_key() {
     // 512 bytes in flight: a PUT carries up to a quarter, 128. Two 64-byte pages land on
     // it exactly, so the PUT is full there: the third page starts the next PUT.
-    let mut m = bytes_bound_manager(512, (0..4).map(|i| cand(&format!("c{i}"), 10 + i)));
+    let mut m = bytes_bound_manager(512, numbered_cands(4));
     let puts = m.plan_backups_keyed(&mut page64);
     assert_eq!(puts.len(), 2);
     let ops = m.end_plan(vec![]);
