@@ -1263,6 +1263,50 @@ mod equivalence {
         );
     }
 
+    /// The column path (every owner reports the same operations, in order) joins capacity
+    /// rejections with OR and sums new writes, capped at the operation's keys — also for
+    /// an operation that is not the round's first, whose keys start past zero.
+    #[test]
+    fn the_column_path_joins_capacity_and_caps_new_writes_per_operation() {
+        let put = |op, capacity: Vec<bool>, new_writes| {
+            let n = capacity.len();
+            let mut d =
+                StorageDone::put(OperationId(op), vec![false; n], vec![0; n], capacity, true);
+            d.new_writes = new_writes;
+            d
+        };
+        let report = |rank, first: StorageDone, second: StorageDone| {
+            let mut r = RoundReport::idle(rank, 0, 1);
+            r.completions = vec![first, second];
+            r
+        };
+        let reports = vec![
+            report(
+                0,
+                put(1, vec![true], 1),
+                put(2, vec![true, false, false], 2),
+            ),
+            report(
+                1,
+                put(1, vec![false], 0),
+                put(2, vec![false, false, true], 3),
+            ),
+        ];
+        let want = ReferenceAgreement::new(2).agree(reports.clone()).unwrap();
+        let mut ag = Agreement::new(2);
+        let got = ag.agree(reports).unwrap();
+        assert_eq!(ag.aligned_rounds, 1, "the column path agreed the round");
+        assert_eq!(got, want);
+        let [one, two] = &got.completions[..] else {
+            panic!("two agreed operations: {:?}", got.completions);
+        };
+        assert_eq!(one.capacity, vec![true]);
+        assert_eq!(one.new_writes, 1);
+        assert_eq!(two.capacity, vec![true, false, true]);
+        // 2 + 3 new writes over 3 keys: capped at the keys.
+        assert_eq!(two.new_writes, 3);
+    }
+
     #[test]
     fn sealing_orders_the_records_and_still_finds_a_repeat() {
         let q = |n| StorageDone::query(OperationId(n), vec![true], true);
