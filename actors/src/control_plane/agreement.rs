@@ -1038,31 +1038,35 @@ mod equivalence {
         } else {
             [1usize, 3, 0, 70, 2][(op % 5) as usize]
         };
+        // Whether this record may break a validity rule: always off the steady state, one
+        // in eight on it (a steady round is otherwise all valid, so the column path sees
+        // every kind with its keys, not only the records no rule can catch).
+        let faults = !steady || g.one_in(8);
         let mut d = StorageDone::query(OperationId(op), vec![false; keys], !g.one_in(6));
         d.kind = kind;
         for i in 0..keys {
             match g.next() % 5 {
                 0 | 1 => d.success[i] = true,
-                2 if kind == StorageOpKind::Get || g.one_in(10) => {
+                2 if kind == StorageOpKind::Get || (faults && g.one_in(10)) => {
                     d.failures[i] = Some(if g.one_in(2) {
                         ObjectFailure::Missing
                     } else {
                         ObjectFailure::Invalid
                     })
                 }
-                3 if kind == StorageOpKind::Put || g.one_in(10) => d.capacity[i] = true,
+                3 if kind == StorageOpKind::Put || (faults && g.one_in(10)) => d.capacity[i] = true,
                 _ => {}
             }
-            if d.success[i] && g.one_in(40) {
+            if faults && d.success[i] && g.one_in(40) {
                 d.failures[i] = Some(ObjectFailure::Missing);
             }
-            if kind != StorageOpKind::Query || g.one_in(40) {
+            if kind != StorageOpKind::Query || (faults && g.one_in(40)) {
                 d.bytes[i] = [0, 4096, u64::MAX - 1][(g.next() % 3) as usize];
             }
         }
         if g.one_in(5) {
             d.rejection = Some(Rejection::QueueFull);
-            if !g.one_in(10) {
+            if !faults || !g.one_in(10) {
                 d.retired = true;
                 d.success.iter_mut().for_each(|s| *s = false);
                 d.failures.iter_mut().for_each(|f| *f = None);
@@ -1071,8 +1075,9 @@ mod equivalence {
         if g.one_in(4) {
             d.error = Some(format!("e{}", g.next() % 3));
         }
-        if kind == StorageOpKind::Put || g.one_in(30) {
-            d.new_writes = (g.next() % (keys as u64 + 2)) as u32;
+        if kind == StorageOpKind::Put || (faults && g.one_in(30)) {
+            let past = u64::from(faults);
+            d.new_writes = (g.next() % (keys as u64 + 1 + past)) as u32;
         }
         if !steady && g.one_in(60) {
             d.bytes.push(1); // no columnar form
