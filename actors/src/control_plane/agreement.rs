@@ -1337,6 +1337,33 @@ mod equivalence {
         assert!(g.completions.is_empty() && g.error.is_none());
     }
 
+    /// Records already in order skip the repeat set: only strictly increasing ones do. A
+    /// repeat next to itself, in an otherwise ordered poll, is still found, and a poll in
+    /// descending order comes out ascending.
+    #[test]
+    fn sealing_trusts_only_strictly_increasing_records() {
+        let q = |n| StorageDone::query(OperationId(n), vec![true], true);
+        let sealed_ops = |ops: &[u64]| {
+            let mut r = RoundReport::idle(0, 0, 1);
+            r.completions = ops.iter().map(|&n| q(n)).collect();
+            let s = seal_local_report(r);
+            (
+                s.completions.iter().map(|d| d.op.0).collect::<Vec<_>>(),
+                s.error,
+            )
+        };
+        assert_eq!(
+            sealed_ops(&[1, 3, 3]),
+            (vec![], Some("op3 appears twice in one poll".into()))
+        );
+        assert_eq!(
+            sealed_ops(&[4, 4]),
+            (vec![], Some("op4 appears twice in one poll".into()))
+        );
+        assert_eq!(sealed_ops(&[9, 5, 2]), (vec![2, 5, 9], None));
+        assert_eq!(sealed_ops(&[2, 5, 9]), (vec![2, 5, 9], None));
+    }
+
     #[test]
     fn an_operation_retained_across_rounds_reduces_as_if_reported_at_once() {
         let get = |rank: u64| {
