@@ -120,10 +120,16 @@ mod tests {
         for i in 0..n {
             q.insert(100 + i, RequestId(i));
         }
-        // Ten live deadlines: 1034 entries is not above 2 * 10 + 1024.
+        // 1034 entries is not above 2 * 10 + 1024, nor above 2 * 5 + 1024 (exactly at it).
         let live = |_: u64, r: RequestId| r.0.is_multiple_of(100);
         q.retain_if_stale(10, live);
         assert_eq!(q.len() as u64, n);
+        q.retain_if_stale(5, live);
+        assert_eq!(
+            q.len() as u64,
+            n,
+            "a queue exactly at the threshold is left whole"
+        );
         q.retain_if_stale(4, live);
         assert_eq!(q.len(), 11, "only the live entries stay");
         assert_eq!(q.pop_due(100), vec![(100, RequestId(0))]);
