@@ -73,9 +73,6 @@ impl PressureGate {
     pub fn closures(&self) -> u64 {
         self.closures
     }
-    pub fn last_observation(&self) -> PressureObservation {
-        self.last
-    }
     /// Agreed time spent closed up to `now_us` (the current closure included).
     pub fn closed_us(&self, now_us: u64) -> u64 {
         self.closed_us
