@@ -184,10 +184,6 @@ impl Ticket {
         self.waiter = None;
         self.held_refs()
     }
-
-    pub fn is_read(&self) -> bool {
-        self.kind != StorageOpKind::Put
-    }
 }
 
 #[cfg(test)]
