@@ -1256,15 +1256,14 @@ mod equivalence {
                 // PUTs with keys from more than one owner: what the column path's joins
                 // and caps act on (counted, since a round could reach the path only with
                 // records that carry nothing to join).
-                let puts = reports
-                    .first()
-                    .filter(|_| reports.len() > 1)
-                    .map_or(0, |r| {
-                        r.completions
-                            .iter()
-                            .filter(|d| d.kind == StorageOpKind::Put && !d.success.is_empty())
-                            .count()
-                    });
+                let puts = match &reports[..] {
+                    [first, _, ..] => first
+                        .completions
+                        .iter()
+                        .filter(|d| d.kind == StorageOpKind::Put && !d.success.is_empty())
+                        .count(),
+                    _ => 0,
+                };
                 let before = ag.aligned_rounds;
                 let Ok(_) = ag.agree(reports) else { break };
                 if ag.aligned_rounds > before {
