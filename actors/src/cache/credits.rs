@@ -565,4 +565,58 @@ mod tests {
             "primaries found deep in the candidates: {deep} of {compared}"
         );
     }
+
+    /// With a sliding-window or State group a candidate does not require every block its
+    /// aligned floor requires, so "the floor does not fit" is no leading run and bisection
+    /// could pass over a candidate that fits: the primary search asked to bisect walks one
+    /// by one there, and finds the first candidate that fits (each checked against the
+    /// plain walk of `fit_charge`, not against `primary` itself).
+    #[test]
+    fn without_full_history_the_primary_is_the_first_fit_even_when_bisection_is_asked() {
+        let geometries = [
+            vec![
+                GroupSpec::full("attn", 8, 1, 64),
+                GroupSpec::sliding_window("swa", 24, 8, 1, 64),
+            ],
+            vec![
+                GroupSpec::full("attn", 16, 1, 64),
+                GroupSpec::state("ssm", 32, 8),
+            ],
+            vec![GroupSpec::sliding_window("swa", 16, 4, 2, 64)],
+        ];
+        let levels = [Have::Missing, Have::Assumed, Have::Host, Have::Device];
+        let (mut compared, mut deep) = (0, 0);
+        for groups in geometries {
+            let g = CacheGeometry::new(groups, 1, 0).unwrap();
+            let (p, index, tails) = prompt_with_tails(&g, &[203, 150, 149, 97, 61, 2]);
+            for seed in 0u64..64 {
+                let table = MatchTable::build(&g, &index, &p, 203, &tails, None, |a, _| {
+                    let h = a.hash.as_u128() as u64 ^ seed.wrapping_mul(0x9E37_79B9);
+                    match seed % 3 {
+                        0 => levels[(h % 4) as usize],
+                        1 => levels[(h % 2) as usize],
+                        _ => levels[usize::from(h.is_multiple_of(5)) * 3],
+                    }
+                });
+                assert!(!table.full_history_only());
+                let candidates: Vec<Candidate> = table.candidates_iter(0).collect();
+                for keys in (0..=60).step_by(2) {
+                    for host_blocks in [0, 3, 8, 17, 40, 1 << 20] {
+                        let credits = QueryCredits { keys, host_blocks };
+                        let first_fit = candidates.iter().enumerate().find_map(|(i, c)| {
+                            fit_charge(&table, *c, credits).map(|charge| (i, charge))
+                        });
+                        let found = primary(&table, &candidates, credits, true);
+                        assert_eq!(found, first_fit, "seed {seed} credits {credits:?}");
+                        compared += 1;
+                        deep += usize::from(first_fit.is_some_and(|(i, _)| i > 1));
+                    }
+                }
+            }
+        }
+        assert!(
+            deep > 100,
+            "primaries found past the second candidate: {deep} of {compared}"
+        );
+    }
 }
