@@ -196,18 +196,8 @@ fn pack_with<'s>(
     boundaries.clear();
     blocks.clear();
     let mut keys = 0;
-    // With Full history only, an aligned fallback (below the primary) requires a subset of
-    // the primary's blocks: it fits whatever the primary fits and adds nothing, so it is
-    // recorded without its tally or its extra blocks.
-    let nested = skip_covered && table.full_history_only();
+    // (With Full history only and `skip_covered`, `pack_full_history` packed it above.)
     for &c in &candidates[pi..] {
-        if nested && c.tail.is_none() && !boundaries.is_empty() {
-            boundaries.push(PackedBoundary {
-                candidate: c,
-                new_keys: 0,
-            });
-            continue;
-        }
         // A fallback is reserved alone: its own Host charge must fit.
         if !boundaries.is_empty() && needs(table, c).1 > credits.host_blocks {
             continue;
@@ -486,24 +476,29 @@ mod tests {
                     }
                 });
                 let candidates: Vec<Candidate> = table.candidates_iter(0).collect();
-                for credits in [
-                    QueryCredits {
-                        keys: 1 << 20,
-                        host_blocks: 1 << 20,
-                    },
-                    QueryCredits {
-                        keys: 9,
-                        host_blocks: 12,
-                    },
-                    QueryCredits {
-                        keys: 30,
-                        host_blocks: 40,
-                    },
-                ] {
+                let sweep = [
+                    (1 << 20, 1 << 20),
+                    (9, 12),
+                    (30, 40),
+                    (30, 4),
+                    (30, 7),
+                    (60, 10),
+                ];
+                for (keys, host_blocks) in sweep {
+                    let credits = QueryCredits { keys, host_blocks };
                     let (mut fast, mut full) = (PackScratch::default(), PackScratch::default());
                     let a = pack_with(&mut fast, &table, &index, &candidates, credits, true);
                     let b = pack_with(&mut full, &table, &index, &candidates, credits, false);
                     assert_eq!(a, b, "seed {seed} credits {credits:?}");
+                    // Within the credits: the keys asked for, and each boundary's own Host
+                    // charge (a fallback is reserved alone).
+                    if let Some(x) = a {
+                        assert!(x.keys <= credits.keys, "seed {seed} credits {credits:?}");
+                        for pb in x.boundaries {
+                            let charge = needs(&table, pb.candidate).1;
+                            assert!(charge <= credits.host_blocks, "seed {seed} {pb:?}");
+                        }
+                    }
                     compared += usize::from(a.is_some_and(|x| x.boundaries.len() > 1));
                 }
             }
