@@ -608,6 +608,47 @@ mod tests {
         assert_eq!(kept, Some(made.block_hash(0, 7)));
     }
 
+    /// A request whose Host prefix would fit on the Device but whose new blocks would not
+    /// waits without touching anything: no H2D copy is planned for it (the fit is checked
+    /// before a block is taken, not found short halfway through its copies).
+    #[test]
+    fn a_request_short_of_device_blocks_plans_no_h2d_copy_of_its_host_prefix() {
+        let mut rig = rig_with(false, 12, 4);
+        let finish = |rig: &mut Rig, plan: &super::super::Plan<messages::StorageOp>| {
+            rig.d2h_done();
+            rig.apply(super::super::AgreedInputs {
+                digests: digests_of(plan),
+                ..Default::default()
+            });
+        };
+        // A's four blocks go to Host; B then runs on eight blocks; C evicts A's from the
+        // Device (four left beside B's).
+        let (a, b, c) = (prompt(16, 31), prompt(32, 32), prompt(16, 33));
+        let plan = rig.arrive(&[(1, &a, 1)]);
+        finish(&mut rig, &plan);
+        rig.arrive(&[(2, &b, 50)]);
+        rig.d2h_done();
+        let plan = rig.arrive(&[(3, &c, 1)]);
+        finish(&mut rig, &plan);
+        let blocks = rig.s.cache().blocks_at(&a, 16);
+        assert_eq!(blocks.len(), 4);
+        for x in &blocks {
+            assert!(rig.s.cache().host().contains(*x), "A on Host");
+            assert!(
+                !rig.s.cache().device().contains(*x),
+                "A evicted from the Device"
+            );
+        }
+        // A's prefix and four new blocks: eight Device blocks, four available.
+        let mut d = a.clone();
+        d.extend(prompt(16, 34));
+        let plan = rig.arrive(&[(4, &d, 1)]);
+        assert!(plan.forwards.is_empty(), "{:?}", plan.forwards);
+        assert!(plan.h2d.is_empty(), "{:?}", plan.h2d);
+        assert_eq!(rig.s.state_of(RequestId(4)), Some("submitted"));
+        assert!(rig.s.h2d_host_refs.is_empty(), "no Host source pinned");
+    }
+
     #[test]
     fn an_admitted_request_no_longer_holds_its_prompt_index() {
         // Admission is the index's last reader (an admitted request never matches again).
@@ -674,6 +715,28 @@ mod tests {
         assert_eq!(rig.s.d2h_blocks.last(), Some(&tail));
         assert_eq!(c.tail_table().len(), 1, "the prompt end's tail hint");
         assert!(step.copy_on_write.is_empty(), "nothing restored");
+    }
+
+    /// A prefix reused up to an aligned boundary restores no partial block: the forward
+    /// writes its first block from that block's start, so nothing is copied on write.
+    #[test]
+    fn an_admission_at_an_aligned_boundary_copies_no_block_on_write() {
+        let mut rig = rig(false);
+        let p = prompt(32, 5);
+        rig.arrive(&[(1, &p, 4)]);
+        let mut q = p[..16].to_vec();
+        q.extend(prompt(16, 6));
+        let plan = rig.arrive(&[(2, &q, 4)]);
+        let [(id, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(*id, RequestId(2));
+        assert_eq!(
+            step.context_len, 16,
+            "the four shared blocks, on the Device"
+        );
+        assert_eq!(step.groups[0].context.len(), 4);
+        assert!(step.copy_on_write.is_empty(), "{:?}", step.copy_on_write);
     }
 
     #[test]
