@@ -476,14 +476,13 @@ mod tests {
                     }
                 });
                 let candidates: Vec<Candidate> = table.candidates_iter(0).collect();
-                let sweep = [
-                    (1 << 20, 1 << 20),
-                    (9, 12),
-                    (30, 40),
-                    (30, 4),
-                    (30, 7),
-                    (60, 10),
-                ];
+                // Tight key and Host credits, and every Host credit up to the whole set
+                // (a fallback whose own charge lands exactly on it is packed).
+                let tight = [(9, 12), (30, 40), (30, 4), (30, 7), (60, 10)];
+                let sweep = tight
+                    .into_iter()
+                    .chain((0..=56).map(|h| (1 << 20, h)))
+                    .chain([(1 << 20, 1 << 20)]);
                 for (keys, host_blocks) in sweep {
                     let credits = QueryCredits { keys, host_blocks };
                     let (mut fast, mut full) = (PackScratch::default(), PackScratch::default());

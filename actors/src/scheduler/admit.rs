@@ -681,6 +681,7 @@ mod tests {
         assert_eq!(ids, vec![1, 2]);
         assert_eq!(rig.s.state_of(RequestId(3)), Some("submitted"));
         assert_eq!(rig.s.running.len(), 2);
+        assert_eq!(rig.s.stats().admitted, 2, "each admission counted once");
     }
 
     #[test]
