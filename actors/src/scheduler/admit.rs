@@ -202,22 +202,28 @@ impl Scheduler {
         Ok(needs)
     }
 
-    /// Whether the scratch slots and the Device blocks not yet resident are available.
+    /// Whether the scratch slots and, group by group, the Device blocks not yet resident
+    /// are available (a group's room never covers another's shortfall: a request that would
+    /// run short halfway through taking its blocks takes none).
     fn fits(&self, needs: &BlockNeeds) -> bool {
         let scratch_needed = needs.written_partial.iter().filter(|p| **p).count();
         if scratch_needed > self.free_scratch.len() {
             return false;
         }
-        let new_device: usize = needs
+        let device = self.cache.device();
+        needs
             .context
             .iter()
-            .flatten()
-            .chain(needs.written_full.iter().flatten())
-            .filter(|a| !self.cache.device().contains(**a))
-            .count();
-        let groups = needs.context.len() as u32;
-        let available: u64 = (0..groups).map(|g| self.cache.device().available(g)).sum();
-        new_device as u64 <= available
+            .zip(&needs.written_full)
+            .enumerate()
+            .all(|(g, (context, written))| {
+                let new = context
+                    .iter()
+                    .chain(written)
+                    .filter(|a| !device.contains(**a))
+                    .count();
+                new as u64 <= device.available(g as u32)
+            })
     }
 
     /// Takes a reference on (or allocates) every block of `needs`, group by group, context
@@ -647,6 +653,56 @@ mod tests {
         assert!(plan.h2d.is_empty(), "{:?}", plan.h2d);
         assert_eq!(rig.s.state_of(RequestId(4)), Some("submitted"));
         assert!(rig.s.h2d_host_refs.is_empty(), "no Host source pinned");
+    }
+
+    /// With two cache groups, a request short of Device blocks in one group waits with
+    /// nothing taken, though the other group's room would cover the shortfall in a sum: its
+    /// Host prefix (four Full blocks, the sliding window's two) is not copied in.
+    #[test]
+    fn a_request_short_in_one_cache_group_plans_no_h2d_copy() {
+        let mut rig = rig_of("hybrid-swa", false, 12, 4, 1024);
+        let finish = |rig: &mut Rig, plan: &super::super::Plan<messages::StorageOp>| {
+            rig.d2h_done();
+            rig.apply(super::super::AgreedInputs {
+                digests: digests_of(plan),
+                ..Default::default()
+            });
+        };
+        // A goes to Host; B runs on five blocks a group; C evicts A's from the Device.
+        let (a, b, c) = (prompt(16, 41), prompt(20, 42), prompt(28, 43));
+        let plan = rig.arrive(&[(1, &a, 1)]);
+        finish(&mut rig, &plan);
+        rig.arrive(&[(2, &b, 50)]);
+        rig.d2h_done();
+        let plan = rig.arrive(&[(3, &c, 1)]);
+        finish(&mut rig, &plan);
+        let avail = |rig: &Rig| {
+            let d = rig.s.cache().device();
+            (d.available(0), d.available(1))
+        };
+        assert_eq!(avail(&rig), (7, 7));
+        // A's prefix and four new blocks: eight Full blocks (one short), six in the window
+        // group (room for seven).
+        let mut d = a.clone();
+        d.extend(prompt(16, 44));
+        let plan = rig.arrive(&[(4, &d, 1)]);
+        assert!(plan.forwards.is_empty(), "{:?}", plan.forwards);
+        assert!(plan.h2d.is_empty(), "{:?}", plan.h2d);
+        assert_eq!(rig.s.state_of(RequestId(4)), Some("submitted"));
+        assert!(rig.s.h2d_host_refs.is_empty(), "no Host source pinned");
+        assert_eq!(avail(&rig), (7, 7), "nothing taken");
+        // B finishes: the Full group has room, and D is admitted from its Host prefix.
+        rig.apply(super::super::AgreedInputs {
+            cancellations: vec![RequestId(2)],
+            ..Default::default()
+        });
+        let plan = rig.plan();
+        let [(id, step)] = &plan.forwards[..] else {
+            panic!("{:?}", plan.forwards);
+        };
+        assert_eq!(*id, RequestId(4));
+        assert_eq!(step.context_len, 16);
+        assert_eq!(plan.h2d.len(), 6, "four Full blocks and the window's two");
     }
 
     #[test]

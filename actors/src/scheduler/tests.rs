@@ -69,7 +69,18 @@ pub(super) fn rig_full(
     max_running: usize,
     tail_capacity: usize,
 ) -> Rig {
-    let model = SyntheticModel::by_name("tiny").unwrap();
+    rig_of("tiny", storage, device_blocks, max_running, tail_capacity)
+}
+
+/// `rig_full` of the model profile `profile`.
+pub(super) fn rig_of(
+    profile: &str,
+    storage: bool,
+    device_blocks: u32,
+    max_running: usize,
+    tail_capacity: usize,
+) -> Rig {
+    let model = SyntheticModel::by_name(profile).unwrap();
     let groups = model.profile().groups.len() as u32;
     let layout = RankLayout::new(
         model.profile(),
