@@ -561,6 +561,11 @@ mod tests {
         assert_eq!(r.split.computed, 2);
         assert_eq!(r.fallback, FallbackReason::Disabled);
         assert_eq!(rig.s.stats().prefix_device, 28);
+        assert_eq!(
+            rig.s.stats().computed,
+            30 + 2,
+            "the first's whole prompt, two tokens"
+        );
     }
 
     #[test]
@@ -576,6 +581,7 @@ mod tests {
         assert_eq!(plan.h2d.len(), 7, "every context block from Host");
         let r = &rig.s.requests[&RequestId(2)];
         assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 28, 0));
+        assert_eq!(rig.s.stats().prefix_host, 28);
         assert_eq!(
             rig.s.h2d_host_refs.len(),
             7,

@@ -562,6 +562,12 @@ mod tests {
         );
         let r = &rig.s.requests[&RequestId(1)];
         assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 0, 31));
+        // Counted: 31 tokens from L3 and one computed; the tail above 28 is three tokens
+        // of one Full block, reused from L3.
+        let stats = rig.s.stats();
+        assert_eq!((stats.prefix_l3, stats.computed), (31, 1));
+        assert_eq!(stats.tail_tokens_reused, [0, 0, 3]);
+        assert_eq!(stats.tail_blocks_reused, [1, 0, 0]);
         let [(_, step)] = &plan.forwards[..] else {
             panic!("{:?}", plan.forwards);
         };
