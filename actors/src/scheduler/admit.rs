@@ -591,6 +591,29 @@ mod tests {
         assert!(rig.s.h2d_host_refs.is_empty());
     }
 
+    /// A prompt's end is a tail on Host once served: a longer prompt over it reuses that
+    /// tail from Host, and the reuse is counted in the Host tier (none came from L3).
+    #[test]
+    fn a_tail_reused_from_host_is_counted_in_the_host_tier() {
+        let mut rig = rig(false);
+        let p = prompt(30, 3);
+        serve_one(&mut rig, 1, &p);
+        rig.s.admin(AdminCommand::ResetLocal { host: false });
+        rig.s.apply_admin(None, None);
+        let mut q = p.clone();
+        q.extend(prompt(4, 4));
+        rig.arrive(&[(2, &q, 4)]);
+        let r = &rig.s.requests[&RequestId(2)];
+        assert_eq!((r.split.device, r.split.host, r.split.l3), (0, 30, 0));
+        let stats = rig.s.stats();
+        assert_eq!(
+            stats.tail_tokens_reused,
+            [0, 2, 0],
+            "tokens 28..30, from Host"
+        );
+        assert_eq!(stats.tail_blocks_reused, [1, 0, 0]);
+    }
+
     #[test]
     fn admission_waits_when_device_blocks_are_short_and_keeps_the_line() {
         let mut rig = rig_with(false, 4, 4);
