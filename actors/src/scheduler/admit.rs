@@ -902,6 +902,13 @@ mod tests {
             "whole reusable prefix"
         );
         assert_eq!(f(ON, &res, 16, 8), FallbackReason::Partial);
+        // The QUERY planned up to 16 (a lookahead bound) and the hit reached it: no
+        // shortfall of the plan, though the reusable bound lies above.
+        let planned_16 = AdmissionResources {
+            planned_boundary: 16,
+            ..AdmissionResources::default()
+        };
+        assert_eq!(f(ON, &planned_16, 16, 8), FallbackReason::None);
         assert_eq!(f(ON, &res, 0, 0), FallbackReason::Miss);
         let recorded = AdmissionResources {
             fallback: Some(FallbackReason::Deadline),
