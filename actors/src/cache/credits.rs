@@ -508,10 +508,13 @@ mod tests {
         );
     }
 
-    /// The bisected primary search (Full history only) finds the same candidate and charge
-    /// as trying every candidate from the top, over one and two Full groups, tails whose
-    /// partial blocks are missing while the block above is local (where a candidate's own
-    /// fit is not monotone), every availability mix and a sweep of key and Host credits.
+    /// The primary search asked to bisect finds the same candidate and charge as the plain
+    /// first-fit walk (each candidate's `fit_charge` from the top): with Full history it
+    /// bisects (one and two Full groups, tails whose partial blocks are missing while the
+    /// block above is local, where a candidate's own fit is not monotone); with a
+    /// sliding-window or State group a candidate does not require every block its aligned
+    /// floor requires, so "the floor does not fit" is no leading run and it must walk one
+    /// by one. Every availability mix and a sweep of key and Host credits.
     #[test]
     fn the_bisected_primary_is_the_first_candidate_that_fits() {
         let geometries = [
@@ -520,9 +523,19 @@ mod tests {
                 GroupSpec::full("attn", 4, 2, 64),
                 GroupSpec::full("wide", 12, 1, 64),
             ],
+            vec![
+                GroupSpec::full("attn", 8, 1, 64),
+                GroupSpec::sliding_window("swa", 24, 8, 1, 64),
+            ],
+            vec![
+                GroupSpec::full("attn", 16, 1, 64),
+                GroupSpec::state("ssm", 32, 8),
+            ],
+            vec![GroupSpec::sliding_window("swa", 16, 4, 2, 64)],
         ];
         let levels = [Have::Missing, Have::Assumed, Have::Host, Have::Device];
-        let (mut compared, mut deep) = (0, 0);
+        // Primaries found deep in the candidates, with Full history only and without.
+        let (mut compared, mut deep) = (0, [0usize; 2]);
         for groups in geometries {
             let g = CacheGeometry::new(groups, 1, 0).unwrap();
             let (p, index, tails) = prompt_with_tails(&g, &[203, 150, 149, 97, 61, 2]);
@@ -535,82 +548,30 @@ mod tests {
                         (0, _) => levels[1 + (h % 3) as usize],
                         (1, _) => levels[(h % 4) as usize],
                         (2, _) => levels[(h % 2) as usize],
-                        _ => Have::Missing,
+                        _ => levels[usize::from(h.is_multiple_of(5)) * 3],
                     }
                 });
-                assert!(table.full_history_only());
+                let kind = usize::from(!table.full_history_only());
                 for lo in [0, 12, 100] {
                     let candidates: Vec<Candidate> = table.candidates_iter(lo).collect();
                     for keys in (0..=120).step_by(3) {
                         for host_blocks in [0, 5, 17, 40, 1 << 20] {
                             let credits = QueryCredits { keys, host_blocks };
-                            let a = primary(&table, &candidates, credits, true);
-                            let b = primary(&table, &candidates, credits, false);
-                            assert_eq!(a, b, "seed {seed} lo {lo} credits {credits:?}");
+                            let first_fit = candidates.iter().enumerate().find_map(|(i, c)| {
+                                fit_charge(&table, *c, credits).map(|charge| (i, charge))
+                            });
+                            let found = primary(&table, &candidates, credits, true);
+                            assert_eq!(found, first_fit, "seed {seed} lo {lo} credits {credits:?}");
                             compared += 1;
-                            deep += usize::from(a.is_some_and(|(i, _)| i > 8));
+                            deep[kind] += usize::from(first_fit.is_some_and(|(i, _)| i > 8));
                         }
                     }
                 }
             }
         }
         assert!(
-            deep > 100,
-            "primaries found deep in the candidates: {deep} of {compared}"
-        );
-    }
-
-    /// With a sliding-window or State group a candidate does not require every block its
-    /// aligned floor requires, so "the floor does not fit" is no leading run and bisection
-    /// could pass over a candidate that fits: the primary search asked to bisect walks one
-    /// by one there, and finds the first candidate that fits (each checked against the
-    /// plain walk of `fit_charge`, not against `primary` itself).
-    #[test]
-    fn without_full_history_the_primary_is_the_first_fit_even_when_bisection_is_asked() {
-        let geometries = [
-            vec![
-                GroupSpec::full("attn", 8, 1, 64),
-                GroupSpec::sliding_window("swa", 24, 8, 1, 64),
-            ],
-            vec![
-                GroupSpec::full("attn", 16, 1, 64),
-                GroupSpec::state("ssm", 32, 8),
-            ],
-            vec![GroupSpec::sliding_window("swa", 16, 4, 2, 64)],
-        ];
-        let levels = [Have::Missing, Have::Assumed, Have::Host, Have::Device];
-        let (mut compared, mut deep) = (0, 0);
-        for groups in geometries {
-            let g = CacheGeometry::new(groups, 1, 0).unwrap();
-            let (p, index, tails) = prompt_with_tails(&g, &[203, 150, 149, 97, 61, 2]);
-            for seed in 0u64..64 {
-                let table = MatchTable::build(&g, &index, &p, 203, &tails, None, |a, _| {
-                    let h = a.hash.as_u128() as u64 ^ seed.wrapping_mul(0x9E37_79B9);
-                    match seed % 3 {
-                        0 => levels[(h % 4) as usize],
-                        1 => levels[(h % 2) as usize],
-                        _ => levels[usize::from(h.is_multiple_of(5)) * 3],
-                    }
-                });
-                assert!(!table.full_history_only());
-                let candidates: Vec<Candidate> = table.candidates_iter(0).collect();
-                for keys in (0..=60).step_by(2) {
-                    for host_blocks in [0, 3, 8, 17, 40, 1 << 20] {
-                        let credits = QueryCredits { keys, host_blocks };
-                        let first_fit = candidates.iter().enumerate().find_map(|(i, c)| {
-                            fit_charge(&table, *c, credits).map(|charge| (i, charge))
-                        });
-                        let found = primary(&table, &candidates, credits, true);
-                        assert_eq!(found, first_fit, "seed {seed} credits {credits:?}");
-                        compared += 1;
-                        deep += usize::from(first_fit.is_some_and(|(i, _)| i > 1));
-                    }
-                }
-            }
-        }
-        assert!(
-            deep > 100,
-            "primaries found past the second candidate: {deep} of {compared}"
+            deep.iter().all(|d| *d > 100),
+            "primaries found deep in the candidates: {deep:?} of {compared}"
         );
     }
 }

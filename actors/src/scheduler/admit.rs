@@ -643,28 +643,24 @@ mod tests {
         assert_eq!(kept, Some(made.block_hash(0, 7)));
     }
 
+    /// Leaves prompt `a` on Host only: `a` is served (its blocks go to Host), `b` is left
+    /// running on the Device, and `c`, served in the room beside it, evicts `a`'s blocks.
+    fn host_only_prefix(rig: &mut Rig, a: &[u32], b: &[u32], c: &[u32]) {
+        serve_one(rig, 1, a);
+        rig.arrive(&[(2, b, 50)]);
+        rig.d2h_done();
+        serve_one(rig, 3, c);
+    }
+
     /// A request whose Host prefix would fit on the Device but whose new blocks would not
     /// waits without touching anything: no H2D copy is planned for it (the fit is checked
     /// before a block is taken, not found short halfway through its copies).
     #[test]
     fn a_request_short_of_device_blocks_plans_no_h2d_copy_of_its_host_prefix() {
         let mut rig = rig_with(false, 12, 4);
-        let finish = |rig: &mut Rig, plan: &super::super::Plan<messages::StorageOp>| {
-            rig.d2h_done();
-            rig.apply(super::super::AgreedInputs {
-                digests: digests_of(plan),
-                ..Default::default()
-            });
-        };
-        // A's four blocks go to Host; B then runs on eight blocks; C evicts A's from the
-        // Device (four left beside B's).
-        let (a, b, c) = (prompt(16, 31), prompt(32, 32), prompt(16, 33));
-        let plan = rig.arrive(&[(1, &a, 1)]);
-        finish(&mut rig, &plan);
-        rig.arrive(&[(2, &b, 50)]);
-        rig.d2h_done();
-        let plan = rig.arrive(&[(3, &c, 1)]);
-        finish(&mut rig, &plan);
+        // B runs on eight blocks; C's four evict A's (four left beside B's).
+        let a = prompt(16, 31);
+        host_only_prefix(&mut rig, &a, &prompt(32, 32), &prompt(16, 33));
         let blocks = rig.s.cache().blocks_at(&a, 16);
         assert_eq!(blocks.len(), 4);
         for x in &blocks {
@@ -690,21 +686,9 @@ mod tests {
     #[test]
     fn a_request_short_in_one_cache_group_plans_no_h2d_copy() {
         let mut rig = rig_of("hybrid-swa", false, 12, 4, 1024);
-        let finish = |rig: &mut Rig, plan: &super::super::Plan<messages::StorageOp>| {
-            rig.d2h_done();
-            rig.apply(super::super::AgreedInputs {
-                digests: digests_of(plan),
-                ..Default::default()
-            });
-        };
-        // A goes to Host; B runs on five blocks a group; C evicts A's from the Device.
-        let (a, b, c) = (prompt(16, 41), prompt(20, 42), prompt(28, 43));
-        let plan = rig.arrive(&[(1, &a, 1)]);
-        finish(&mut rig, &plan);
-        rig.arrive(&[(2, &b, 50)]);
-        rig.d2h_done();
-        let plan = rig.arrive(&[(3, &c, 1)]);
-        finish(&mut rig, &plan);
+        // B runs on five blocks a group; C's seven evict A's.
+        let a = prompt(16, 41);
+        host_only_prefix(&mut rig, &a, &prompt(20, 42), &prompt(28, 43));
         let avail = |rig: &Rig| {
             let d = rig.s.cache().device();
             (d.available(0), d.available(1))
