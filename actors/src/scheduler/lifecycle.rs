@@ -388,6 +388,30 @@ mod tests {
         assert_eq!(released, vec![RequestId(1)]);
     }
 
+    /// Every rank's part must name the same token at the same position (either alone
+    /// differing is refused), and the token must lie inside the vocabulary (its last
+    /// entry is `vocab - 1`).
+    #[test]
+    fn the_drawn_token_is_checked_across_ranks_and_against_the_vocabulary() {
+        let part = |index, tokens, value| RankDigest {
+            shard: messages::Shard { index, count: 2 },
+            tokens,
+            value,
+        };
+        assert_eq!(
+            super::drawn_token(&[part(0, 5, 9), part(1, 5, 9)], 10),
+            Ok(9)
+        );
+        for other in [part(1, 6, 9), part(1, 5, 8)] {
+            let e = super::drawn_token(&[part(0, 5, 9), other], 1000).unwrap_err();
+            assert!(e.contains("different tokens"), "{e}");
+        }
+        let e = super::drawn_token(&[part(0, 5, 10), part(1, 5, 10)], 10).unwrap_err();
+        assert!(e.contains("vocabulary"), "{e}");
+        let e = super::drawn_token(&[part(0, 5, 9)], 10).unwrap_err();
+        assert!(e.contains("1 rank digests for 2 shards"), "{e}");
+    }
+
     #[test]
     fn a_drawn_token_outside_the_vocabulary_aborts_the_request() {
         let mut rig = rig(false);
