@@ -179,9 +179,7 @@ mod tests {
     fn reset_local_keeps_host_unless_asked() {
         let mut rig = rig(false);
         let p = prompt(30, 5);
-        serve_one(&mut rig, 1, &p);
-        rig.s.admin(AdminCommand::ResetLocal { host: true });
-        rig.s.apply_admin(None, None);
+        serve_then_admin(&mut rig, 1, &p, AdminCommand::ResetLocal { host: true });
         rig.arrive(&[(2, &p, 2)]);
         let r = &rig.s.requests[&RequestId(2)];
         assert_eq!((r.split.device, r.split.host, r.split.computed), (0, 0, 30));

@@ -572,10 +572,7 @@ mod tests {
     fn a_host_hit_prefix_is_copied_in_and_admitted_with_the_host_split() {
         let mut rig = rig(false);
         let p = prompt(30, 2);
-        serve_one(&mut rig, 1, &p);
-        rig.s.admin(AdminCommand::ResetLocal { host: false });
-        assert!(rig.s.quiescent());
-        rig.s.apply_admin(None, None);
+        serve_then_admin(&mut rig, 1, &p, AdminCommand::ResetLocal { host: false });
         let plan = rig.arrive(&[(2, &p, 4)]);
         assert_eq!(plan.forwards.len(), 1);
         assert_eq!(plan.h2d.len(), 7, "every context block from Host");
@@ -597,9 +594,7 @@ mod tests {
     fn a_tail_reused_from_host_is_counted_in_the_host_tier() {
         let mut rig = rig(false);
         let p = prompt(30, 3);
-        serve_one(&mut rig, 1, &p);
-        rig.s.admin(AdminCommand::ResetLocal { host: false });
-        rig.s.apply_admin(None, None);
+        serve_then_admin(&mut rig, 1, &p, AdminCommand::ResetLocal { host: false });
         let mut q = p.clone();
         q.extend(prompt(4, 4));
         rig.arrive(&[(2, &q, 4)]);
@@ -652,6 +647,15 @@ mod tests {
         serve_one(rig, 3, c);
     }
 
+    /// Request `id` waited with nothing touched: no forward, no H2D copy, still submitted,
+    /// no Host source pinned.
+    fn waited_untouched(rig: &Rig, plan: &super::super::Plan<messages::StorageOp>, id: u64) {
+        assert!(plan.forwards.is_empty(), "{:?}", plan.forwards);
+        assert!(plan.h2d.is_empty(), "{:?}", plan.h2d);
+        assert_eq!(rig.s.state_of(RequestId(id)), Some("submitted"));
+        assert!(rig.s.h2d_host_refs.is_empty(), "no Host source pinned");
+    }
+
     /// A request whose Host prefix would fit on the Device but whose new blocks would not
     /// waits without touching anything: no H2D copy is planned for it (the fit is checked
     /// before a block is taken, not found short halfway through its copies).
@@ -674,10 +678,7 @@ mod tests {
         let mut d = a.clone();
         d.extend(prompt(16, 34));
         let plan = rig.arrive(&[(4, &d, 1)]);
-        assert!(plan.forwards.is_empty(), "{:?}", plan.forwards);
-        assert!(plan.h2d.is_empty(), "{:?}", plan.h2d);
-        assert_eq!(rig.s.state_of(RequestId(4)), Some("submitted"));
-        assert!(rig.s.h2d_host_refs.is_empty(), "no Host source pinned");
+        waited_untouched(&rig, &plan, 4);
     }
 
     /// With two cache groups, a request short of Device blocks in one group waits with
@@ -699,10 +700,7 @@ mod tests {
         let mut d = a.clone();
         d.extend(prompt(16, 44));
         let plan = rig.arrive(&[(4, &d, 1)]);
-        assert!(plan.forwards.is_empty(), "{:?}", plan.forwards);
-        assert!(plan.h2d.is_empty(), "{:?}", plan.h2d);
-        assert_eq!(rig.s.state_of(RequestId(4)), Some("submitted"));
-        assert!(rig.s.h2d_host_refs.is_empty(), "no Host source pinned");
+        waited_untouched(&rig, &plan, 4);
         assert_eq!(avail(&rig), (7, 7), "nothing taken");
         // B finishes: the Full group has room, and D is admitted from its Host prefix.
         rig.apply(super::super::AgreedInputs {

@@ -181,6 +181,14 @@ pub(super) fn finished(events: &[RequestEvent], id: u64) -> Option<&RequestEvent
 
 /// A request served to completion on a storage-disabled rig: admitted, its D2H done, its
 /// digest applied (max_tokens 1, so it finishes there).
+/// `serve_one`, then admin command `cmd` applied (the scheduler is quiescent in between).
+pub(super) fn serve_then_admin(rig: &mut Rig, id: u64, prompt: &[u32], cmd: super::AdminCommand) {
+    serve_one(rig, id, prompt);
+    rig.s.admin(cmd);
+    assert!(rig.s.quiescent());
+    rig.s.apply_admin(None, None);
+}
+
 pub(super) fn serve_one(rig: &mut Rig, id: u64, prompt: &[u32]) -> Vec<RequestEvent> {
     let plan = rig.arrive(&[(id, prompt, 1)]);
     assert_eq!(plan.forwards.len(), 1, "admitted at once");
